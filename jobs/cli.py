@@ -1,0 +1,53 @@
+"""The ``unveil`` command line. Every subcommand lives in one module of jobs/commands/
+exposing ``add_parser(subparsers)``, which registers the subcommand and sets ``func``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from jobs.commands import agent as _agent
+from jobs.commands import schema as _schema
+
+COMMANDS = (
+    _agent,
+    _schema,
+)
+
+
+class UserError(Exception):
+    """An error the user can fix (bad argument, missing file); printed without a traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="unveil",
+        description="Find and fix silent inefficiencies in ML hosts from host-visible telemetry.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    parser.add_argument("--config", metavar="FILE", help="TOML config (default: $UNVEIL_CONFIG or none)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        rc = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except (UserError, FileNotFoundError, ValueError) as exc:
+        print(f"unveil {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
