@@ -279,6 +279,7 @@ PRESSURE = Measurement(
         _f("some_total", I64, "us", "counter", "cpu", "time some tasks stalled"),
         _f("full_total", I64, "us", "counter", "cpu", "time all non-idle tasks stalled"),
     ),
+    tier="medium",  # the kernel's own averages are 10 s wide; 1 s totals resolve stalls well
 )
 
 # ----------------------------------------------------------------------- network

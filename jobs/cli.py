@@ -9,11 +9,19 @@ import sys
 from collections.abc import Sequence
 
 from jobs.commands import agent as _agent
+from jobs.commands import eval as _eval
+from jobs.commands import import_ as _import
+from jobs.commands import remediate as _remediate
 from jobs.commands import schema as _schema
+from jobs.commands import sweep as _sweep
 
 COMMANDS = (
     _agent,
+    _remediate,
     _schema,
+    _import,
+    _sweep,
+    _eval,
 )
 
 

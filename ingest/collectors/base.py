@@ -36,10 +36,10 @@ class Reading:
 
     @property
     def n_rows(self) -> int:
-        for col in self.fields.values():
-            return len(col)
-        for col in self.tags.values():
-            return len(col)
+        for values in self.fields.values():
+            return len(values)
+        for tag_values in self.tags.values():
+            return len(tag_values)
         return 0
 
 

@@ -1,10 +1,112 @@
-"""``unveil agent`` (filled in by the agent work)."""
+"""``unveil agent``: sample this host into the lake (and InfluxDB) in the foreground."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+from pathlib import Path
+
+from ingest.agent import Agent, AgentConfig, install_signal_handlers
+from ingest.sink import Sink
+from jobs import config as config_mod
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("agent", help="sample this host's telemetry into the lake (and InfluxDB)")
-    p.set_defaults(func=lambda a: 0)
+    p = sub.add_parser(
+        "agent",
+        help="sample this host's telemetry into the lake (and InfluxDB)",
+        description="Runs in the foreground until SIGTERM (or --duration). The lake path can "
+        "also come from the config file or UNVEIL_LAKE.",
+    )
+    p.add_argument("--lake", metavar="PATH", help="lake directory")
+    p.add_argument("--interval", type=float, metavar="SECONDS", help="fast-tier period (default 0.1)")
+    p.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long")
+    p.add_argument("--influx-url", action="append", metavar="URL", default=None,
+                   help="also write to this InfluxDB (repeatable)")
+    p.add_argument("--influx-database", metavar="DB", help="InfluxDB database/bucket (default unveil)")
+    p.add_argument("--host", metavar="NAME", help="host tag (default: hostname)")
+    p.add_argument("--root", metavar="DIR", help="filesystem root to read /proc and /sys under")
+    p.add_argument("--flush-interval", type=float, metavar="SECONDS", help="buffer flush period")
+    p.add_argument("--collectors", metavar="A,B", help="comma-separated collectors (default all)")
+    p.add_argument("--all-fast", action="store_true", help="sample every source at the fast interval")
+    p.add_argument("--quiet", action="store_true", help="no summary at the end")
+    p.set_defaults(func=run)
+
+
+def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], Path]:
+    cfg = config_mod.load(args.config)
+    lake = config_mod.resolve_lake(args.lake, cfg)
+    a = cfg.agent
+    acfg = AgentConfig(
+        lake=lake,
+        root=args.root or a.root,
+        interval_s=args.interval or a.interval_s,
+        flush_interval_s=args.flush_interval or a.flush_interval_s,
+        duration_s=args.duration,
+        collectors=tuple(args.collectors.split(",")) if args.collectors else (tuple(a.collectors) if a.collectors else None),
+        tiers=dict(a.tiers),
+        all_fast=args.all_fast,
+        compact_every_s=a.compact_every_s,
+    )
+    if args.host or a.host:
+        acfg.host = args.host or a.host or acfg.host
+    if a.cgroup_paths:
+        acfg.collector_options["cgroup"] = {"extra_paths": list(a.cgroup_paths)}
+    from ingest.lake import LakeSink
+
+    sinks: list[Sink] = [LakeSink(lake)]
+    urls = args.influx_url or ([cfg.influx.url] if cfg.influx.url else [])
+    if urls:
+        from ingest.influx import InfluxConfig, InfluxSink
+
+        for i, url in enumerate(urls):
+            spool = Path(cfg.influx.spool_dir) if cfg.influx.spool_dir else lake / "_spool" / f"influx{i}"
+            sinks.append(
+                InfluxSink(
+                    InfluxConfig(
+                        url=url,
+                        database=args.influx_database or cfg.influx.database,
+                        org=cfg.influx.org,
+                        bucket=cfg.influx.bucket,
+                        api=cfg.influx.api,  # type: ignore[arg-type]
+                        spool_dir=spool,
+                    )
+                )
+            )
+    return acfg, sinks, lake
+
+
+def run(args: argparse.Namespace) -> int:
+    acfg, sinks, lake = build(args)
+    agent = Agent(acfg, sinks)
+    install_signal_handlers(agent)
+    for name, reason in agent.stats.unavailable.items():
+        print(f"unveil agent: {name}: not collected ({reason})", file=sys.stderr)
+    stats = agent.run()
+    if not args.quiet:
+        print(
+            f"agent on {acfg.host}: {stats.ticks} ticks, {stats.missed_ticks} missed, "
+            f"{stats.rows_written} rows in {stats.flushes} flushes, {stats.errors} collector errors"
+        )
+        print(summarize_lake(lake, acfg.host))
+    return 0
+
+
+def summarize_lake(lake: Path, host: str) -> str:
+    """Rows per table for one host: what landed."""
+    import polars as pl
+
+    from ingest import lake as lake_mod
+
+    lines = [f"lake {lake}:"]
+    for table in lake_mod.tables(lake):
+        try:
+            n = lake_mod.scan(lake, table, hosts=[host]).select(pl.len()).collect().item()
+        except lake_mod.LakeError as exc:
+            lines.append(f"  {table:<12} unreadable: {exc}")
+            continue
+        lines.append(f"  {table:<12} {n:>8} rows")
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""Agent overhead benchmark: run `unveil agent` on this host and print its cost.
+
+Runs the agent twice for --seconds (default 60): at default settings (fast tier at
+100 ms, slower sources on their tiers) and with every source at 100 ms. For each run it
+prints CPU as % of one core over the steady state (utime+stime of the agent and its
+children, measured between the end of a warm-up and the end of the run, so start-up
+imports are excluded), peak RSS, lake bytes per second (after the agent's last flush and
+after compaction), InfluxDB line-protocol bytes per second for the same rows, and
+missed ticks.
+
+    python benchmarks/agent_overhead.py [--seconds 60] [--warmup 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def lake_bytes(lake: Path) -> int:
+    return sum(p.stat().st_size for p in lake.rglob("*.parquet") if not p.name.startswith((".", "_")))
+
+
+def run_once(seconds: float, warmup: float, extra: list[str]) -> dict[str, float]:
+    from ingest import lake as lake_mod
+    from ingest.influx import to_line_protocol
+
+    tmp = Path(tempfile.mkdtemp(prefix="unveil-bench-"))
+    lake = tmp / "lake"
+    host = "bench-host"
+    cmd = [
+        sys.executable, "-m", "jobs.cli", "agent", "--lake", str(lake), "--host", host,
+        "--duration", str(seconds + warmup), "--quiet", *extra,
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "POLARS_MAX_THREADS": "1"})
+    ps = psutil.Process(proc.pid)
+
+    def cpu() -> float:
+        t = ps.cpu_times()
+        kids = sum(c.cpu_times().user + c.cpu_times().system for c in ps.children(recursive=True))
+        return t.user + t.system + t.children_user + t.children_system + kids
+
+    time.sleep(warmup)
+    c0, w0 = cpu(), time.monotonic()
+    peak_rss = 0
+    while proc.poll() is None:
+        try:
+            c1, w1 = cpu(), time.monotonic()
+            peak_rss = max(peak_rss, ps.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.5)
+    rc = proc.wait()
+    if rc != 0:
+        raise SystemExit(f"agent exited with {rc}")
+    lake_total = lake_bytes(lake)
+    lp_bytes = 0
+    missed = 0
+    for table in lake_mod.tables(lake):
+        df = lake_mod.scan(lake, table).collect()
+        lp_bytes += len("\n".join(to_line_protocol(table, df)).encode())
+        if table == "agent" and df.height:
+            missed = int(df["missed_ticks"].fill_null(0).sum())
+    lake_mod.compact(lake, older_than=__import__("datetime").timedelta(0))
+    compacted = lake_bytes(lake)
+    duration = seconds + warmup
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "cpu_pct": 100 * (c1 - c0) / (w1 - w0),
+        "peak_rss_mib": peak_rss / 2**20,
+        "lake_kbps": lake_total / duration / 1000,
+        "lake_compacted_kbps": compacted / duration / 1000,
+        "influx_kbps": lp_bytes / duration / 1000,
+        "missed_ticks": missed,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--warmup", type=float, default=10)
+    args = ap.parse_args()
+    pl.Config.set_tbl_rows(10)
+    print(f"host: {os.uname().nodename}, {os.cpu_count()} CPUs; steady state {args.seconds:g} s after {args.warmup:g} s warm-up")
+    print(f"{'settings':<28}{'CPU % of a core':>16}{'peak RSS MiB':>14}{'lake KB/s':>11}{'compacted':>11}{'Influx KB/s':>13}{'missed':>8}")
+    for label, extra in (("default (fast 100 ms)", []), ("every source at 100 ms", ["--all-fast"])):
+        r = run_once(args.seconds, args.warmup, extra)
+        print(
+            f"{label:<28}{r['cpu_pct']:>16.2f}{r['peak_rss_mib']:>14.1f}{r['lake_kbps']:>11.2f}"
+            f"{r['lake_compacted_kbps']:>11.2f}{r['influx_kbps']:>13.2f}{r['missed_ticks']:>8.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

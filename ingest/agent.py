@@ -1,0 +1,351 @@
+"""The host agent: drift-free sampling of the registered collectors into the sinks.
+
+Timing: tick k is due at ``t0 + k * interval`` on the monotonic clock. A tick that
+would start more than half an interval late is not taken: it and every tick it overran
+are counted as missed and sampling resumes at the next due tick, never bunched. Collectors run on tiers: ``fast``
+every tick, ``medium`` every second, ``slow`` every 10 s, ``static`` (host facts)
+at start and every 5 minutes — each a whole multiple of the fast interval.
+
+Rows are buffered per measurement in columnar lists, turned into typed Polars frames
+and written to every sink every ``flush_interval_s``. SIGTERM/SIGINT end the loop after
+the current tick; the buffer is flushed and the sinks closed before ``run`` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import resource
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from ingest import schema
+from ingest.collectors.base import Collector, CollectorError, Reading, SourceUnavailable
+from ingest.counters import CounterStats, CounterTracker
+from ingest.sink import Sink
+
+log = logging.getLogger(__name__)
+
+#: Default tier of each collector, overriding its own when set here.
+#: Only the cheap, fast-changing sources run every 100 ms by default: per-CPU time
+#: (/proc/stat) and NVML. Interrupts, memory, NUMA, PSI, network, disk and cgroup
+#: counters are read every second: their kernel-side resolution or the inefficiencies
+#: they reveal (IRQ locality, THP coverage, drops, throttling) are seconds-scale, and
+#: /proc/interrupts alone costs a third of a full read.
+DEFAULT_TIERS: dict[str, str] = {"pressure": "medium"}
+
+
+@dataclass
+class AgentConfig:
+    lake: Path | None = None
+    host: str = field(default_factory=socket.gethostname)
+    root: str = "/"
+    interval_s: float = 0.1
+    flush_interval_s: float = 10.0
+    duration_s: float | None = None
+    collectors: tuple[str, ...] | None = None  # None = every registered collector
+    tiers: dict[str, str] = field(default_factory=dict)  # collector -> tier override
+    all_fast: bool = False  # every source at the fast interval (benchmarks)
+    compact_every_s: float = 600.0
+    collector_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if not (0.01 <= self.interval_s <= 60):
+            raise ValueError(f"agent.interval_s must be within 0.01..60 s, got {self.interval_s}")
+        if self.flush_interval_s < self.interval_s:
+            raise ValueError("agent.flush_interval_s must be at least agent.interval_s")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError("agent.duration_s must be positive")
+        for name, tier in self.tiers.items():
+            if tier not in schema.TIER_PERIOD_S:
+                raise ValueError(f"agent.tiers.{name}: unknown tier {tier!r}")
+
+
+@dataclass
+class AgentStats:
+    ticks: int = 0
+    missed_ticks: int = 0
+    sample_time_us: int = 0
+    flushes: int = 0
+    rows_written: int = 0
+    unavailable: dict[str, str] = field(default_factory=dict)
+    errors: int = 0
+
+
+class _Buffer:
+    """Columnar rows of one measurement waiting for the next flush.
+
+    Built into an Arrow table directly (one typed array per column): Polars' per-frame
+    overhead at this size would dominate the agent's whole CPU budget."""
+
+    __slots__ = ("measurement", "columns", "n", "arrow_schema")
+
+    def __init__(self, measurement: schema.Measurement) -> None:
+        self.measurement = measurement
+        frame_schema = measurement.polars_schema(with_host=False)
+        self.columns: dict[str, list[Any]] = {c: [] for c in frame_schema}
+        self.arrow_schema = pl.DataFrame(schema=frame_schema).to_arrow().schema
+        self.n = 0
+
+    def extend(self, ts_us: int, n: int, tags: dict[str, list[str]], values: dict[str, list[Any]]) -> None:
+        cols = self.columns
+        cols[schema.TIME].extend([ts_us] * n)
+        for name, col in cols.items():
+            if name == schema.TIME:
+                continue
+            src = tags.get(name)
+            if src is None:
+                src = values.get(name)
+            if src is None:
+                col.extend([None] * n)
+            else:
+                col.extend(src)
+        self.n += n
+
+    def take(self, host: str) -> pl.DataFrame:
+        arrays = []
+        for fld in self.arrow_schema:
+            col = self.columns[fld.name]
+            if fld.name == schema.TIME:
+                arrays.append(pa.array(col, type=pa.int64()).cast(fld.type))
+            else:
+                arrays.append(pa.array(col, type=fld.type, from_pandas=False))
+            col.clear()
+        n, self.n = self.n, 0
+        arrays.insert(1, pa.array([host] * n, type=pa.large_string()))
+        names = [schema.TIME, schema.HOST, *self.arrow_schema.names[1:]]
+        return pl.from_arrow(pa.Table.from_arrays(arrays, names=names))  # type: ignore[return-value]
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        sinks: Sequence[Sink],
+        collectors: Iterable[Collector] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.sinks = list(sinks)
+        self.stats = AgentStats()
+        self._clock = clock
+        self._stop = threading.Event()
+        self._trackers: dict[str, CounterTracker] = {}
+        self._counter_stats = CounterStats()
+        self._buffers: dict[str, _Buffer] = {}
+        self.collectors: list[Collector] = (
+            list(collectors) if collectors is not None else self._build_collectors()
+        )
+        self._periods = {c.name: self._period_ticks(c) for c in self.collectors}
+
+    # ------------------------------------------------------------------ set-up
+    def _build_collectors(self) -> list[Collector]:
+        from ingest.collectors import REGISTRY
+
+        names = self.config.collectors or tuple(REGISTRY)
+        built: list[Collector] = []
+        for name in names:
+            cls = REGISTRY.get(name)
+            if cls is None:
+                raise ValueError(f"unknown collector {name!r}; known: {', '.join(REGISTRY)}")
+            try:
+                built.append(cls(root=self.config.root, **self.config.collector_options.get(name, {})))
+            except SourceUnavailable as exc:
+                self.stats.unavailable[name] = str(exc)
+                log.info("collector %s unavailable on this host: %s", name, exc)
+        return built
+
+    def _period_ticks(self, collector: Collector) -> int:
+        if self.config.all_fast:
+            tier = "fast"
+        else:
+            tier = self.config.tiers.get(collector.name) or DEFAULT_TIERS.get(collector.name) or collector.tier
+        if tier == "fast":
+            return 1
+        return max(1, round(schema.TIER_PERIOD_S[tier] / self.config.interval_s))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ---------------------------------------------------------------- sampling
+    def _ingest(self, readings: list[Reading], ts: int) -> None:
+        for r in readings:
+            m = schema.MEASUREMENTS.get(r.measurement)
+            if m is None:
+                raise CollectorError(f"collector produced unknown measurement {r.measurement!r}")
+            n = r.n_rows
+            if n == 0:
+                continue
+            values = dict(r.fields)
+            if m.counters:
+                tracker = self._trackers.get(m.name)
+                if tracker is None:
+                    tracker = self._trackers[m.name] = CounterTracker(m.counters, self._counter_stats)
+                tag_cols = [r.tags.get(t, [""] * n) for t in m.tags]
+                keys = list(zip(*tag_cols, strict=True)) if tag_cols else [()] * n
+                values.update(tracker.deltas(keys, r.fields))
+                if m.sparse:
+                    keep = [
+                        i
+                        for i in range(n)
+                        if any(values[c][i] for c in m.counters if c in values)
+                    ]
+                    if len(keep) < n:
+                        if not keep:
+                            continue
+                        values = {k: [v[i] for i in keep] for k, v in values.items()}
+                        r = Reading(r.measurement, {k: [v[i] for i in keep] for k, v in r.tags.items()}, values)
+                        n = len(keep)
+            buf = self._buffers.get(m.name)
+            if buf is None:
+                buf = self._buffers[m.name] = _Buffer(m)
+            buf.extend(ts, n, r.tags, values)
+
+    def _collect(self, collector: Collector, ts: int) -> None:
+        try:
+            self._ingest(collector.collect(), ts)
+        except CollectorError as exc:
+            self.stats.errors += 1
+            log.error("collector %s: %s", collector.name, exc)
+        except OSError as exc:  # a file vanished (device unplugged, cgroup removed)
+            self.stats.errors += 1
+            log.error("collector %s: %s", collector.name, exc)
+
+    def _collect_facts(self, ts: int) -> None:
+        for c in self.collectors:
+            facts = getattr(c, "facts", None)
+            if facts is None:
+                continue
+            try:
+                reading = facts()
+            except (CollectorError, OSError) as exc:
+                log.error("collector %s facts: %s", c.name, exc)
+                continue
+            if reading is not None:
+                self._ingest([reading], ts)
+
+    def _agent_row(self, ts: int) -> None:
+        ru_self = resource.getrusage(resource.RUSAGE_SELF)
+        ru_kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_us = int((ru_self.ru_utime + ru_self.ru_stime + ru_kids.ru_utime + ru_kids.ru_stime) * 1e6)
+        s = self.stats
+        self._ingest(
+            [
+                Reading(
+                    "agent",
+                    {},
+                    {
+                        "ticks": [s.ticks],
+                        "missed_ticks": [s.missed_ticks],
+                        "sample_time": [s.sample_time_us],
+                        "cpu_time": [cpu_us],
+                        "counter_wraps": [self._counter_stats.wraps],
+                        "counter_resets": [self._counter_stats.resets],
+                    },
+                )
+            ],
+            ts,
+        )
+
+    # ------------------------------------------------------------------- flush
+    def flush(self) -> None:
+        frames = [(name, buf.take(self.config.host)) for name, buf in self._buffers.items() if buf.n]
+        for name, df in frames:
+            for sink in self.sinks:
+                try:
+                    sink.write(name, df)
+                except Exception:  # a sink must never stop the agent
+                    log.exception("sink %s failed to take %s rows of %s", sink.name, df.height, name)
+            self.stats.rows_written += df.height
+        for sink in self.sinks:
+            try:
+                sink.flush()
+            except Exception:
+                log.exception("sink %s flush failed", sink.name)
+        self.stats.flushes += 1
+
+    def close(self) -> None:
+        self.flush()
+        for c in self.collectors:
+            try:
+                c.close()
+            except Exception:
+                log.exception("collector %s close failed", c.name)
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception:
+                log.exception("sink %s close failed", sink.name)
+
+    # -------------------------------------------------------------------- loop
+    def run(self) -> AgentStats:
+        cfg = self.config
+        interval = cfg.interval_s
+        flush_every = max(1, round(cfg.flush_interval_s / interval))
+        medium_every = max(1, round(1.0 / interval))
+        facts_every = max(1, round(schema.TIER_PERIOD_S["static"] / interval))
+        total_ticks = math.inf if cfg.duration_s is None else max(1, round(cfg.duration_s / interval))
+        clock = self._clock
+        t0 = clock()
+        k = 0
+        try:
+            while not self._stop.is_set() and k < total_ticks:
+                due = t0 + k * interval
+                now = clock()
+                if now < due:
+                    if self._stop.wait(due - now):
+                        break
+                    now = clock()
+                late = now - due
+                if late > interval / 2:
+                    # too late to be this tick: it and every tick it overran are missed,
+                    # and sampling resumes on the grid instead of catching up in a burst
+                    skipped = int(late // interval) + 1
+                    self.stats.missed_ticks += skipped
+                    k += skipped
+                    continue
+                ts = time.time_ns() // 1000  # wall-clock µs: the row's time
+                start = clock()
+                if k % facts_every == 0:
+                    self._collect_facts(ts)
+                for c in self.collectors:
+                    if k % self._periods[c.name] == 0:
+                        self._collect(c, ts)
+                self.stats.ticks += 1
+                self.stats.sample_time_us += int((clock() - start) * 1e6)
+                if k % medium_every == 0:
+                    self._agent_row(ts)
+                k += 1
+                if k % flush_every == 0:
+                    self.flush()
+        finally:
+            self.close()
+        return self.stats
+
+
+def install_signal_handlers(agent: Agent) -> None:
+    """SIGTERM and SIGINT stop the loop after the current tick (then flush and close)."""
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("signal %s: stopping after this tick", signum)
+        agent.stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def default_lake() -> Path | None:
+    env = os.environ.get("UNVEIL_LAKE")
+    return Path(env) if env else None

@@ -1,0 +1,145 @@
+"""``unveil remediate``: list, show, approve, reject, run (dry-run unless --execute), rollback."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import getpass
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from remediation.errors import RemediationError
+from remediation.executor import Executor, ExecutorConfig
+from remediation.queue import STATES, Action, Queue, default_path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("remediate", help="review, approve, run and roll back queued remediations")
+    p.add_argument("--queue", metavar="DB", help="queue file (default: [remediation] queue, or <lake>/_remediation/queue.db)")
+    p.add_argument("--lake", metavar="DIR", help="lake directory (default: [lake] path in config, or ./lake)")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    ls = verbs.add_parser("list", help="list actions")
+    ls.add_argument("--state", choices=STATES)
+    ls.add_argument("--host")
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    show = verbs.add_parser("show", help="one action with its audit trail")
+    show.add_argument("id", type=int)
+    ap = verbs.add_parser("approve", help="approve a proposed action")
+    ap.add_argument("id", type=int)
+    ap.add_argument("--by", help="approver (default: the login name)")
+    rj = verbs.add_parser("reject", help="reject a proposed or approved action")
+    rj.add_argument("id", type=int)
+    rj.add_argument("--reason", default="")
+    rj.add_argument("--by")
+    run = verbs.add_parser("run", help="dry-run an action (default) or really apply it (--execute)")
+    run.add_argument("id", type=int)
+    run.add_argument("--execute", action="store_true", help="really change the host (needs approval)")
+    run.add_argument("--by")
+    rb = verbs.add_parser("rollback", help="restore the state recorded before an action")
+    rb.add_argument("id", type=int)
+    rb.add_argument("--by")
+    p.set_defaults(func=main)
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    path = getattr(args, "config", None) or os.environ.get("UNVEIL_CONFIG")
+    if not path:
+        return {}
+    with open(path, "rb") as fh:
+        try:
+            return tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"config {path}: {exc}") from None
+
+
+def _open(args: argparse.Namespace) -> tuple[Queue, Executor]:
+    cfg = _config(args)
+    section = cfg.get("remediation") or {}
+    if not isinstance(section, dict):
+        raise ValueError("config [remediation]: expected a table")
+    exec_cfg = ExecutorConfig.from_mapping(section)
+    if args.queue:
+        qpath = Path(args.queue)
+    elif section.get("queue"):
+        qpath = Path(section["queue"])
+    else:
+        lake_cfg = cfg.get("lake")
+        lake = args.lake or (lake_cfg.get("path") if isinstance(lake_cfg, dict) else lake_cfg)
+        qpath = default_path(lake or "lake")
+    queue = Queue(qpath)
+    return queue, Executor(queue, exec_cfg)
+
+
+def _who(args: argparse.Namespace) -> str:
+    return getattr(args, "by", None) or os.environ.get("SUDO_USER") or getpass.getuser()
+
+
+def _ts(us: int) -> str:
+    return dt.datetime.fromtimestamp(us / 1e6, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _line(a: Action) -> str:
+    params = " ".join(f"{k}={v}" for k, v in a.params.items())
+    return f"{a.id:>5}  {a.state:<11} {a.mode:<6} {a.host:<20} {a.entry_id:<28} {a.script_id} {params}"
+
+
+def main(args: argparse.Namespace) -> int:
+    queue, ex = _open(args)
+    try:
+        return _dispatch(args, queue, ex)
+    except RemediationError as exc:
+        if isinstance(exc, ValueError):
+            raise
+        print(f"unveil remediate {args.verb}: {exc}")
+        return 1
+    finally:
+        queue.close()
+
+
+def _dispatch(args: argparse.Namespace, queue: Queue, ex: Executor) -> int:
+    if args.verb == "list":
+        actions = queue.actions(state=args.state, host=args.host)
+        if args.json:
+            for a in actions:
+                print(json.dumps(a.__dict__, sort_keys=True))
+        else:
+            print(f"{'id':>5}  {'state':<11} {'mode':<6} {'host':<20} {'entry':<28} script params")
+            for a in actions:
+                print(_line(a))
+        return 0
+    if args.verb == "show":
+        a = queue.get(args.id)
+        print(json.dumps({k: v for k, v in a.__dict__.items() if k != "output"}, indent=2, sort_keys=True))
+        print("audit trail:")
+        for e in queue.audit(args.id):
+            print(f"  {_ts(e.time_us)}  {e.actor:<16} {e.event:<20} {json.dumps(e.details, sort_keys=True)[:400]}")
+        return 0
+    if args.verb == "approve":
+        a = queue.approve(args.id, by=_who(args))
+        print(f"action {a.id} approved by {a.approved_by}; run it with: unveil remediate run {a.id} --execute")
+        return 0
+    if args.verb == "reject":
+        a = queue.reject(args.id, by=_who(args), reason=args.reason)
+        print(f"action {a.id} rejected")
+        return 0
+    if args.verb == "run":
+        if not args.execute:
+            res = ex.dry_run(args.id, actor=_who(args))
+            print("DRY RUN: nothing was changed. With --execute this would run:")
+            print("  " + " ".join(ex.command(queue.get(args.id), "apply")))
+            print(json.dumps(res.result, indent=2, sort_keys=True))
+            return 0 if res.ok else 1
+        a = ex.execute(args.id, actor=_who(args))
+        out = a.output or {}
+        print(f"action {a.id}: {a.state}")
+        print(json.dumps(out.get("result") or out, indent=2, sort_keys=True))
+        return 0 if a.state in ("verifying", "succeeded") else 1
+    if args.verb == "rollback":
+        res = ex.rollback(args.id, actor=_who(args))
+        print(f"action {args.id}: rolled back")
+        print(json.dumps(res.result, indent=2, sort_keys=True))
+        return 0
+    raise ValueError(f"unknown verb {args.verb!r}")

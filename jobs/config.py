@@ -1,0 +1,140 @@
+"""One TOML config file, validated once at start; bad values are rejected with the key named.
+
+Precedence: command-line flags > environment (UNVEIL_LAKE, UNVEIL_CONFIG, UNVEIL_INFLUX_*) >
+config file > defaults. ``samples/unveil.toml`` is the annotated sample.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the key."""
+
+
+@dataclass
+class InfluxSection:
+    url: str | None = None
+    database: str = "unveil"
+    org: str = ""
+    bucket: str = ""
+    api: str = "auto"
+    spool_dir: str | None = None
+
+
+@dataclass
+class AgentSection:
+    host: str | None = None
+    root: str = "/"
+    interval_s: float = 0.1
+    flush_interval_s: float = 10.0
+    collectors: list[str] | None = None
+    tiers: dict[str, str] = field(default_factory=dict)
+    compact_every_s: float = 600.0
+    cgroup_paths: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    lake: str | None = None
+    agent: AgentSection = field(default_factory=AgentSection)
+    influx: InfluxSection = field(default_factory=InfluxSection)
+    analytics: dict[str, Any] = field(default_factory=dict)
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    remediation: dict[str, Any] = field(default_factory=dict)
+    source: Path | None = None
+
+
+_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "agent": {
+        "host": (str,),
+        "root": (str,),
+        "interval_s": (int, float),
+        "flush_interval_s": (int, float),
+        "collectors": (list,),
+        "tiers": (dict,),
+        "compact_every_s": (int, float),
+        "cgroup_paths": (list,),
+    },
+    "influx": {
+        "url": (str,),
+        "database": (str,),
+        "org": (str,),
+        "bucket": (str,),
+        "api": (str,),
+        "spool_dir": (str,),
+    },
+}
+
+
+def _section(path: Path, name: str, raw: dict[str, Any], cls: type) -> Any:
+    types = _TYPES[name]
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in types:
+            raise ConfigError(f"{path}: unknown key [{name}].{key} (known: {', '.join(types)})")
+        if not isinstance(value, types[key]) or isinstance(value, bool):
+            want = " or ".join(t.__name__ for t in types[key])
+            raise ConfigError(f"{path}: [{name}].{key} must be {want}, got {value!r}")
+        values[key] = value
+    obj = cls(**values)
+    return obj
+
+
+def load(path: str | os.PathLike[str] | None = None) -> Config:
+    """Load and validate the config file (``path``, else $UNVEIL_CONFIG, else defaults)."""
+    if path is None:
+        env = os.environ.get("UNVEIL_CONFIG")
+        path = env if env else None
+    cfg = Config()
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+        known = {"lake", "agent", "influx", "analytics", "scheduler", "remediation"}
+        for key in raw:
+            if key not in known:
+                raise ConfigError(f"{p}: unknown top-level key {key!r} (known: {', '.join(sorted(known))})")
+        lake = raw.get("lake", {})
+        if isinstance(lake, dict):
+            cfg.lake = lake.get("path")
+        elif isinstance(lake, str):
+            cfg.lake = lake
+        else:
+            raise ConfigError(f"{p}: [lake] must be a table with path = \"...\"")
+        cfg.agent = _section(p, "agent", raw.get("agent", {}), AgentSection)
+        cfg.influx = _section(p, "influx", raw.get("influx", {}), InfluxSection)
+        if cfg.agent.interval_s <= 0:
+            raise ConfigError(f"{p}: [agent].interval_s must be > 0")
+        if cfg.influx.api not in ("auto", "v1", "v2"):
+            raise ConfigError(f"{p}: [influx].api must be auto, v1 or v2")
+        for sec in ("analytics", "scheduler", "remediation"):
+            val = raw.get(sec, {})
+            if not isinstance(val, dict):
+                raise ConfigError(f"{p}: [{sec}] must be a table")
+            setattr(cfg, sec, val)
+        cfg.source = p
+    env_lake = os.environ.get("UNVEIL_LAKE")
+    if env_lake:
+        cfg.lake = env_lake
+    env_url = os.environ.get("UNVEIL_INFLUX_URL")
+    if env_url:
+        cfg.influx.url = env_url
+    return cfg
+
+
+def resolve_lake(flag: str | None, cfg: Config) -> Path:
+    """The lake path from the flag, else $UNVEIL_LAKE / the config file; an error when none."""
+    value = flag or cfg.lake
+    if not value:
+        raise ConfigError("no lake path: pass --lake PATH, set UNVEIL_LAKE, or set [lake] path in the config")
+    return Path(value)

@@ -1,0 +1,66 @@
+"""Parse the times the command line accepts: ISO-8601 and relative forms.
+
+``now``; a duration back from now (``90s``, ``90m``, ``24h``, ``7d``, ``2w``, also written
+``-24h`` or ``now-24h``); or an ISO-8601 date/time (``2026-11-30``, ``2026-11-30T02:00``,
+``2026-11-30T02:00:00Z``, ``...+02:00``). Naive ISO times are taken as UTC. Every result is
+a timezone-aware UTC :class:`datetime.datetime`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+_RELATIVE = re.compile(r"^\s*(?:now\s*)?-?\s*(\d+(?:\.\d+)?\s*(?:ms|s|m|h|d|w))\s*$")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"1m"`` -> 60 s. Units: ms, s, m, h, d, w. Zero or negative durations are rejected."""
+    m = _DURATION.match(text.lower())
+    if m is None:
+        raise ValueError(f"bad duration {text!r}: expected a number and a unit (ms, s, m, h, d, w), e.g. '1m'")
+    value, unit = float(m.group(1)), m.group(2)
+    seconds = value / 1000.0 if unit == "ms" else value * _UNITS[unit]
+    if seconds <= 0:
+        raise ValueError(f"bad duration {text!r}: must be positive")
+    return timedelta(seconds=seconds)
+
+
+def parse_time(text: str, *, now: datetime | None = None) -> datetime:
+    """Parse an absolute or relative time to an aware UTC datetime.
+
+    ``now`` (default: the current time) anchors relative forms, so tests are deterministic.
+    """
+    ref = (now or datetime.now(UTC)).astimezone(UTC)
+    s = text.strip()
+    if not s:
+        raise ValueError("empty time: expected ISO-8601 (2026-11-30T02:00Z), 'now' or a relative form like '24h'")
+    if s.lower() == "now":
+        return ref
+    rel = _RELATIVE.match(s.lower())
+    if rel is not None:
+        return ref - parse_duration(rel.group(1))
+    iso = s[:-1] + "+00:00" if s.endswith(("Z", "z")) else s
+    try:
+        parsed = datetime.fromisoformat(iso)
+    except ValueError:
+        raise ValueError(
+            f"bad time {text!r}: expected ISO-8601 (2026-11-30T02:00Z), 'now' or a relative form like '24h', '90m', '7d'"
+        ) from None
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def parse_range(
+    since: str | None, until: str | None, *, default_since: str = "24h", now: datetime | None = None
+) -> tuple[datetime, datetime]:
+    """(start, end) of ``--since``/``--until`` (defaults: ``default_since`` ago .. now); start < end."""
+    ref = now or datetime.now(UTC)
+    start = parse_time(since if since is not None else default_since, now=ref)
+    end = parse_time(until if until is not None else "now", now=ref)
+    if start >= end:
+        raise ValueError(f"empty interval: --since {start.isoformat()} is not before --until {end.isoformat()}")
+    return start, end

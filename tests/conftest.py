@@ -1,0 +1,3 @@
+"""Shared fixtures: real server processes live in tests/servers.py."""
+
+pytest_plugins = ["tests.servers"]
