@@ -451,7 +451,7 @@ AGENT = Measurement(
 HOST_FACTS = Measurement(
     "host_facts",
     "Static host facts (topology, placement, knobs), one row per fact, re-read periodically. "
-    "category: numa | cpu | gpu | nic | nvme | irq | thp | power | pcie | system; device: "
+    "category: numa | cpu | gpu | nic | nvme | disk | irq | thp | power | pcie | system; device: "
     "the device the fact is about ('' for host-wide); key/value: the fact, value_num when numeric.",
     "/sys, /proc, NVML",
     tags=("category", "device", "key"),

@@ -54,7 +54,7 @@ def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], Path]:
     if args.host or a.host:
         acfg.host = args.host or a.host or acfg.host
     if a.cgroup_paths:
-        acfg.collector_options["cgroup"] = {"extra_paths": list(a.cgroup_paths)}
+        acfg.collector_options["cgroup"] = {"paths": list(a.cgroup_paths)}
     from ingest.lake import LakeSink
 
     sinks: list[Sink] = [LakeSink(lake)]

@@ -1,0 +1,186 @@
+"""/sys/fs/cgroup -> ``cgroup``: CPU use, CFS throttling and memory per top-level group.
+
+Top-level groups are the direct children of the cgroup root (system.slice,
+user.slice, machine.slice, kubepods.slice, docker ...): the containers and VM slices
+whose quota throttling and memory limits hurt a workload silently. ``paths`` adds
+deeper groups to watch (relative to the root, e.g. 'kubepods.slice/kubepods-burstable.slice').
+
+cgroup v2 (unified; /sys/fs/cgroup/cgroup.controllers exists): cpu.stat, cpu.max,
+memory.current, memory.max, cpu.pressure, memory.pressure.
+cgroup v1 (and the v1 side of a hybrid host): the cpu, cpuacct and memory hierarchies
+(separate mounts or the combined 'cpu,cpuacct'); times in ns become us; no PSI.
+A group missing from a hierarchy gets nulls for that hierarchy's fields.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ingest.collectors.base import CollectorError, Reading, SourceUnavailable, Value, proc_path
+from ingest.collectors.procfs import read_text
+from ingest.schema import CGROUP, Tier
+
+#: v1 "unlimited" memory limit is PAGE_COUNTER_MAX pages in bytes (~2**63); treat >= 2**60 as none
+_V1_UNLIMITED = 1 << 60
+
+
+def _kv(text: str | None) -> dict[str, str]:
+    """'usage_usec 83155339\\nuser_usec ...' -> {'usage_usec': '83155339', ...}."""
+    out: dict[str, str] = {}
+    if text:
+        for line in text.splitlines():
+            k, _, v = line.partition(" ")
+            out[k] = v.strip()
+    return out
+
+
+def _int(text: str | None, path: Path | str) -> int | None:
+    if text is None or text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise CollectorError(f"{path}: expected an integer, got {text[:60]!r}") from None
+
+
+def _psi_some_total(text: str | None, path: Path) -> int | None:
+    if not text:
+        return None
+    for line in text.splitlines():
+        if line.startswith("some "):
+            for p in line.split():
+                if p.startswith("total="):
+                    return _int(p[6:], path)
+    return None
+
+
+def _children(base: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(base) if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+class CgroupCollector:
+    name = "cgroup"
+    measurements: tuple[str, ...] = ("cgroup",)
+    tier: Tier = "medium"
+
+    def __init__(
+        self, root: str | Path = "/", *, paths: Sequence[str] = (), **options: object
+    ) -> None:
+        base = proc_path(root, "sys/fs/cgroup")
+        self._extra = [p.strip("/") for p in paths if p.strip("/")]
+        self.version: int
+        if (base / "cgroup.controllers").exists():
+            self.version = 2
+            self._v2 = base
+            return
+        self.version = 1
+        self._cpu = next(
+            (
+                base / d
+                for d in ("cpu,cpuacct", "cpu", "cpuacct,cpu")
+                if (base / d / "cpu.stat").exists()
+            ),
+            None,
+        )
+        self._acct = next(
+            (
+                base / d
+                for d in ("cpu,cpuacct", "cpuacct", "cpuacct,cpu")
+                if (base / d / "cpuacct.usage").exists()
+            ),
+            None,
+        )
+        self._mem = (
+            base / "memory" if (base / "memory" / "memory.usage_in_bytes").exists() else None
+        )
+        if self._cpu is None and self._acct is None and self._mem is None:
+            raise SourceUnavailable(
+                f"{base}: neither cgroup v2 nor the v1 cpu/cpuacct/memory hierarchies"
+            )
+
+    def groups(self) -> list[str]:
+        """The groups of this collect: top-level children, then the configured paths."""
+        if self.version == 2:
+            found = _children(self._v2)
+        else:
+            seen: set[str] = set()
+            for h in (self._cpu, self._acct, self._mem):
+                if h is not None:
+                    seen.update(_children(h))
+            found = sorted(seen)
+        return found + [p for p in self._extra if p not in found]
+
+    def collect(self) -> list[Reading]:
+        names = self.groups()
+        fields: dict[str, list[Value]] = {f: [] for f in CGROUP.field_index}
+        row = self._row_v2 if self.version == 2 else self._row_v1
+        kept: list[str] = []
+        for g in names:
+            r = row(g)
+            if r is None:
+                continue  # a configured path that does not exist (yet): nothing to say
+            kept.append(g)
+            for k, v in r.items():
+                fields[k].append(v)
+        return [Reading("cgroup", tags={"cgroup": kept}, fields=fields)]
+
+    def _row_v2(self, g: str) -> dict[str, Value] | None:
+        d = self._v2 / g
+        if not d.is_dir():
+            return None
+        stat = _kv(read_text(d / "cpu.stat"))
+        quota: float | None = None
+        cpu_max = read_text(d / "cpu.max")
+        if cpu_max:
+            q, _, period = cpu_max.partition(" ")
+            if q != "max":
+                p = _int(period, d / "cpu.max")
+                quota = (_int(q, d / "cpu.max") or 0) / p if p else None
+        return {
+            "cpu_usage": _int(stat.get("usage_usec"), d / "cpu.stat"),
+            "nr_periods": _int(stat.get("nr_periods"), d / "cpu.stat"),
+            "nr_throttled": _int(stat.get("nr_throttled"), d / "cpu.stat"),
+            "throttled_time": _int(stat.get("throttled_usec"), d / "cpu.stat"),
+            "cpu_quota_cores": quota,
+            "memory_current": _int(read_text(d / "memory.current"), d / "memory.current"),
+            "memory_max": _int(read_text(d / "memory.max"), d / "memory.max"),
+            "cpu_pressure_some": _psi_some_total(read_text(d / "cpu.pressure"), d / "cpu.pressure"),
+            "memory_pressure_some": _psi_some_total(
+                read_text(d / "memory.pressure"), d / "memory.pressure"
+            ),
+        }
+
+    def _row_v1(self, g: str) -> dict[str, Value] | None:
+        cpu = self._cpu / g if self._cpu is not None and (self._cpu / g).is_dir() else None
+        acct = self._acct / g if self._acct is not None and (self._acct / g).is_dir() else None
+        mem = self._mem / g if self._mem is not None and (self._mem / g).is_dir() else None
+        if cpu is None and acct is None and mem is None:
+            return None
+        out: dict[str, Value] = dict.fromkeys(CGROUP.field_index)
+        if acct is not None:
+            usage = _int(read_text(acct / "cpuacct.usage"), acct / "cpuacct.usage")
+            out["cpu_usage"] = None if usage is None else usage // 1000  # ns -> us
+        if cpu is not None:
+            stat = _kv(read_text(cpu / "cpu.stat"))
+            out["nr_periods"] = _int(stat.get("nr_periods"), cpu / "cpu.stat")
+            out["nr_throttled"] = _int(stat.get("nr_throttled"), cpu / "cpu.stat")
+            ns = _int(stat.get("throttled_time"), cpu / "cpu.stat")
+            out["throttled_time"] = None if ns is None else ns // 1000  # ns -> us
+            q = _int(read_text(cpu / "cpu.cfs_quota_us"), cpu / "cpu.cfs_quota_us")
+            p = _int(read_text(cpu / "cpu.cfs_period_us"), cpu / "cpu.cfs_period_us")
+            out["cpu_quota_cores"] = q / p if q is not None and q > 0 and p else None
+        if mem is not None:
+            out["memory_current"] = _int(
+                read_text(mem / "memory.usage_in_bytes"), mem / "memory.usage_in_bytes"
+            )
+            lim = _int(read_text(mem / "memory.limit_in_bytes"), mem / "memory.limit_in_bytes")
+            out["memory_max"] = None if lim is None or lim >= _V1_UNLIMITED else lim
+        return out
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,80 @@
+"""/proc/diskstats -> ``disk`` (whole disks only).
+
+A whole disk is a name under /sys/block (partitions are not); loop, ram and zram
+devices are memory or file backed and skipped. Device-mapper and md devices are kept:
+their stalls are the storage stalls the workload sees."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ingest.collectors.base import Reading, Value, proc_path
+from ingest.collectors.procfs import ProcFile, parse_error
+from ingest.schema import Tier
+
+#: lake field -> column of /proc/diskstats after major, minor, name
+_COLS: dict[str, int] = {
+    "reads": 0,
+    "read_sectors": 2,
+    "read_time": 3,
+    "writes": 4,
+    "write_sectors": 6,
+    "write_time": 7,
+    "io_time": 9,
+    "weighted_io_time": 10,
+}
+_IN_FLIGHT = 8
+SKIP_PREFIXES: tuple[str, ...] = ("loop", "ram", "zram")
+
+
+class DiskCollector:
+    name = "disk"
+    measurements: tuple[str, ...] = ("disk",)
+    tier: Tier = "medium"
+
+    def __init__(self, root: str | Path = "/", **options: object) -> None:
+        self._file = ProcFile(proc_path(root, "proc/diskstats"))
+        self._block = proc_path(root, "sys/block")
+        self._whole: dict[bytes, bool] = {}
+
+    def _is_whole(self, name: bytes) -> bool:
+        known = self._whole.get(name)
+        if known is None:
+            text = name.decode()
+            # 'cciss/c0d0' is 'cciss!c0d0' under /sys/block
+            known = not text.startswith(SKIP_PREFIXES) and os.path.exists(
+                self._block / text.replace("/", "!")
+            )
+            self._whole[name] = known
+        return known
+
+    def collect(self) -> list[Reading]:
+        path = self._file.path
+        names: list[str] = []
+        fields: dict[str, list[Value]] = {f: [] for f in _COLS}
+        in_flight: list[Value] = []
+        cols = list(_COLS.items())
+        for lineno, line in enumerate(self._file.read().split(b"\n"), start=1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) < 14:
+                raise parse_error(
+                    path, lineno, line, f"expected at least 14 columns, got {len(parts)}"
+                )
+            if not self._is_whole(parts[2]):
+                continue
+            vals = parts[3:]
+            try:
+                for f, j in cols:
+                    fields[f].append(int(vals[j]))
+                in_flight.append(float(vals[_IN_FLIGHT]))
+            except ValueError:
+                raise parse_error(path, lineno, line, "not a number") from None
+            names.append(parts[2].decode())
+        fields["in_flight"] = in_flight
+        return [Reading("disk", tags={"device": names}, fields=fields)]
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,111 @@
+"""/proc/net/dev -> ``net`` (per interface, loopback skipped); /proc/net/snmp -> ``tcp``.
+
+Both read the network namespace of the agent (run it in the host namespace)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ingest.collectors.base import Reading, Value, proc_path
+from ingest.collectors.procfs import ProcFile, parse_error
+from ingest.schema import Tier
+
+#: lake field -> column of /proc/net/dev after the interface name
+#: (rx: bytes packets errs drop fifo frame compressed multicast | tx: bytes packets errs drop ...)
+_NETDEV_COLS: dict[str, int] = {
+    "rx_bytes": 0,
+    "rx_packets": 1,
+    "rx_errors": 2,
+    "rx_dropped": 3,
+    "rx_fifo": 4,
+    "tx_bytes": 8,
+    "tx_packets": 9,
+    "tx_errors": 10,
+    "tx_dropped": 11,
+}
+
+#: lake field -> column name of the 'Tcp:' lines of /proc/net/snmp
+_TCP_KEYS: dict[str, bytes] = {
+    "in_segs": b"InSegs",
+    "out_segs": b"OutSegs",
+    "retrans_segs": b"RetransSegs",
+    "in_errs": b"InErrs",
+    "active_opens": b"ActiveOpens",
+}
+
+
+class NetCollector:
+    name = "net"
+    measurements: tuple[str, ...] = ("net",)
+    tier: Tier = "medium"
+
+    def __init__(
+        self, root: str | Path = "/", *, skip: tuple[str, ...] = ("lo",), **options: object
+    ) -> None:
+        """``skip``: interface names not reported (loopback by default)."""
+        self._file = ProcFile(proc_path(root, "proc/net/dev"))
+        self._skip = {s.encode() for s in skip}
+
+    def collect(self) -> list[Reading]:
+        path = self._file.path
+        names: list[str] = []
+        fields: dict[str, list[Value]] = {f: [] for f in _NETDEV_COLS}
+        cols = list(_NETDEV_COLS.items())
+        for lineno, line in enumerate(self._file.read().split(b"\n"), start=1):
+            if lineno <= 2 or not line:
+                continue  # two header lines
+            name, sep, rest = line.partition(b":")  # 'eth0:123' has no space on old kernels
+            if not sep:
+                raise parse_error(path, lineno, line, "expected 'iface: counters'")
+            name = name.strip()
+            if name in self._skip:
+                continue
+            parts = rest.split()
+            if len(parts) < 16:
+                raise parse_error(path, lineno, line, f"expected 16 counters, got {len(parts)}")
+            try:
+                for f, j in cols:
+                    fields[f].append(int(parts[j]))
+            except ValueError:
+                raise parse_error(path, lineno, line, "not a number") from None
+            names.append(name.decode())
+        return [Reading("net", tags={"interface": names}, fields=fields)]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TcpCollector:
+    name = "tcp"
+    measurements: tuple[str, ...] = ("tcp",)
+    tier: Tier = "medium"
+
+    def __init__(self, root: str | Path = "/", **options: object) -> None:
+        self._file = ProcFile(proc_path(root, "proc/net/snmp"), whole=True)
+
+    def collect(self) -> list[Reading]:
+        path = self._file.path
+        header: list[bytes] | None = None
+        for lineno, line in enumerate(self._file.read().split(b"\n"), start=1):
+            if not line.startswith(b"Tcp:"):
+                continue
+            parts = line.split()[1:]
+            if header is None:
+                header = parts
+                continue
+            if len(parts) != len(header):
+                raise parse_error(
+                    path, lineno, line, f"{len(header)} names but {len(parts)} values"
+                )
+            row = dict(zip(header, parts, strict=True))
+            try:
+                fields: dict[str, list[Value]] = {
+                    f: [int(row[k]) if k in row else None] for f, k in _TCP_KEYS.items()
+                }
+            except ValueError:
+                raise parse_error(path, lineno, line, "not a number") from None
+            return [Reading("tcp", fields=fields)]
+        raise parse_error(path, 0, b"", "no 'Tcp:' lines")
+
+    def close(self) -> None:
+        self._file.close()
