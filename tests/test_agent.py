@@ -165,7 +165,11 @@ def test_cli_agent_sigterm_flushes_and_exits_cleanly(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4.0)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # start-up (imports) can take seconds on a loaded machine
+        if "sampling" in line:
+            break
+    time.sleep(3.0)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err

@@ -85,6 +85,12 @@ def run(args: argparse.Namespace) -> int:
     install_signal_handlers(agent)
     for name, reason in agent.stats.unavailable.items():
         print(f"unveil agent: {name}: not collected ({reason})", file=sys.stderr)
+    print(
+        f"unveil agent: sampling {acfg.host} every {acfg.interval_s:g} s into {lake}"
+        + "".join(f" and {s.name}" for s in sinks[1:]),
+        file=sys.stderr,
+        flush=True,
+    )
     stats = agent.run()
     if not args.quiet:
         print(
