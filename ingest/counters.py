@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 _M32 = 1 << 32
 _M64 = 1 << 64
 
@@ -53,6 +55,9 @@ class CounterTracker:
     counters: tuple[str, ...]
     stats: CounterStats = field(default_factory=CounterStats)
     _prev: dict[tuple[str, ...], list[int | None]] = field(default_factory=dict)
+    # the previous reading as columns, for the common case of the same series in the same order
+    _prev_keys: list[tuple[str, ...]] | None = None
+    _prev_cols: dict[str, list[int | None]] = field(default_factory=dict)
 
     def deltas(
         self, keys: Sequence[tuple[str, ...]], raw: dict[str, Sequence[object]]
@@ -62,22 +67,89 @@ class CounterTracker:
         ``keys`` identifies each row's series (its tag values); ``raw`` maps counter
         field -> raw value per row. Series absent from this reading keep their state."""
         names = [c for c in self.counters if c in raw]
-        cols = [raw[c] for c in names]
+        new_cols: dict[str, list[int | None]] = {
+            c: [None if v is None else int(v) for v in raw[c]]  # type: ignore[call-overload]
+            for c in names
+        }
+        keys = list(keys)
+        if keys == self._prev_keys and all(c in self._prev_cols for c in names):
+            out = {c: self._column_deltas(self._prev_cols[c], new_cols[c]) for c in names}
+        else:
+            out = self._row_deltas(keys, names, new_cols)
+        self._prev_keys = keys
+        self._prev_cols = new_cols
+        return out
+
+    def _column_deltas(self, prev: list[int | None], new: list[int | None]) -> list[int | None]:
+        return [
+            n - p if (p is not None and n is not None and n >= p) else counter_delta(p, n, self.stats)
+            for p, n in zip(prev, new, strict=True)
+        ]
+
+    def _row_deltas(
+        self, keys: list[tuple[str, ...]], names: list[str], new_cols: dict[str, list[int | None]]
+    ) -> dict[str, list[int | None]]:
+        # series appeared, vanished or moved: align by key, remembering every series seen
+        if self._prev_keys is not None:
+            for i, key in enumerate(self._prev_keys):
+                self._prev[key] = [self._prev_cols[c][i] if c in self._prev_cols else None for c in names]
         out: dict[str, list[int | None]] = {c: [] for c in names}
         outs = [out[c] for c in names]
-        prev_map = self._prev
+        cols = [new_cols[c] for c in names]
         for i, key in enumerate(keys):
-            new_vals = [None if col[i] is None else int(col[i]) for col in cols]  # type: ignore[call-overload]
-            prev_vals = prev_map.get(key)
-            if prev_vals is None:
-                for o in outs:
-                    o.append(None)
-            else:
-                for j, o in enumerate(outs):
-                    p, n = prev_vals[j], new_vals[j]
-                    if p is not None and n is not None and n >= p:
-                        o.append(n - p)
-                    else:
-                        o.append(counter_delta(p, n, self.stats))
-            prev_map[key] = new_vals
+            new_vals = [col[i] for col in cols]
+            prev_vals = self._prev.get(key)
+            for j, o in enumerate(outs):
+                o.append(None if prev_vals is None else counter_delta(prev_vals[j], new_vals[j], self.stats))
+            self._prev[key] = new_vals
         return out
+
+
+def deltas_array(
+    raw: np.ndarray, prev: np.ndarray | None = None, stats: CounterStats | None = None, *, axis: int = -1
+) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised :func:`counter_delta` along ``axis`` (the sample axis) of ``raw``.
+
+    ``raw`` holds unsigned raw counter values (cast to uint64). ``prev`` is the sample
+    before the first one, per series (``raw`` without the sample axis), or None (then the
+    first delta is null). Returns ``(deltas, valid)``: int64 deltas (the uint64 delta
+    reinterpreted; a reset's delta is the new value) and a mask that is False where the
+    delta is null. Wraps and resets are counted into ``stats`` like :func:`counter_delta`.
+    (Used by the simulator; the rule is the one above, tests keep both in agreement.)"""
+    r = np.asarray(raw).astype(np.uint64, copy=False)
+    ax = axis % r.ndim
+
+    def cut(x: np.ndarray, a: int | None, b: int | None) -> np.ndarray:
+        idx: list[slice] = [slice(None)] * x.ndim
+        idx[ax] = slice(a, b)
+        return x[tuple(idx)]
+
+    p0 = None if prev is None else np.expand_dims(np.asarray(prev).astype(np.uint64, copy=False), ax)
+    d = np.empty(r.shape, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        np.subtract(cut(r, 1, None), cut(r, None, -1), out=cut(d, 1, None))  # modular 2**64 difference
+        if p0 is None:
+            cut(d, 0, 1)[...] = 0
+        else:
+            np.subtract(cut(r, 0, 1), p0, out=cut(d, 0, 1))
+    # x < y exactly when (x - y) mod 2**64 > x: one pass finds every decrease
+    dec = d > r
+    if dec.any():
+        p = np.empty_like(r)
+        cut(p, 1, None)[...] = cut(r, None, -1)
+        cut(p, 0, 1)[...] = cut(r, 0, 1) if p0 is None else p0
+        m32 = np.uint64(_M32)
+        fits32 = (p < m32) & (r < m32)
+        d32 = d & np.uint64(_M32 - 1)
+        w32 = dec & fits32 & (d32 < np.uint64(1 << 31))
+        w64 = dec & ~w32 & (p >= m32) & (d < np.uint64(1 << 62))
+        reset = dec & ~w32 & ~w64
+        d = np.where(w32, d32, d)
+        d = np.where(reset, r, d)
+        if stats is not None:
+            stats.wraps += int(w32.sum() + w64.sum())
+            stats.resets += int(reset.sum())
+    valid = np.ones(r.shape, dtype=bool)
+    if p0 is None:
+        cut(valid, 0, 1)[...] = False
+    return d.view(np.int64), valid

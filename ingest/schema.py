@@ -22,6 +22,7 @@ stored in the files; readers get it back from the path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import polars as pl
@@ -65,11 +66,11 @@ class Measurement:
     def __post_init__(self) -> None:
         object.__setattr__(self, "field_index", {f.name: f for f in self.fields})
 
-    @property
+    @cached_property
     def counters(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields if f.kind == "counter")
 
-    @property
+    @cached_property
     def gauges(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields if f.kind != "counter")
 

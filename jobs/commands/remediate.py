@@ -7,10 +7,9 @@ import datetime as dt
 import getpass
 import json
 import os
-import tomllib
 from pathlib import Path
-from typing import Any
 
+from jobs import config
 from remediation.errors import RemediationError
 from remediation.executor import Executor, ExecutorConfig
 from remediation.queue import STATES, Action, Queue, default_path
@@ -19,7 +18,7 @@ from remediation.queue import STATES, Action, Queue, default_path
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("remediate", help="review, approve, run and roll back queued remediations")
     p.add_argument("--queue", metavar="DB", help="queue file (default: [remediation] queue, or <lake>/_remediation/queue.db)")
-    p.add_argument("--lake", metavar="DIR", help="lake directory (default: [lake] path in config, or ./lake)")
+    p.add_argument("--lake", metavar="DIR", help="lake directory (default: $UNVEIL_LAKE or [lake] path in config)")
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     ls = verbs.add_parser("list", help="list actions")
     ls.add_argument("--state", choices=STATES)
@@ -44,31 +43,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def _config(args: argparse.Namespace) -> dict[str, Any]:
-    path = getattr(args, "config", None) or os.environ.get("UNVEIL_CONFIG")
-    if not path:
-        return {}
-    with open(path, "rb") as fh:
-        try:
-            return tomllib.load(fh)
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"config {path}: {exc}") from None
-
-
 def _open(args: argparse.Namespace) -> tuple[Queue, Executor]:
-    cfg = _config(args)
-    section = cfg.get("remediation") or {}
-    if not isinstance(section, dict):
-        raise ValueError("config [remediation]: expected a table")
-    exec_cfg = ExecutorConfig.from_mapping(section)
+    cfg = config.load(getattr(args, "config", None))
+    section = cfg.remediation
+    exec_cfg = ExecutorConfig.from_mapping(section, where=f"{cfg.source or 'config'}: [remediation]")
     if args.queue:
         qpath = Path(args.queue)
     elif section.get("queue"):
-        qpath = Path(section["queue"])
+        qpath = Path(str(section["queue"]))
     else:
-        lake_cfg = cfg.get("lake")
-        lake = args.lake or (lake_cfg.get("path") if isinstance(lake_cfg, dict) else lake_cfg)
-        qpath = default_path(lake or "lake")
+        qpath = default_path(config.resolve_lake(args.lake, cfg))
     queue = Queue(qpath)
     return queue, Executor(queue, exec_cfg)
 

@@ -1,0 +1,369 @@
+"""The durable remediation queue: one SQLite file (WAL mode, stdlib sqlite3).
+
+Actions move through the states of :data:`TRANSITIONS`; any other change raises
+TransitionError. ``(host, entry_id, incident_id)`` is UNIQUE, so repeated sweeps never queue the
+same remediation twice (``propose`` returns the existing action). Every change writes one row of
+the audit trail (time, actor, event, details JSON) in the same transaction as the change.
+
+One action per host at a time: :meth:`Queue.claim` moves an approved action to ``running`` with a
+single UPDATE that also checks, inside BEGIN IMMEDIATE (SQLite's write lock), that no action of
+the same host is ``running`` or ``verifying``. Two executor processes therefore never run two
+actions on one host, and never both claim the same action.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import polars as pl
+
+from remediation import registry
+from remediation.errors import ActionNotFound, ParamError, TransitionError
+from remediation.verify import parse_spec, spec_to_dict
+
+State = Literal[
+    "proposed", "approved", "running", "verifying", "succeeded", "failed", "rolled_back", "rejected"
+]
+STATES: tuple[str, ...] = (
+    "proposed", "approved", "running", "verifying", "succeeded", "failed", "rolled_back", "rejected"
+)
+# from-state -> allowed to-states. failed -> rolled_back: an operator retries a rollback that did
+# not complete (the state file is still there); verifying -> rolled_back: rollback mid-watch.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "proposed": frozenset({"approved", "rejected"}),
+    "approved": frozenset({"running", "rejected"}),
+    "running": frozenset({"verifying", "succeeded", "failed"}),
+    "verifying": frozenset({"succeeded", "failed", "rolled_back"}),
+    "succeeded": frozenset({"rolled_back"}),
+    "failed": frozenset({"rolled_back"}),
+    "rolled_back": frozenset(),
+    "rejected": frozenset(),
+}
+TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+# States that hold the host: nothing else may run there meanwhile.
+BUSY = ("running", "verifying")
+Mode = Literal["auto", "manual"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS actions (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    host          TEXT NOT NULL,
+    entry_id      TEXT NOT NULL,
+    incident_id   TEXT NOT NULL,
+    script_id     TEXT NOT NULL,
+    params        TEXT NOT NULL,
+    mode          TEXT NOT NULL CHECK (mode IN ('auto', 'manual')),
+    verification  TEXT,
+    state         TEXT NOT NULL,
+    created_us    INTEGER NOT NULL,
+    updated_us    INTEGER NOT NULL,
+    approved_by   TEXT,
+    claimed_by    TEXT,
+    executed      INTEGER NOT NULL DEFAULT 0,
+    output        TEXT,
+    effect        TEXT,
+    UNIQUE (host, entry_id, incident_id)
+);
+CREATE INDEX IF NOT EXISTS actions_host_state ON actions (host, state);
+CREATE TABLE IF NOT EXISTS audit (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    action_id  INTEGER NOT NULL REFERENCES actions (id),
+    time_us    INTEGER NOT NULL,
+    actor      TEXT NOT NULL,
+    event      TEXT NOT NULL,
+    details    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_action ON audit (action_id);
+"""
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True)
+class Action:
+    id: int
+    host: str
+    entry_id: str
+    incident_id: str
+    script_id: str
+    params: dict[str, Any]
+    mode: str
+    verification: dict[str, Any] | None
+    state: str
+    created_us: int
+    updated_us: int
+    approved_by: str | None
+    claimed_by: str | None
+    executed: bool
+    output: dict[str, Any] | None
+    effect: dict[str, Any] | None
+
+    @classmethod
+    def _from_row(cls, row: sqlite3.Row) -> Action:
+        def js(v: str | None) -> Any:
+            return json.loads(v) if v else None
+
+        return cls(
+            id=row["id"], host=row["host"], entry_id=row["entry_id"], incident_id=row["incident_id"],
+            script_id=row["script_id"], params=json.loads(row["params"]), mode=row["mode"],
+            verification=js(row["verification"]), state=row["state"], created_us=row["created_us"],
+            updated_us=row["updated_us"], approved_by=row["approved_by"], claimed_by=row["claimed_by"],
+            executed=bool(row["executed"]), output=js(row["output"]), effect=js(row["effect"]),
+        )
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    seq: int
+    action_id: int
+    time_us: int
+    actor: str
+    event: str
+    details: dict[str, Any]
+
+
+def default_path(lake: str | Path) -> Path:
+    return Path(lake) / "_remediation" / "queue.db"
+
+
+class Queue:
+    """The queue over one SQLite file; open one per process (connections are not shared)."""
+
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves so each change takes the write
+        # lock up front (no lock-upgrade deadlocks between processes).
+        self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._tx():
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self._db.execute(stmt)
+
+    @property
+    def state_dir(self) -> Path:
+        """Where scripts record the previous state: ``<queue dir>/state/<action id>.json``."""
+        return self.path.parent / "state"
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _audit(self, action_id: int, actor: str, event: str, details: Mapping[str, Any] | None) -> None:
+        self._db.execute(
+            "INSERT INTO audit (action_id, time_us, actor, event, details) VALUES (?, ?, ?, ?, ?)",
+            (action_id, _now_us(), actor, event, json.dumps(dict(details or {}), sort_keys=True, default=str)),
+        )
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def get(self, action_id: int) -> Action:
+        row = self._db.execute("SELECT * FROM actions WHERE id = ?", (action_id,)).fetchone()
+        if row is None:
+            raise ActionNotFound(f"no remediation action {action_id} in {self.path}")
+        return Action._from_row(row)
+
+    def actions(self, *, state: str | None = None, host: str | None = None) -> list[Action]:
+        sql, args = "SELECT * FROM actions WHERE 1=1", cast(list[Any], [])
+        if state is not None:
+            sql += " AND state = ?"
+            args.append(state)
+        if host is not None:
+            sql += " AND host = ?"
+            args.append(host)
+        return [Action._from_row(r) for r in self._db.execute(sql + " ORDER BY id", args)]
+
+    def audit(self, action_id: int | None = None) -> list[AuditEvent]:
+        sql = "SELECT * FROM audit" + (" WHERE action_id = ?" if action_id is not None else "")
+        rows = self._db.execute(sql + " ORDER BY seq", () if action_id is None else (action_id,))
+        return [
+            AuditEvent(r["seq"], r["action_id"], r["time_us"], r["actor"], r["event"], json.loads(r["details"]))
+            for r in rows
+        ]
+
+    # ---- changing ------------------------------------------------------------------------------
+
+    def propose(
+        self,
+        *,
+        host: str,
+        entry_id: str,
+        incident_id: str,
+        script_id: str,
+        params: Mapping[str, Any],
+        mode: Mode = "manual",
+        verification: Mapping[str, Any] | None = None,
+        actor: str = "scheduler",
+    ) -> Action:
+        """Queue a remediation, or return the one already queued for (host, entry, incident).
+
+        The script id and parameters are validated against the allowlist first, so nothing the
+        executor would refuse ever enters the queue.
+        """
+        for name, value in (("host", host), ("entry_id", entry_id), ("incident_id", incident_id)):
+            if not isinstance(value, str) or not value:
+                raise ParamError(f"propose: {name} must be a non-empty string, got {value!r}")
+        if mode not in ("auto", "manual"):
+            raise ParamError(f"propose: mode must be 'auto' or 'manual', got {mode!r}")
+        clean = registry.validate_params(script_id, params)
+        if verification is not None:
+            verification = spec_to_dict(parse_spec(verification))
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT * FROM actions WHERE host = ? AND entry_id = ? AND incident_id = ?",
+                (host, entry_id, incident_id),
+            ).fetchone()
+            if row is not None:
+                return Action._from_row(row)
+            now = _now_us()
+            cur = db.execute(
+                "INSERT INTO actions (host, entry_id, incident_id, script_id, params, mode, verification,"
+                " state, created_us, updated_us) VALUES (?, ?, ?, ?, ?, ?, ?, 'proposed', ?, ?)",
+                (host, entry_id, incident_id, script_id, json.dumps(clean, sort_keys=True), mode,
+                 json.dumps(dict(verification)) if verification is not None else None, now, now),
+            )
+            action_id = int(cur.lastrowid or 0)
+            self._audit(action_id, actor, "proposed",
+                        {"script_id": script_id, "params": clean, "mode": mode, "entry_id": entry_id,
+                         "incident_id": incident_id})
+        return self.get(action_id)
+
+    def transition(
+        self,
+        action_id: int,
+        to: str,
+        *,
+        actor: str,
+        event: str | None = None,
+        details: Mapping[str, Any] | None = None,
+        output: Mapping[str, Any] | None = None,
+        effect: Mapping[str, Any] | None = None,
+        executed: bool | None = None,
+    ) -> Action:
+        """Move an action to ``to`` if the transition table allows it (else TransitionError)."""
+        if to not in TRANSITIONS:
+            raise TransitionError(f"unknown state {to!r}; states: {', '.join(STATES)}")
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM actions WHERE id = ?", (action_id,)).fetchone()
+            if row is None:
+                raise ActionNotFound(f"no remediation action {action_id} in {self.path}")
+            frm = row["state"]
+            if to not in TRANSITIONS[frm]:
+                raise TransitionError(
+                    f"action {action_id}: cannot go from {frm!r} to {to!r} "
+                    f"(allowed: {', '.join(sorted(TRANSITIONS[frm])) or 'none, it is final'})"
+                )
+            sets, args = ["state = ?", "updated_us = ?"], [to, _now_us()]
+            if to == "approved":
+                sets.append("approved_by = ?")
+                args.append(actor)
+            for col, val in (("output", output), ("effect", effect)):
+                if val is not None:
+                    sets.append(f"{col} = ?")
+                    args.append(json.dumps(dict(val), sort_keys=True, default=str))
+            if executed is not None:
+                sets.append("executed = ?")
+                args.append(int(executed))
+            db.execute(f"UPDATE actions SET {', '.join(sets)} WHERE id = ?", (*args, action_id))
+            self._audit(action_id, actor, event or to, {"from": frm, "to": to, **dict(details or {})})
+        return self.get(action_id)
+
+    def approve(self, action_id: int, *, by: str) -> Action:
+        return self.transition(action_id, "approved", actor=by)
+
+    def reject(self, action_id: int, *, by: str, reason: str = "") -> Action:
+        return self.transition(action_id, "rejected", actor=by, details={"reason": reason})
+
+    def record(self, action_id: int, *, actor: str, event: str, details: Mapping[str, Any]) -> None:
+        """Add an audit row without changing state (dry runs, notes)."""
+        with self._tx():
+            self.get(action_id)
+            self._audit(action_id, actor, event, details)
+
+    def claim(self, *, worker: str, action_id: int | None = None, host: str | None = None) -> Action | None:
+        """Atomically move one approved action (the oldest, or ``action_id``) to ``running``,
+        unless its host already has a running or verifying action. Returns None if none."""
+        where, args = "", cast(list[Any], [])
+        if action_id is not None:
+            where += " AND a.id = ?"
+            args.append(action_id)
+        if host is not None:
+            where += " AND a.host = ?"
+            args.append(host)
+        with self._tx() as db:
+            row = db.execute(
+                "UPDATE actions SET state = 'running', claimed_by = ?, updated_us = ? WHERE id = ("
+                " SELECT a.id FROM actions a WHERE a.state = 'approved'" + where +
+                " AND NOT EXISTS (SELECT 1 FROM actions b WHERE b.host = a.host"
+                "  AND b.state IN ('running', 'verifying'))"
+                " ORDER BY a.id LIMIT 1) RETURNING id",
+                (worker, _now_us(), *args),
+            ).fetchone()
+            if row is None:
+                return None
+            self._audit(row["id"], worker, "running", {"from": "approved", "to": "running", "worker": worker})
+        return self.get(int(row["id"]))
+
+    # ---- export --------------------------------------------------------------------------------
+
+    def to_frame(self) -> pl.DataFrame:
+        """The ``remediations`` lake table: one row per action."""
+        rows = []
+        for a in self.actions():
+            events = self.audit(a.id)
+
+            def first(name: str, events: list[AuditEvent] = events) -> int | None:
+                return next((e.time_us for e in events if e.event == name), None)
+
+            eff = a.effect or {}
+            rows.append({
+                "action_id": a.id, "host": a.host, "entry_id": a.entry_id, "incident_id": a.incident_id,
+                "script_id": a.script_id, "params": json.dumps(a.params, sort_keys=True), "mode": a.mode,
+                "state": a.state, "executed": a.executed, "approved_by": a.approved_by,
+                "created": a.created_us, "updated": a.updated_us, "approved": first("approved"),
+                "started": first("running"),
+                "finished": a.updated_us if a.state in TERMINAL | {"succeeded", "failed"} else None,
+                "verdict": eff.get("verdict"),
+                "effect_before": json.dumps(eff.get("before")) if "before" in eff else None,
+                "effect_after": json.dumps(eff.get("after")) if "after" in eff else None,
+            })
+        ts = pl.Datetime("us", "UTC")
+        schema: dict[str, Any] = {
+            "action_id": pl.Int64, "host": pl.String, "entry_id": pl.String, "incident_id": pl.String,
+            "script_id": pl.String, "params": pl.String, "mode": pl.String, "state": pl.String,
+            "executed": pl.Boolean, "approved_by": pl.String, "created": pl.Int64, "updated": pl.Int64,
+            "approved": pl.Int64, "started": pl.Int64, "finished": pl.Int64, "verdict": pl.String,
+            "effect_before": pl.String, "effect_after": pl.String,
+        }
+        df = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+        return df.with_columns(
+            pl.col(c).cast(ts) for c in ("created", "updated", "approved", "started", "finished")
+        )

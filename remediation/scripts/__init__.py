@@ -1,0 +1,1 @@
+"""Curated remediation scripts, one module per allowlisted id (see remediation.registry)."""

@@ -1,0 +1,275 @@
+"""Shared frame of every remediation script (not a script itself: ids never start with "_").
+
+A script module supplies three functions over a JSON-able *state* dict:
+
+- ``read(ctx, params) -> state``: the current value of everything ``apply`` may change;
+- ``plan(ctx, params, current) -> state``: the desired values (same keys, or a subset);
+- ``write(ctx, state)``: make the host match ``state`` (any subset of the keys ``read`` returns).
+
+and calls :func:`main`. The frame gives every script the same verbs and guarantees:
+
+- ``check``: read and plan only, print ``{"current", "planned", "changes"}``; changes nothing;
+- ``apply``: write the current state to ``--state`` (atomically, refusing to overwrite one) BEFORE
+  any change, write the plan, read it back; on any error restore the recorded state and exit 1;
+- ``rollback``: write the recorded state back and read it back.
+
+Output: one JSON object on stdout. Exit codes: 0 done, 1 failed and restored, 2 bad usage or
+parameters, 3 not applicable on this host (nothing changed), 4 failed and restore failed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remediation import registry
+from remediation.errors import ParamError, UnknownScriptError
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNSUPPORTED, EXIT_RESTORE_FAILED = 0, 1, 2, 3, 4
+
+State = dict[str, Any]
+
+
+class Unsupported(Exception):
+    """The knob does not exist or cannot be changed on this host; nothing was changed."""
+
+
+class ScriptFailed(Exception):
+    """The change could not be made (the frame restores the recorded state)."""
+
+
+@dataclass
+class Context:
+    """Where the script acts. ``root`` prefixes every /proc and /sys path (tests use a copy)."""
+
+    root: Path
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def path(self, absolute: str) -> Path:
+        return self.root / absolute.lstrip("/")
+
+    @property
+    def live(self) -> bool:
+        return self.root.resolve() == Path("/")
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        raise Unsupported(f"{path} does not exist on this host") from None
+    except OSError as exc:
+        raise ScriptFailed(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def write_text(path: Path, value: str) -> None:
+    """Write a sysfs/procfs value as one write() (the kernel parses each write separately)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC if not _is_kernel_file(path) else os.O_WRONLY)
+    except FileNotFoundError:
+        raise Unsupported(f"{path} does not exist on this host") from None
+    except OSError as exc:
+        raise ScriptFailed(f"cannot open {path} for writing: {exc.strerror or exc}") from exc
+    try:
+        os.write(fd, value.encode())
+    except OSError as exc:
+        raise ScriptFailed(f"the kernel refused {value!r} for {path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def _is_kernel_file(path: Path) -> bool:
+    # O_TRUNC on a real /proc or /sys file is harmless but meaningless; on a test copy it is
+    # needed so a shorter value does not leave the tail of the old one.
+    s = str(path.resolve())
+    return s.startswith(("/proc/", "/sys/"))
+
+
+def bracketed(text: str) -> str:
+    """The selected value of a sysfs choice file: ``"always [madvise] never"`` -> ``"madvise"``."""
+    start, end = text.find("["), text.find("]")
+    if start >= 0 and end > start:
+        return text[start + 1 : end]
+    return text.strip()
+
+
+def _atomic_write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        # link() fails if the target exists: never overwrite the state of an earlier apply.
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+
+
+def _diff(wanted: State, now: State) -> State:
+    """The keys of ``wanted`` whose value differs from ``now`` (write() accepts any subset)."""
+    return {k: v for k, v in wanted.items() if now.get(k) != v}
+
+
+def changes(current: State, planned: State) -> dict[str, list[Any]]:
+    return {k: [current.get(k), v] for k, v in planned.items() if current.get(k) != v}
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def main(
+    script_id: str,
+    read: Callable[[Context, dict[str, Any]], State],
+    plan: Callable[[Context, dict[str, Any], State], State],
+    write: Callable[[Context, State], None],
+    argv: Sequence[str] | None = None,
+    after_apply: Callable[[Context, dict[str, Any]], dict[str, Any]] | None = None,
+) -> int:
+    """Run one verb of a script; returns the exit code (callers ``sys.exit`` it)."""
+    try:
+        spec = registry.get(script_id)
+    except UnknownScriptError as exc:
+        _emit({"script": script_id, "ok": False, "error": str(exc)})
+        return EXIT_USAGE
+    parser = argparse.ArgumentParser(prog=f"python -m {spec.module}", description=spec.summary)
+    parser.add_argument("verb", choices=("check", "apply", "rollback"))
+    parser.add_argument("--root", default="/", help="prefix of /proc and /sys paths (default /)")
+    parser.add_argument("--state", help="state file: written by apply, read by rollback")
+    for p in spec.params:
+        parser.add_argument(f"--{p.name}", dest=f"p_{p.name}", metavar=p.type.upper(), help=p.description)
+    args = parser.parse_args(argv)
+    raw = {p.name: getattr(args, f"p_{p.name}") for p in spec.params}
+    ctx = Context(root=Path(args.root))
+    out: dict[str, Any] = {"script": script_id, "verb": args.verb, "root": str(ctx.root)}
+    try:
+        if args.verb == "rollback":
+            return _rollback(ctx, script_id, args.state, read, write, out)
+        params = registry.validate_params(script_id, {k: v for k, v in raw.items() if v is not None})
+        out["params"] = params
+        if args.verb == "check":
+            current = read(ctx, params)
+            planned = plan(ctx, params, current)
+            out.update(ok=True, current=current, planned=planned, changes=changes(current, planned))
+            out["notes"] = ctx.notes
+            _emit(out)
+            return EXIT_OK
+        return _apply(ctx, script_id, args.state, params, read, plan, write, after_apply, out)
+    except ParamError as exc:
+        out.update(ok=False, error=str(exc))
+        _emit(out)
+        return EXIT_USAGE
+    except Unsupported as exc:
+        out.update(ok=False, unsupported=True, error=str(exc), notes=ctx.notes)
+        _emit(out)
+        return EXIT_UNSUPPORTED
+    except ScriptFailed as exc:
+        out.update(ok=False, error=str(exc), notes=ctx.notes)
+        _emit(out)
+        return EXIT_FAILED
+
+
+def _apply(
+    ctx: Context,
+    script_id: str,
+    state_path: str | None,
+    params: dict[str, Any],
+    read: Callable[[Context, dict[str, Any]], State],
+    plan: Callable[[Context, dict[str, Any], State], State],
+    write: Callable[[Context, State], None],
+    after_apply: Callable[[Context, dict[str, Any]], dict[str, Any]] | None,
+    out: dict[str, Any],
+) -> int:
+    if not state_path:
+        raise ParamError(f"{script_id}: apply needs --state FILE to record the previous state")
+    current = read(ctx, params)
+    planned = plan(ctx, params, current)
+    record = {
+        "script": script_id,
+        "params": params,
+        "root": str(ctx.root),
+        "time": time.time(),
+        "previous": current,
+        "planned": planned,
+        "extra": ctx.extra,
+    }
+    try:
+        _atomic_write_json(Path(state_path), record)
+    except FileExistsError:
+        raise ScriptFailed(f"state file {state_path} exists: this action was applied before") from None
+    except OSError as exc:
+        raise ScriptFailed(f"cannot record the previous state in {state_path}: {exc}") from exc
+    out.update(previous=current, planned=planned, changes=changes(current, planned))
+    try:
+        write(ctx, planned)
+        got = read(ctx, params)
+        wrong = {k: [v, got.get(k)] for k, v in planned.items() if got.get(k) != v}
+        if wrong:
+            raise ScriptFailed(f"read-back differs from the plan (wanted, got): {wrong}")
+        if after_apply is not None:
+            out["after_apply"] = after_apply(ctx, params)
+    except (ScriptFailed, Unsupported, OSError) as exc:
+        out.update(ok=False, error=str(exc))
+        try:
+            # Write back only what differs: a knob that refused the change is left alone.
+            undo = _diff(current, read(ctx, params))
+            if undo:
+                write(ctx, undo)
+            out["restored"] = read(ctx, params) == current
+        except Exception as exc2:  # noqa: BLE001 - report any restore failure, never hide it
+            out.update(restored=False, restore_error=str(exc2))
+        out["notes"] = ctx.notes
+        _emit(out)
+        return EXIT_FAILED if out["restored"] else EXIT_RESTORE_FAILED
+    out.update(ok=True, applied=got, notes=ctx.notes)
+    _emit(out)
+    return EXIT_OK
+
+
+def _rollback(
+    ctx: Context,
+    script_id: str,
+    state_path: str | None,
+    read: Callable[[Context, dict[str, Any]], State],
+    write: Callable[[Context, State], None],
+    out: dict[str, Any],
+) -> int:
+    if not state_path:
+        raise ParamError(f"{script_id}: rollback needs --state FILE")
+    try:
+        record = json.loads(Path(state_path).read_text())
+    except FileNotFoundError:
+        raise ScriptFailed(f"no state file {state_path}: nothing was applied, nothing to roll back") from None
+    except (OSError, ValueError) as exc:
+        raise ScriptFailed(f"unreadable state file {state_path}: {exc}") from exc
+    if record.get("script") != script_id:
+        raise ScriptFailed(f"state file {state_path} belongs to {record.get('script')!r}, not {script_id!r}")
+    if Path(record.get("root", "/")).resolve() != ctx.root.resolve():
+        raise ScriptFailed(f"state file {state_path} was recorded under root {record.get('root')!r}, not {ctx.root}")
+    previous: State = record["previous"]
+    ctx.extra.update(record.get("extra") or {})
+    undo = _diff(previous, read(ctx, record.get("params") or {}))
+    if undo:
+        write(ctx, undo)
+    got = read(ctx, record.get("params") or {})
+    wrong = {k: [v, got.get(k)] for k, v in previous.items() if got.get(k) != v}
+    if wrong:
+        raise ScriptFailed(f"after rollback the state differs from the recorded one (wanted, got): {wrong}")
+    out.update(ok=True, restored=previous, notes=ctx.notes)
+    _emit(out)
+    return EXIT_OK

@@ -1,0 +1,79 @@
+"""Pin a PCI device's interrupts to the CPUs of its local NUMA node.
+
+IRQs come from /sys/bus/pci/devices/<pci>/msi_irqs (MSI/MSI-X) or its ``irq`` file (legacy INTx);
+the node from its ``numa_node`` (-1 = no NUMA info: then ``cpus`` must be given); the node's CPUs
+from /sys/devices/system/node/node<N>/cpulist. Managed IRQs (kernel-chosen affinity, e.g. NVMe
+queues) refuse writes with EIO: the frame then restores every IRQ already changed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from remediation import registry
+from remediation.scripts import _base
+from remediation.scripts._base import Context, ScriptFailed, State, Unsupported
+
+
+def _device_irqs(ctx: Context, params: dict[str, Any]) -> list[int]:
+    if "irqs" in params:
+        return registry.expand_cpulist(params["irqs"])
+    dev = ctx.path(f"/sys/bus/pci/devices/{params['pci']}")
+    if not dev.is_dir():
+        raise Unsupported(f"no PCI device {params['pci']} on this host ({dev})")
+    msi = dev / "msi_irqs"
+    irqs = sorted(int(p.name) for p in msi.iterdir() if p.name.isdigit()) if msi.is_dir() else []
+    if not irqs and (dev / "irq").exists():
+        legacy = int(_base.read_text(dev / "irq"))
+        irqs = [legacy] if legacy > 0 else []
+    if not irqs:
+        raise Unsupported(f"PCI device {params['pci']} has no IRQs")
+    return irqs
+
+
+def target_cpus(ctx: Context, params: dict[str, Any]) -> str:
+    if "cpus" in params:
+        return ",".join(map(str, registry.expand_cpulist(params["cpus"])))
+    dev = ctx.path(f"/sys/bus/pci/devices/{params['pci']}")
+    node = int(_base.read_text(dev / "numa_node"))
+    if node < 0:
+        raise Unsupported(f"PCI device {params['pci']} reports no NUMA node (numa_node=-1); give cpus")
+    cpulist = _base.read_text(ctx.path(f"/sys/devices/system/node/node{node}/cpulist"))
+    return ",".join(map(str, registry.expand_cpulist(cpulist)))
+
+
+def read(ctx: Context, params: dict[str, Any]) -> State:
+    # Normalised to an expanded comma list so kernel "0-3" and "0,1,2,3" compare equal.
+    state: State = {}
+    for irq in _device_irqs(ctx, params):
+        path = ctx.path(f"/proc/irq/{irq}/smp_affinity_list")
+        if not path.exists():
+            continue  # an MSI vector that is not allocated right now
+        state[str(irq)] = ",".join(map(str, registry.expand_cpulist(_base.read_text(path))))
+    if not state:
+        raise Unsupported(f"none of the IRQs of {params.get('pci')} are present in /proc/irq")
+    return state
+
+
+def plan(ctx: Context, params: dict[str, Any], current: State) -> State:
+    cpus = target_cpus(ctx, params)
+    online = ctx.path("/sys/devices/system/cpu/online")
+    if online.exists():
+        missing = set(registry.expand_cpulist(cpus)) - set(registry.expand_cpulist(_base.read_text(online)))
+        if missing:
+            raise ScriptFailed(f"target CPUs {sorted(missing)} are not online")
+    return {irq: cpus for irq in current}
+
+
+def write(ctx: Context, state: State) -> None:
+    for irq, cpus in state.items():
+        _base.write_text(ctx.path(f"/proc/irq/{int(irq)}/smp_affinity_list"), str(cpus))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _base.main("irq_affinity", read, plan, write, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
