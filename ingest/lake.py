@@ -1,0 +1,1025 @@
+"""The Parquet lake: hive-partitioned telemetry and downstream tables on a local directory.
+
+Layout (readable by Polars, DuckDB, Spark, Trino without this project)::
+
+    <root>/<table>/host=<host>/date=<YYYY-MM-DD>/hour=<HH>/part-<UTC stamp>-<8 hex>.parquet
+    <root>/<table>/host=<host>/date=<YYYY-MM-DD>/part-....parquet      (partition_by_hour=False)
+    <root>/<table>/_compaction/<id>.json                                (compaction journals)
+
+``host``, ``date`` and ``hour`` are partition columns taken from the path and are not
+stored in the files; ``time`` (Datetime us UTC) is. Files appear atomically: written to a
+dot-prefixed temp file in the same directory, fsynced, renamed, directory fsynced. Readers
+ignore names starting with ``.`` or ``_``. The compaction protocol (crash-safe at any
+point, readers never see a merged file together with its inputs) is described in
+docs/lake.md and implemented by :func:`compact` and :func:`_recover_table`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import threading
+import time as _time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ingest import schema
+from ingest.sink import SinkError
+
+log = logging.getLogger(__name__)
+
+PARTITION_COLUMNS: tuple[str, ...] = (schema.HOST, "date", "hour")
+JOURNAL_DIR = "_compaction"
+TRASH_DIR = ".trash"  # under the root, outside every table: invisible to any reader
+LOCK_FILE = "lock"
+TMP_PREFIX = ".tmp-"
+# A sink temp file older than this is a leftover of a killed writer (writes take seconds).
+STALE_TMP_S = 3600.0
+RETRY_S = 5.0  # a sink whose write failed tries again after this long
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
+_CAST = pl.ScanCastOptions(
+    integer_cast=["upcast", "allow-float"],
+    float_cast=["upcast", "downcast"],
+    datetime_cast=["upcast", "downcast", "convert-timezone"],
+    categorical_to_string="allow",
+)
+
+
+class LakeError(Exception):
+    """A lake operation failed; the message names the path."""
+
+
+class CorruptFileError(LakeError):
+    """A Parquet file (or journal) of the lake cannot be read."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"corrupt lake file {self.path}: {reason}")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _utc(ts: datetime) -> datetime:
+    """Naive datetimes are taken as UTC (the lake's only time zone)."""
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _stamp(ts: datetime | None = None) -> str:
+    return (ts or _now()).strftime("%Y%m%dT%H%M%S")
+
+
+def _check_name(kind: str, name: str) -> str:
+    # Names become path components: no separators, no hidden prefixes, no '=' confusion.
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
+        raise LakeError(f"invalid {kind} name {name!r}: use letters, digits, '_', '.', '-' (not first)")
+    return name
+
+
+def _visible(name: str) -> bool:
+    return not name.startswith((".", "_"))
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _makedirs(path: Path) -> None:
+    """mkdir -p, fsyncing the parent of every directory created so it survives a crash."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        _fsync_path(d.parent)
+
+
+def _write_parquet_atomic(df: pl.DataFrame, path: Path, *, compression: str, compression_level: int | None,
+                          tmp_name: str | None = None) -> None:
+    tmp = path.with_name(tmp_name or f"{TMP_PREFIX}{path.name}")
+    try:
+        try:
+            df.write_parquet(tmp, compression=compression,  # type: ignore[arg-type]
+                             compression_level=compression_level, statistics=True)
+        except pl.exceptions.ComputeError as exc:
+            # Polars reports I/O failures (disk full ...) as ComputeError: make them OSErrors.
+            raise OSError(f"cannot write {tmp}: {exc}") from exc
+        _fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_path(path.parent)
+
+
+def _write_json_atomic(obj: dict[str, Any], path: Path) -> None:
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_path(path.parent)
+
+
+def _root(root: str | os.PathLike[str]) -> Path:
+    p = Path(root)
+    if not p.is_dir():
+        raise LakeError(f"lake root {p} does not exist or is not a directory")
+    return p
+
+
+def _table_dir(root: str | os.PathLike[str], table: str) -> Path:
+    r = _root(root)
+    _check_name("table", table)
+    d = r / table
+    if not d.is_dir():
+        known = tables(r)
+        raise LakeError(f"no table {table!r} in lake {r} (looked for {d}); tables: {', '.join(known) or 'none'}")
+    return d
+
+
+def _sort_keys(table: str, columns: Sequence[str]) -> list[str]:
+    keys = [schema.TIME]
+    m = schema.MEASUREMENTS.get(table)
+    if m is not None:
+        keys += [t for t in m.tags if t in columns]
+    return keys
+
+
+def default_partition_by_hour(table: str) -> bool:
+    """Static-tier measurements (host_facts, labels) are small: one directory per day."""
+    m = schema.MEASUREMENTS.get(table)
+    return not (m is not None and m.tier == "static")
+
+
+# -------------------------------------------------------------------- partitions
+
+
+@dataclass(frozen=True)
+class _Partition:
+    host: str
+    day: date
+    hour: int | None
+    path: Path
+    files: tuple[str, ...]  # visible .parquet names
+
+    @property
+    def start(self) -> datetime:
+        return datetime(self.day.year, self.day.month, self.day.day, self.hour or 0, tzinfo=UTC)
+
+    @property
+    def end(self) -> datetime:
+        return self.start + (timedelta(hours=1) if self.hour is not None else timedelta(days=1))
+
+
+def _scandir(path: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return [e for e in it if _visible(e.name)]
+    except FileNotFoundError:  # removed concurrently (retention)
+        return []
+
+
+def _overlaps(lo: datetime, hi: datetime, start: datetime | None, end: datetime | None) -> bool:
+    return (end is None or lo < end) and (start is None or hi > start)
+
+
+def _iter_partitions(table_dir: Path, *, hosts: Sequence[str] | None = None, start: datetime | None = None,
+                     end: datetime | None = None) -> Iterator[_Partition]:
+    """Partition directories whose host and time range match, with their visible files.
+    Directories are pruned by name before anything below them is listed."""
+    if hosts is not None:
+        # Straight to the asked hosts' directories: a fleet-wide lake costs nothing more.
+        host_dirs = [(h, table_dir / f"host={h}") for h in sorted(set(hosts)) if _NAME_RE.match(h)]
+    else:
+        host_dirs = [(e.name[5:], Path(e.path)) for e in sorted(_scandir(table_dir), key=lambda e: e.name)
+                     if e.name.startswith("host=") and e.is_dir()]
+    for host, host_dir in host_dirs:
+        for de in sorted(_scandir(host_dir), key=lambda e: e.name):
+            if not de.name.startswith("date=") or not de.is_dir():
+                continue
+            try:
+                day = date.fromisoformat(de.name[5:])
+            except ValueError:
+                log.warning("lake: ignoring directory with a bad date: %s", de.path)
+                continue
+            d0 = datetime(day.year, day.month, day.day, tzinfo=UTC)
+            if not _overlaps(d0, d0 + timedelta(days=1), start, end):
+                continue
+            files: list[str] = []
+            for e in sorted(_scandir(Path(de.path)), key=lambda e: e.name):
+                if e.name.startswith("hour=") and e.is_dir():
+                    try:
+                        hour = int(e.name[5:])
+                        if not 0 <= hour <= 23:
+                            raise ValueError(hour)
+                    except ValueError:
+                        log.warning("lake: ignoring directory with a bad hour: %s", e.path)
+                        continue
+                    h0 = d0 + timedelta(hours=hour)
+                    if not _overlaps(h0, h0 + timedelta(hours=1), start, end):
+                        continue
+                    hfiles = tuple(sorted(x.name for x in _scandir(Path(e.path))
+                                          if x.name.endswith(".parquet") and x.is_file()))
+                    yield _Partition(host, day, hour, Path(e.path), hfiles)
+                elif e.name.endswith(".parquet") and e.is_file():
+                    files.append(e.name)
+            if files:
+                yield _Partition(host, day, None, Path(de.path), tuple(files))
+
+
+# ----------------------------------------------------------------------- journals
+
+
+@dataclass(frozen=True)
+class _Journal:
+    path: Path
+    partition: Path  # absolute partition directory
+    inputs: tuple[str, ...]
+    output: str
+    temp: str
+
+    @property
+    def committed(self) -> bool:
+        # The output is renamed into place only after it is complete and fsynced: its
+        # presence is the commit point.
+        return (self.partition / self.output).exists()
+
+
+def _journals(table_dir: Path) -> tuple[list[_Journal], list[CorruptFileError]]:
+    jdir = table_dir / JOURNAL_DIR
+    out: list[_Journal] = []
+    bad: list[CorruptFileError] = []
+    for e in sorted(_scandir(jdir), key=lambda e: e.name):
+        if not e.name.endswith(".json"):
+            continue
+        p = Path(e.path)
+        try:
+            j = json.loads(p.read_text(encoding="utf-8"))
+            part = (table_dir / j["partition"]).resolve()
+            if table_dir.resolve() not in part.parents:
+                raise ValueError(f"partition {j['partition']!r} outside the table")
+            names = [*j["inputs"], j["output"], j["temp"]]
+            if any("/" in n or n in ("", ".", "..") for n in names):
+                raise ValueError("file names must be plain names")
+            out.append(_Journal(p, table_dir / j["partition"], tuple(j["inputs"]), j["output"], j["temp"]))
+        except FileNotFoundError:
+            continue  # finished concurrently
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            bad.append(CorruptFileError(p, f"unreadable compaction journal: {exc}"))
+    return out, bad
+
+
+def _visible_files(table_dir: Path, parts: Sequence[_Partition],
+                   journals: Sequence[_Journal]) -> list[Path]:
+    """The files of ``parts`` a reader should read: inputs of a compaction whose output is
+    in the same listing are left out (their rows are in the output).
+
+    The journals must be read *after* the partitions were listed: a journal exists from
+    before its output appears until after its inputs are gone, so a listing that holds
+    both the output and inputs is always matched by a journal read later."""
+    listed = {p.path: set(p.files) for p in parts}
+    skip: set[Path] = set()
+    for j in journals:
+        names = listed.get(j.partition)
+        if names is not None and j.output in names:
+            skip.update(j.partition / n for n in j.inputs)
+    return [p.path / n for p in parts for n in p.files if p.path / n not in skip]
+
+
+@contextlib.contextmanager
+def _table_lock(table_dir: Path, *, blocking: bool) -> Iterator[bool]:
+    """An flock on <table>/_compaction/lock: one compactor per table; released by the
+    kernel when the holder dies, so a kill -9 never leaves it stuck."""
+    jdir = table_dir / JOURNAL_DIR
+    _makedirs(jdir)
+    fd = os.open(jdir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                yield False
+                return
+            raise
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _recover_table(table_dir: Path) -> int:
+    """Finish (output in place) or undo (output absent) interrupted compactions.
+    Call with the table lock held. Returns the number of journals resolved."""
+    journals, bad = _journals(table_dir)
+    for err in bad:
+        log.error("lake: %s; leaving it for an operator", err)
+    jdir = table_dir / JOURNAL_DIR
+    # Journal temp files (dot-prefixed) are leftovers of a killed compactor.
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(jdir):
+            if name.startswith(TMP_PREFIX):
+                (jdir / name).unlink(missing_ok=True)
+    for j in journals:
+        if j.committed:
+            for n in j.inputs:
+                (j.partition / n).unlink(missing_ok=True)
+            log.info("lake: finished interrupted compaction %s", j.path)
+        else:
+            log.info("lake: undid interrupted compaction %s", j.path)
+        (j.partition / j.temp).unlink(missing_ok=True)
+        if j.partition.exists():
+            _fsync_path(j.partition)
+        j.path.unlink(missing_ok=True)
+    if journals:
+        _fsync_path(jdir)
+    return len(journals)
+
+
+def recover(root: str | os.PathLike[str], table: str | None = None) -> int:
+    """Resolve interrupted compactions of one or all tables whose lock is free."""
+    r = _root(root)
+    n = 0
+    for t in [table] if table else tables(r):
+        tdir = _table_dir(r, t)
+        if not (tdir / JOURNAL_DIR).is_dir():
+            continue
+        with _table_lock(tdir, blocking=False) as got:
+            if got:
+                n += _recover_table(tdir)
+    return n
+
+
+# ------------------------------------------------------------------------- write
+
+
+@functools.cache
+def _contract(table: str) -> tuple[list[str], list[pl.DataType]]:
+    cols = schema.get(table).polars_schema()
+    return list(cols), list(cols.values())
+
+
+def _normalize(table: str, df: pl.DataFrame, known_hosts: set[str] | None = None) -> pl.DataFrame:
+    """Conform measurements to the schema; check time/host of any table.
+
+    The agent calls this for every tiny per-tick frame, so a frame that already has the
+    contract's columns and dtypes costs a few microseconds: no casts, no copies."""
+    columns = df.columns
+    for c in (schema.TIME, schema.HOST):
+        if c not in columns:
+            raise LakeError(f"table {table!r}: frame has no {c!r} column (columns: {columns})")
+    dtypes = df.dtypes
+    if table in schema.MEASUREMENTS:
+        want_cols, want_dtypes = _contract(table)
+        if columns != want_cols or dtypes != want_dtypes:
+            try:
+                df = schema.conform(table, df)
+            except (ValueError, pl.exceptions.PolarsError) as exc:
+                raise LakeError(f"table {table!r}: frame does not fit the schema: {exc}") from exc
+            columns, dtypes = df.columns, df.dtypes
+    else:
+        bad = [c for c in PARTITION_COLUMNS[1:] if c in columns]
+        if bad:
+            raise LakeError(f"table {table!r}: columns {bad} clash with the lake's partition columns")
+    tdt = dtypes[columns.index(schema.TIME)]
+    if not isinstance(tdt, pl.Datetime):
+        raise LakeError(f"table {table!r}: 'time' must be a Datetime, got {tdt}")
+    if tdt != schema.TIME_DTYPE or dtypes[columns.index(schema.HOST)] != pl.String():
+        t = pl.col(schema.TIME)
+        if tdt.time_zone is None:
+            t = t.dt.replace_time_zone("UTC")
+        elif tdt.time_zone != "UTC":
+            t = t.dt.convert_time_zone("UTC")
+        df = df.with_columns(t.dt.cast_time_unit("us"), pl.col(schema.HOST).cast(pl.String))
+    time_col, host_col = df.get_column(schema.TIME), df.get_column(schema.HOST)
+    if time_col.has_nulls() or host_col.has_nulls():
+        raise LakeError(f"table {table!r}: {time_col.null_count()} rows with null time, "
+                        f"{host_col.null_count()} with null host")
+    if df.height:
+        lo, hi = host_col.min(), host_col.max()
+        if not (lo == hi and known_hosts is not None and lo in known_hosts):
+            for h in host_col.unique().to_list():
+                _check_name("host", h)
+            if known_hosts is not None and lo == hi:
+                known_hosts.add(str(lo))
+    return df
+
+
+def _partition_groups(table_dir: Path, df: pl.DataFrame,
+                      by_hour: bool) -> list[tuple[str, Path, pl.DataFrame]]:
+    """Split a normalized frame into (host, partition directory, frame without partition columns)."""
+    if df.height == 0:
+        return []
+    # fast path (every agent flush): one host, one hour — no partitioning pass needed
+    host_col, time_col = df.get_column(schema.HOST), df.get_column(schema.TIME)
+    lo, hi = time_col.min(), time_col.max()
+    if (host_col.min() == host_col.max() and isinstance(lo, datetime) and isinstance(hi, datetime)
+            and lo.date() == hi.date() and (not by_hour or lo.hour == hi.hour)):
+        d = table_dir / f"host={host_col[0]}" / f"date={lo.date().isoformat()}"
+        if by_hour:
+            d = d / f"hour={lo.hour:02d}"
+        return [(str(host_col[0]), d, df.drop(schema.HOST))]
+    keys = [schema.HOST, "__date"] + (["__hour"] if by_hour else [])
+    df = df.with_columns(pl.col(schema.TIME).dt.date().alias("__date"), pl.col(schema.TIME).dt.hour().alias("__hour"))
+    out = []
+    for key, part in df.partition_by(keys, as_dict=True, maintain_order=True).items():
+        host, day = str(key[0]), key[1]
+        assert isinstance(day, date)
+        d = table_dir / f"host={host}" / f"date={day.isoformat()}"
+        if by_hour:
+            d = d / f"hour={int(key[2]):02d}"
+        out.append((host, d, part.drop(schema.HOST, "__date", "__hour")))
+    return out
+
+
+def _new_part_name() -> str:
+    return f"part-{_stamp()}-{secrets.token_hex(4)}.parquet"
+
+
+def _write_group(table: str, part_dir: Path, df: pl.DataFrame, *, compression: str,
+                 compression_level: int | None) -> Path:
+    _makedirs(part_dir)
+    df = df.sort(_sort_keys(table, df.columns), maintain_order=True)
+    path = part_dir / _new_part_name()
+    _write_parquet_atomic(df, path, compression=compression, compression_level=compression_level)
+    return path
+
+
+def write_table(root: str | os.PathLike[str], table: str, df: pl.DataFrame, *,
+                partition_by_hour: bool = True, compression: str = "zstd",
+                compression_level: int | None = 3) -> list[Path]:
+    """Write ``df`` (with ``time`` and ``host``) as new files, one per partition; each file
+    appears atomically. Measurements are conformed to ingest.schema first. Returns the paths."""
+    _check_name("table", table)
+    df = _normalize(table, df)
+    root_p = Path(root)
+    try:
+        return [
+            _write_group(table, d, part, compression=compression, compression_level=compression_level)
+            for _, d, part in _partition_groups(root_p / table, df, partition_by_hour)
+        ]
+    except OSError as exc:
+        raise LakeError(f"cannot write table {table!r} under {root_p}: {exc}") from exc
+
+
+# -------------------------------------------------------------------------- sink
+
+
+class LakeSink:
+    """The lake as an ingest sink: buffers frames per table, writes on flush.
+
+    A flush happens when a table's buffer reaches ``max_buffer_rows`` or its oldest frame
+    is ``max_buffer_age_s`` old (checked on write), and on flush()/close(). A failed write
+    is logged and retried on the next flush (the pipeline never stops); rows beyond
+    ``10 * max_buffer_rows`` per table are then dropped, oldest first, with an error log.
+    """
+
+    name = "lake"
+
+    def __init__(self, root: str | os.PathLike[str], *, compression: str = "zstd",
+                 compression_level: int = 3, max_buffer_rows: int = 100_000,
+                 max_buffer_age_s: float = 10.0) -> None:
+        self.root = Path(root)
+        self.compression = compression
+        self.compression_level = compression_level
+        self.max_buffer_rows = max_buffer_rows
+        self.max_buffer_age_s = max_buffer_age_s
+        self._buf: dict[str, list[pl.DataFrame]] = {}
+        self._rows: dict[str, int] = {}
+        self._since: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._hosts: set[str] = set()  # host names already validated
+        self._retry_at: dict[str, float] = {}
+        self._closed = False
+        try:
+            _makedirs(self.root)
+            probe = self.root / f"{TMP_PREFIX}probe-{secrets.token_hex(4)}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise SinkError(f"lake sink: root {self.root} is not a writable directory: {exc}") from exc
+        try:
+            recover(self.root)
+        except (OSError, LakeError) as exc:
+            log.error("lake sink: recovery of interrupted compactions under %s failed: %s", self.root, exc)
+
+    def write(self, table: str, df: pl.DataFrame) -> None:
+        if self._closed:
+            raise LakeError(f"lake sink {self.root} is closed")
+        _check_name("table", table)
+        df = _normalize(table, df, self._hosts)
+        if df.height == 0:
+            return
+        with self._lock:
+            self._buf.setdefault(table, []).append(df)
+            self._rows[table] = self._rows.get(table, 0) + df.height
+            self._since.setdefault(table, _time.monotonic())
+            now = _time.monotonic()
+            due = (self._rows[table] >= self.max_buffer_rows
+                   or now - self._since[table] >= self.max_buffer_age_s)
+            # after a failed write, retry from write() only every RETRY_S (flush() always tries)
+            due = due and now >= self._retry_at.get(table, 0.0)
+        if due:
+            self._flush_table(table)
+
+    def flush(self) -> None:
+        with self._lock:
+            names = list(self._buf)
+        for t in names:
+            self._flush_table(t)
+
+    def _flush_table(self, table: str) -> bool:
+        with self._lock:
+            frames = self._buf.pop(table, [])
+            self._rows.pop(table, None)
+            since = self._since.pop(table, None)
+        if not frames:
+            return True
+        df = pl.concat(frames, how="vertical" if table in schema.MEASUREMENTS else "diagonal_relaxed")
+        failed: list[pl.DataFrame] = []
+        for host, d, part in _partition_groups(self.root / table, df, default_partition_by_hour(table)):
+            try:
+                _write_group(table, d, part, compression=self.compression,
+                             compression_level=self.compression_level)
+            except OSError as exc:
+                # Only the partitions that failed are kept: the others are committed.
+                log.error("lake sink: cannot write %s (%d rows kept for retry): %s", d, part.height, exc)
+                failed.append(part.with_columns(pl.lit(host).alias(schema.HOST)))
+        if not failed:
+            self._retry_at.pop(table, None)
+            return True
+        self._retry_at[table] = _time.monotonic() + RETRY_S
+        keep = pl.concat(failed, how="diagonal_relaxed").select(df.columns).sort(schema.TIME)
+        limit = 10 * self.max_buffer_rows
+        if keep.height > limit:
+            log.error("lake sink: dropping %d oldest rows of %r: writes keep failing", keep.height - limit, table)
+            keep = keep.tail(limit)
+        with self._lock:
+            self._buf.setdefault(table, []).insert(0, keep)
+            self._rows[table] = self._rows.get(table, 0) + keep.height
+            self._since[table] = since if since is not None else _time.monotonic()
+        return False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        with self._lock:
+            lost = sum(self._rows.values())
+        if lost:
+            raise LakeError(f"lake sink {self.root}: {lost} buffered rows could not be written")
+
+
+# -------------------------------------------------------------------------- read
+
+
+def tables(root: str | os.PathLike[str]) -> list[str]:
+    """Names of the tables in the lake, sorted."""
+    r = _root(root)
+    return sorted(e.name for e in _scandir(r) if e.is_dir() and _NAME_RE.match(e.name))
+
+
+def hosts(root: str | os.PathLike[str], table: str) -> list[str]:
+    """Hosts that have a partition in ``table``, sorted."""
+    d = _table_dir(root, table)
+    return sorted(e.name[5:] for e in _scandir(d) if e.name.startswith("host=") and e.is_dir())
+
+
+def _polars_schema(pa_schema: pa.Schema) -> pl.Schema:
+    return pl.DataFrame(pa_schema.empty_table()).schema
+
+
+def _merge_schemas(schemas: Sequence[tuple[Path, pl.Schema]]) -> dict[str, pl.DataType]:
+    """Union of file schemas; a column whose dtype differs gets the common supertype."""
+    out: dict[str, pl.DataType] = {}
+    where: dict[str, Path] = {}
+    for path, s in schemas:
+        for c, dt in s.items():
+            if c in PARTITION_COLUMNS:
+                continue
+            if c not in out:
+                out[c], where[c] = dt, path
+            elif out[c] != dt:
+                try:
+                    out[c] = pl.concat([pl.DataFrame(schema={c: out[c]}), pl.DataFrame(schema={c: dt})],
+                                       how="vertical_relaxed").schema[c]
+                except pl.exceptions.PolarsError as exc:
+                    raise LakeError(f"column {c!r} is {out[c]} in {where[c]} but {dt} in {path}") from exc
+    return out
+
+
+def _first_file(table_dir: Path) -> Path | None:
+    for p in _iter_partitions(table_dir):
+        if p.files:
+            return p.path / p.files[0]
+    return None
+
+
+def _empty(table: str, table_dir: Path) -> pl.LazyFrame:
+    if table in schema.MEASUREMENTS:
+        return schema.empty_frame(table).lazy()
+    cols: dict[str, pl.DataType] = {schema.TIME: schema.TIME_DTYPE, schema.HOST: pl.String()}
+    first = _first_file(table_dir)
+    if first is not None:
+        with contextlib.suppress(OSError, pa.ArrowException):
+            cols |= _merge_schemas([(first, _polars_schema(pq.read_schema(first)))])
+    return pl.DataFrame(schema=cols).lazy()
+
+
+def _listing(table_dir: Path, start: datetime | None, end: datetime | None,
+             hosts_: Sequence[str] | None, on_corrupt: str,
+             report: list[CorruptFileError] | None) -> list[Path]:
+    parts = list(_iter_partitions(table_dir, hosts=hosts_, start=start, end=end))
+    journals, bad = _journals(table_dir)  # after the listing: see _visible_files
+    for err in bad:
+        if on_corrupt == "raise":
+            raise err
+        log.warning("lake: ignoring %s", err)
+        if report is not None:
+            report.append(err)
+    return _visible_files(table_dir, parts, journals)
+
+
+def files(root: str | os.PathLike[str], table: str, *, start: datetime | None = None,
+          end: datetime | None = None, hosts: Sequence[str] | None = None) -> list[Path]:
+    """The Parquet files a scan of this range would read (pruned by host/date/hour, without
+    compaction inputs already merged), e.g. to hand to DuckDB. Files are not opened."""
+    table_dir = _table_dir(root, table)
+    if isinstance(hosts, str):
+        hosts = [hosts]
+    return _listing(table_dir, _utc(start) if start else None, _utc(end) if end else None,
+                    hosts, "raise", None)
+
+
+def _select_files(table_dir: Path, start: datetime | None, end: datetime | None,
+                  hosts_: Sequence[str] | None, on_corrupt: str,
+                  report: list[CorruptFileError] | None) -> list[tuple[Path, pq.FileMetaData]]:
+    out: list[tuple[Path, pq.FileMetaData]] = []
+    for path in _listing(table_dir, start, end, hosts_, on_corrupt, report):
+        try:
+            md = pq.read_metadata(path)  # footer check: cheap, and only on pruned files
+        except FileNotFoundError:
+            raise
+        except (OSError, pa.ArrowException) as exc:
+            err = CorruptFileError(path, str(exc))
+            if on_corrupt == "raise":
+                raise err from exc
+            log.warning("lake: skipping %s", err)
+            if report is not None:
+                report.append(err)
+            continue
+        out.append((path, md))
+    return out
+
+
+def scan(root: str | os.PathLike[str], table: str, *, start: datetime | None = None,
+         end: datetime | None = None, hosts: Sequence[str] | None = None,
+         on_corrupt: Literal["raise", "skip"] = "raise",
+         report: list[CorruptFileError] | None = None) -> pl.LazyFrame:
+    """A LazyFrame over ``table`` for ``start <= time < end`` (naive = UTC) and ``hosts``.
+
+    Directories are pruned by host/date/hour before any file is opened; the time filter is
+    pushed down to row groups. Columns: ``time``, ``host``, then the stored columns (for a
+    measurement exactly its schema, columns missing in older files as nulls). Every file's
+    footer is checked here; damage inside a file with a good footer only shows at collect
+    (:func:`read` names such a file)."""
+    return _scan(root, table, start, end, hosts, on_corrupt, report, frozenset())[0]
+
+
+def _scan(root: str | os.PathLike[str], table: str, start: datetime | None, end: datetime | None,
+          hosts: Sequence[str] | None, on_corrupt: str, report: list[CorruptFileError] | None,
+          exclude: frozenset[Path]) -> tuple[pl.LazyFrame, list[Path]]:
+    if on_corrupt not in ("raise", "skip"):
+        raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
+    table_dir = _table_dir(root, table)
+    start_u = _utc(start) if start is not None else None
+    end_u = _utc(end) if end is not None else None
+    if isinstance(hosts, str):
+        hosts = [hosts]
+    if start_u is not None and end_u is not None and start_u >= end_u:
+        return _empty(table, table_dir), []
+    for attempt in range(3):
+        found: list[CorruptFileError] = []
+        try:
+            files = [(p, md) for p, md in _select_files(table_dir, start_u, end_u, hosts, on_corrupt, found)
+                     if p not in exclude]
+            break
+        except FileNotFoundError:
+            # A compaction finished between listing and opening: list again.
+            if attempt == 2:
+                raise
+    if report is not None:
+        report.extend(found)
+    if not files:
+        return _empty(table, table_dir), []
+
+    m = schema.MEASUREMENTS.get(table)
+    if m is not None:
+        stored: dict[str, pl.DataType] = m.polars_schema(with_host=False)
+    else:
+        stored = _merge_schemas([(p, _polars_schema(md.schema.to_arrow_schema())) for p, md in files])
+    # Hive parsing needs one directory depth per scan: hourly and daily files separately.
+    by_depth: dict[bool, list[str]] = {}
+    for p, _ in files:
+        by_depth.setdefault(p.parent.name.startswith("hour="), []).append(str(p))
+    frames = []
+    for hourly, paths in by_depth.items():
+        hive = {schema.HOST: pl.String(), "date": pl.String()} | ({"hour": pl.String()} if hourly else {})
+        lf = pl.scan_parquet(paths, hive_partitioning=True, hive_schema=hive, schema=stored,
+                             missing_columns="insert", extra_columns="ignore", cast_options=_CAST)
+        frames.append(lf.select(schema.TIME, schema.HOST, *[c for c in stored if c != schema.TIME]))
+    out = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
+    t = pl.col(schema.TIME)
+    if start_u is not None:
+        out = out.filter(t >= pl.lit(start_u, dtype=schema.TIME_DTYPE))
+    if end_u is not None:
+        out = out.filter(t < pl.lit(end_u, dtype=schema.TIME_DTYPE))
+    return out, [p for p, _ in files]
+
+
+def _probe(paths: Sequence[Path]) -> list[CorruptFileError]:
+    """Files that fail a full read (damaged pages behind a good footer)."""
+    bad = []
+    for p in paths:
+        try:
+            pl.read_parquet(p)
+        except FileNotFoundError:
+            continue
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            bad.append(CorruptFileError(p, str(exc)))
+    return bad
+
+
+def read(root: str | os.PathLike[str], table: str, *, start: datetime | None = None,
+         end: datetime | None = None, hosts: Sequence[str] | None = None,
+         columns: Sequence[str] | None = None, on_corrupt: Literal["raise", "skip"] = "raise",
+         report: list[CorruptFileError] | None = None, attempts: int = 5) -> pl.DataFrame:
+    """:func:`scan` + collect, with two things a lazy scan cannot do: list again when a
+    concurrent compaction removed a file between listing and reading, and name (or, with
+    ``on_corrupt="skip"``, leave out) a file whose data pages are damaged."""
+    exclude: set[Path] = set()
+    damaged: list[CorruptFileError] = []
+    vanished = 0
+    while True:
+        found: list[CorruptFileError] = []
+        lf, paths = _scan(root, table, start, end, hosts, on_corrupt, found, frozenset(exclude))
+        if columns is not None:
+            lf = lf.select(columns)
+        try:
+            df = lf.collect()
+        except FileNotFoundError:
+            vanished += 1
+            if vanished >= attempts:
+                raise
+            log.info("lake: a file of %s went away during the read (compaction); reading again", table)
+            _time.sleep(0.01 * vanished)
+            continue
+        except pl.exceptions.ComputeError as exc:
+            if not all(p.exists() for p in paths):
+                # Polars reports a file removed between two of its opens as a ComputeError.
+                vanished += 1
+                if vanished >= attempts:
+                    raise LakeError(f"reading table {table!r} under {root}: files keep vanishing: {exc}") from exc
+                _time.sleep(0.01 * vanished)
+                continue
+            bad = [e for e in _probe(paths) if e.path not in exclude]
+            if not bad:
+                raise LakeError(f"reading table {table!r} under {root} failed: {exc}") from exc
+            if on_corrupt == "raise":
+                raise bad[0] from exc
+            for e in bad:
+                log.warning("lake: skipping %s", e)
+            damaged += bad
+            exclude.update(e.path for e in bad)
+            continue
+        if report is not None:
+            report.extend(found + damaged)
+        return df
+
+
+# ------------------------------------------------------------------- maintenance
+
+
+@dataclass
+class CompactionStats:
+    tables: int = 0
+    merges: int = 0  # groups of files merged into one
+    files_before: int = 0
+    files_after: int = 0
+    rows: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    recovered: int = 0
+    stale_temps_removed: int = 0
+    tables_locked: list[str] = field(default_factory=list)
+    corrupt: list[Path] = field(default_factory=list)  # unreadable files, left in place
+    failed_partitions: list[Path] = field(default_factory=list)  # left uncompacted
+
+
+def _groups(files: Sequence[tuple[str, int]], target_rows: int) -> list[list[str]]:
+    """Consecutive runs of small files of at most target_rows rows; runs of one are left alone."""
+    groups: list[list[str]] = []
+    cur: list[str] = []
+    n = 0
+    for name, rows in files:
+        if rows >= target_rows:
+            continue
+        if cur and n + rows > target_rows:
+            groups.append(cur)
+            cur, n = [], 0
+        cur.append(name)
+        n += rows
+    groups.append(cur)
+    return [g for g in groups if len(g) > 1]
+
+
+def _compact_group(table: str, table_dir: Path, part_dir: Path, inputs: list[str],
+                   expected_rows: int, stats: CompactionStats) -> None:
+    """The protocol of docs/lake.md: journal, temp, rename (commit), delete inputs, journal."""
+    token = secrets.token_hex(4)
+    cid = f"{_stamp()}-{token}"
+    output = f"part-{_stamp()}-{token}.parquet"
+    temp = f"{TMP_PREFIX}compact-{token}.parquet"
+    jpath = table_dir / JOURNAL_DIR / f"{cid}.json"
+    paths = [part_dir / n for n in inputs]
+    frames = []
+    for p in paths:  # read (and so check) every input before anything is written
+        try:
+            frames.append(pl.read_parquet(p))
+        except pl.exceptions.PolarsError as exc:
+            raise CorruptFileError(p, str(exc)) from exc
+    df = pl.concat(frames, how="diagonal_relaxed")
+    if df.height != expected_rows:
+        raise LakeError(f"compaction of {part_dir}: read {df.height} rows, footers say {expected_rows}")
+    df = df.sort(_sort_keys(table, df.columns), maintain_order=True)
+    _write_json_atomic({"version": 1, "table": table, "partition": str(part_dir.relative_to(table_dir)),
+                        "inputs": inputs, "output": output, "temp": temp}, jpath)
+    try:
+        _write_parquet_atomic(df, part_dir / output, compression="zstd", compression_level=3, tmp_name=temp)
+    except BaseException:
+        if not (part_dir / output).exists():
+            # Not committed: the inputs are intact; undo.
+            (part_dir / temp).unlink(missing_ok=True)
+            jpath.unlink(missing_ok=True)
+        # else committed (only the directory fsync failed): the journal stays for recovery
+        raise
+    # Committed: from here on readers skip the inputs (journal + output present).
+    bytes_before = 0
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            bytes_before += p.stat().st_size
+            p.unlink()
+    _fsync_path(part_dir)
+    jpath.unlink()
+    _fsync_path(jpath.parent)
+    stats.merges += 1
+    stats.files_before += len(inputs)
+    stats.files_after += 1
+    stats.rows += df.height
+    stats.bytes_before += bytes_before
+    stats.bytes_after += (part_dir / output).stat().st_size
+
+
+def _remove_stale_temps(part: _Partition, now_s: float) -> int:
+    n = 0
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(part.path):
+            if name.startswith(TMP_PREFIX):
+                p = part.path / name
+                with contextlib.suppress(FileNotFoundError):
+                    if now_s - p.stat().st_mtime > STALE_TMP_S:
+                        p.unlink()
+                        n += 1
+    return n
+
+
+def compact(root: str | os.PathLike[str], table: str | None = None, *,
+            older_than: timedelta = timedelta(minutes=5), target_rows: int = 1_000_000,
+            now: datetime | None = None) -> CompactionStats:
+    """Merge the small files of every partition that ended more than ``older_than`` ago
+    into files of up to ``target_rows`` rows, crash-safely (see docs/lake.md). Tables whose
+    compaction lock is held by another process are skipped (listed in the stats)."""
+    r = _root(root)
+    now_u = _utc(now) if now is not None else _now()
+    cutoff = now_u - older_than
+    stats = CompactionStats()
+    for t in [table] if table else tables(r):
+        tdir = _table_dir(r, t)
+        with _table_lock(tdir, blocking=False) as got:
+            if not got:
+                log.info("lake: %s is being compacted by another process; skipped", tdir)
+                stats.tables_locked.append(t)
+                continue
+            stats.tables += 1
+            stats.recovered += _recover_table(tdir)
+            for part in _iter_partitions(tdir, end=cutoff):
+                stats.stale_temps_removed += _remove_stale_temps(part, _time.time())
+                if part.end > cutoff or len(part.files) < 2:
+                    continue
+                sized: list[tuple[str, int]] = []
+                for name in part.files:
+                    try:
+                        sized.append((name, pq.read_metadata(part.path / name).num_rows))
+                    except (OSError, pa.ArrowException) as exc:
+                        log.warning("lake: not compacting corrupt file %s: %s", part.path / name, exc)
+                        stats.corrupt.append(part.path / name)
+                rows = dict(sized)
+                groups = _groups(sized, target_rows)
+                while groups:
+                    group = groups.pop(0)
+                    try:
+                        _compact_group(t, tdir, part.path, group, sum(rows[n] for n in group), stats)
+                    except CorruptFileError as exc:
+                        # damaged pages behind a good footer: leave that file, merge the others
+                        log.warning("lake: not compacting %s", exc)
+                        stats.corrupt.append(exc.path)
+                        rest = [n for n in group if part.path / n != exc.path]
+                        if len(rest) > 1:
+                            groups.insert(0, rest)
+                    except OSError as exc:  # disk full, permissions: stop, the rest would fail too
+                        raise LakeError(f"compaction of {part.path} failed (inputs kept): {exc}") from exc
+                    except (pl.exceptions.PolarsError, LakeError) as exc:
+                        log.error("lake: compaction of %s failed (inputs kept): %s", part.path, exc)
+                        stats.failed_partitions.append(part.path)
+    return stats
+
+
+def retention(root: str | os.PathLike[str], table: str, *, keep: timedelta,
+              now: datetime | None = None) -> int:
+    """Delete the partitions of ``table`` that ended more than ``keep`` ago; returns how many.
+    An hour partition is first moved out of the table (to ``<root>/.trash``, one atomic
+    rename: readers see all of it or none of it), then removed."""
+    tdir = _table_dir(root, table)
+    trash = Path(root) / TRASH_DIR
+    cutoff = (_utc(now) if now is not None else _now()) - keep
+    n = 0
+    with _table_lock(tdir, blocking=True):
+        _recover_table(tdir)
+        for old in trash.glob(f"{table}-*"):  # leftovers of a killed retention of this table
+            shutil.rmtree(old, ignore_errors=True)
+        for part in list(_iter_partitions(tdir, end=cutoff)):
+            if part.end > cutoff:
+                continue
+            if part.hour is None:
+                # Daily partition: its files may sit next to hour dirs; delete the files.
+                for name in part.files:
+                    (part.path / name).unlink(missing_ok=True)
+                _fsync_path(part.path)
+            else:
+                _makedirs(trash)
+                doomed = trash / f"{table}-{secrets.token_hex(8)}"
+                os.replace(part.path, doomed)
+                _fsync_path(part.path.parent)
+                shutil.rmtree(doomed, ignore_errors=True)
+            n += 1
+        # Directories left empty (rmdir fails unless empty, so fresh data is never touched).
+        for hd in _scandir_all(tdir, "host="):
+            for dd in _scandir_all(hd, "date="):
+                with contextlib.suppress(OSError, ValueError):
+                    day = date.fromisoformat(dd.name[5:])
+                    if datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1) <= cutoff:
+                        dd.rmdir()
+            with contextlib.suppress(OSError):
+                hd.rmdir()
+    return n
+
+
+def _scandir_all(path: Path, prefix: str) -> list[Path]:
+    return [Path(e.path) for e in _scandir(path) if e.name.startswith(prefix) and e.is_dir()]
