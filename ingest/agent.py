@@ -179,6 +179,18 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
 
+    def _compaction_loop(self) -> None:
+        """Merge the small files of closed hours in the background (never on the tick path)."""
+        from ingest import lake
+
+        assert self.config.lake is not None
+        while not self._stop.wait(self.config.compact_every_s):
+            try:
+                stats = lake.compact(self.config.lake)
+                log.info("compaction: %s", stats)
+            except Exception:  # compaction failing must not stop sampling
+                log.exception("compaction of %s failed", self.config.lake)
+
     # ---------------------------------------------------------------- sampling
     def _ingest(self, readings: list[Reading], ts: int) -> None:
         for r in readings:
@@ -188,7 +200,7 @@ class Agent:
             n = r.n_rows
             if n == 0:
                 continue
-            values = dict(r.fields)
+            values: dict[str, list[Any]] = dict(r.fields)
             if m.counters:
                 tracker = self._trackers.get(m.name)
                 if tracker is None:
@@ -298,6 +310,8 @@ class Agent:
         facts_every = max(1, round(schema.TIER_PERIOD_S["static"] / interval))
         total_ticks = math.inf if cfg.duration_s is None else max(1, round(cfg.duration_s / interval))
         clock = self._clock
+        if cfg.lake is not None and cfg.compact_every_s > 0:
+            threading.Thread(target=self._compaction_loop, name="unveil-compaction", daemon=True).start()
         t0 = clock()
         k = 0
         try:

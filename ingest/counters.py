@@ -11,7 +11,7 @@ and as a reset otherwise. The first sample of a series, and any value that is mi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,7 +60,7 @@ class CounterTracker:
     _prev_cols: dict[str, list[int | None]] = field(default_factory=dict)
 
     def deltas(
-        self, keys: Sequence[tuple[str, ...]], raw: dict[str, Sequence[object]]
+        self, keys: Sequence[tuple[str, ...]], raw: Mapping[str, Sequence[object]]
     ) -> dict[str, list[int | None]]:
         """Turn the raw counter columns of one reading into delta columns.
 
