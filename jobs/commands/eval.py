@@ -13,7 +13,12 @@ from analytics.evaluation import (
     parse_configs,
     render_table,
 )
+from analytics.pipeline import AnalyticsConfig
+from ingest.lake import LakeError
 from jobs.timeparse import parse_range, parse_time
+
+#: the knowledge base's evaluation matcher (issue 5)
+KB_MATCHER = "knowledge_base.matcher:eval_matcher"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,16 +28,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Run the analytics over the labelled interval once per detector combination and "
         "compare with the lake's labels table (definitions: docs/evaluation.md).",
     )
-    p.add_argument("--lake", required=True, metavar="PATH", help="lake root directory")
+    p.add_argument("--lake", metavar="PATH", help="lake root (default: $UNVEIL_LAKE or [lake] path of --config)")
     p.add_argument("--since", metavar="T", help="start: ISO-8601 or relative (24h); default: the first sample")
     p.add_argument("--until", metavar="T", help="end: ISO-8601 or relative; default: just after the last sample")
     p.add_argument("--hosts", nargs="+", metavar="HOST", help="only these hosts")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--configs", metavar="LIST", default="|".join(DEFAULT_CONFIGS),
                    help="detector combinations separated by | (default: %(default)s)")
-    p.add_argument("--matcher", metavar="MODULE:FUNC",
-                   help="fingerprint matcher (findings, host_facts) -> matches; without it the four "
-                   "fingerprint figures are n/a")
+    p.add_argument("--matcher", metavar="MODULE:FUNC", default="kb",
+                   help="fingerprint matcher (findings, host_facts[, features]) -> matches: 'kb' (default) "
+                   f"is the shipped knowledge base ({KB_MATCHER}), 'none' prints the four fingerprint "
+                   "figures as n/a")
     p.set_defaults(func=run)
 
 
@@ -58,17 +64,37 @@ def _telemetry_span(lake: str) -> tuple[datetime, datetime]:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except LakeError as exc:  # a bad lake path or a corrupt file: the user's to fix
+        raise ValueError(str(exc)) from exc
+
+
+def _settings(args: argparse.Namespace) -> tuple[str, AnalyticsConfig]:
+    """The lake path and the analytics settings ([analytics] of --config, else defaults)."""
+    from jobs import config as config_mod
+    from jobs.pipeline import analytics_from_mapping
+
+    cfg = config_mod.load(getattr(args, "config", None))
+    where = f"{cfg.source} [analytics]" if cfg.source else "[analytics]"
+    return str(config_mod.resolve_lake(args.lake, cfg)), analytics_from_mapping(cfg.analytics, where)
+
+
+def _run(args: argparse.Namespace) -> int:
+    lake, analytics = _settings(args)
     if args.since is None or args.until is None:
-        lo, hi = _telemetry_span(args.lake)
+        lo, hi = _telemetry_span(lake)
         start = parse_time(args.since) if args.since else lo
         end = parse_time(args.until) if args.until else hi
         if start >= end:
             raise ValueError(f"empty interval {start.isoformat()} .. {end.isoformat()}")
     else:
         start, end = parse_range(args.since, args.until)
-    matcher = load_matcher(args.matcher) if args.matcher else None
-    ev = evaluate_lake(args.lake, start, end, configs=parse_configs(args.configs), hosts=args.hosts,
-                       matcher=matcher, matcher_name=args.matcher)
+    name = KB_MATCHER if args.matcher == "kb" else args.matcher
+    matcher = None if name in ("none", "") else load_matcher(name)
+    ev = evaluate_lake(lake, start, end, configs=parse_configs(args.configs), hosts=args.hosts,
+                       matcher=matcher, matcher_name=name if matcher is not None else None,
+                       base_config=analytics)
     if args.format == "json":
         print(json.dumps(ev.to_json(), indent=2, sort_keys=True))
     else:

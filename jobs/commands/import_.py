@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ingest.importer import DEFAULT_TABLE, import_files
+from ingest.lake import LakeError
 from jobs.timeparse import parse_duration, parse_time
 
 
@@ -29,6 +30,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except LakeError as exc:  # a bad lake path or a corrupt file: the user's to fix
+        raise ValueError(str(exc)) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
     interval = parse_duration(args.interval) if args.interval else None
     start = parse_time(args.start) if args.start else None
     if args.time_column and interval:

@@ -1,0 +1,664 @@
+"""Windowed features: telemetry LazyFrames -> one wide row per (host, window).
+
+The same code serves sweeps, post-mortems and evaluation. Two stages keep it cheap:
+
+1. **buckets** — one ``group_by`` per measurement on ``(host, device, time truncated to
+   the bucket)`` (default bucket = stride = 1 s): counter deltas summed, gauges as bucket means
+   (window mean = mean of bucket means), min/max where a feature needs
+   them, throttle-reason bits as counts of samples with the bit set;
+2. **windows** — ``group_by_dynamic`` over the buckets (period = window length, every =
+   stride), then the derived ratios as plain expressions.
+
+Counters are stored as deltas (see :mod:`ingest.schema`), so "sum of deltas / window
+duration" is a rate. A window that runs past the end of a host's data is normalised
+by the covered duration and kept only when no full window exists (a host with less
+than one window of data still gets one row). A ratio whose denominator is zero
+(no interrupts, no I/O) is null, never a fake 0 or inf: detectors read null as
+"no evidence" (see :mod:`analytics.detectors`).
+
+Output (:func:`compute_features`): ``host``, ``window_start``, ``window_end``
+(Datetime us UTC) and one Float64 column per feature named by
+:mod:`analytics.catalog` (``family`` or ``family@device``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import polars as pl
+
+from analytics.catalog import DEVICE_SEP, feature_name
+from ingest import schema
+
+log = logging.getLogger(__name__)
+
+HOST = schema.HOST
+TIME = schema.TIME
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+KEYS: tuple[str, ...] = (HOST, WINDOW_START, WINDOW_END)
+
+_B = "_b"  # bucket start
+_DEV = "_dev"  # device of a row ("" for host-wide tables)
+_DUR = "_dur"  # covered window duration, seconds
+_FIRST = "_first"
+_LAST = "_last"
+
+# NVML clock-event (throttle) reason bits
+THROTTLE_BITS: dict[str, int] = {
+    "power": 0x4 | 0x80,  # SW power cap | HW power brake
+    "thermal": 0x20 | 0x40,  # SW thermal | HW thermal slowdown
+    "hw_slowdown": 0x8,
+}
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Sliding windows: ``length_s`` long every ``stride_s``, built from ``bucket_s``
+    buckets (default: the stride). Length and stride must be multiples of the bucket."""
+
+    length_s: float = 3.0
+    stride_s: float = 1.0
+    bucket_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("length_s", "stride_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and v > 0):
+                raise ValueError(f"WindowSpec.{name} must be a positive number of seconds, not {v!r}")
+        b = self.bucket
+        if b <= 0:
+            raise ValueError(f"WindowSpec.bucket_s must be positive, not {self.bucket_s!r}")
+        for name in ("length_s", "stride_s"):
+            us = round(getattr(self, name) * 1e6)
+            if us % round(b * 1e6):
+                raise ValueError(f"WindowSpec.{name}={getattr(self, name)} is not a multiple of the bucket ({b} s)")
+
+    @property
+    def bucket(self) -> float:
+        return float(self.bucket_s if self.bucket_s is not None else self.stride_s)
+
+    @staticmethod
+    def _dur(seconds: float) -> str:
+        return f"{round(seconds * 1e6)}us"
+
+    @property
+    def length(self) -> str:
+        return self._dur(self.length_s)
+
+    @property
+    def stride(self) -> str:
+        return self._dur(self.stride_s)
+
+    @property
+    def bucket_str(self) -> str:
+        return self._dur(self.bucket)
+
+
+# ----------------------------------------------------------------------------- plans
+Agg = Literal["sum", "count", "mean", "max", "min"]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one measurement becomes features.
+
+    ``device``: expression naming the device of a row (None: host-wide);
+    ``buckets``: name -> (row expression, its aggregation per bucket: sum, count of
+    non-null, max or min; counts are summed over the buckets of a window);
+    ``features``: family -> expression over the window columns and ``_dur`` (s);
+    ``zero_fill``: families whose missing value means 0 (rates of sparse tables)."""
+
+    device: pl.Expr | None
+    buckets: dict[str, tuple[pl.Expr, Agg]]
+    features: dict[str, pl.Expr]
+    zero_fill: tuple[str, ...] = ()
+
+
+def _c(name: str) -> pl.Expr:
+    return pl.col(name)
+
+
+def _sum(name: str) -> tuple[pl.Expr, Agg]:
+    return (_c(name), "sum")
+
+
+def _gauge(plan: dict[str, tuple[pl.Expr, Agg]], name: str) -> pl.Expr:
+    """Register a gauge's bucket mean; return the window mean (mean of the bucket means:
+    the sample mean when buckets hold equally many samples, as with regular sampling)."""
+    plan[f"{name}__m"] = (_c(name).cast(pl.Float64).fill_nan(None), "mean")
+    return _c(f"{name}__m")
+
+
+def _prefixed(tag: str, prefix: str) -> pl.Expr:
+    """A device name from a tag: bare numbers get a prefix (``3`` -> ``gpu3``)."""
+    v = _c(tag).cast(pl.String).fill_null("")
+    return pl.when(v.str.contains(r"^\d+$")).then(pl.lit(prefix) + v).otherwise(v)
+
+
+def _rate(name: str) -> pl.Expr:
+    return _c(name) / _c(_DUR)
+
+
+def _div(a: pl.Expr, b: pl.Expr) -> pl.Expr:
+    return a / b
+
+
+def _plan_cpu(cols: set[str]) -> _Plan:
+    b: dict[str, tuple[pl.Expr, Agg]] = {}
+    ticks = [t for t in ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal") if t in cols]
+    for t in ticks:
+        b[t] = _sum(t)
+    f: dict[str, pl.Expr] = {}
+    if ticks:
+        total = pl.sum_horizontal([_c(t) for t in ticks])
+        user = pl.sum_horizontal([_c(t) for t in ("user", "nice") if t in cols])
+        if "user" in cols:
+            f["cpu.user_share"] = user / total
+        for t in ("system", "iowait", "irq", "softirq", "steal"):
+            if t in cols:
+                f[f"cpu.{t}_share"] = _c(t) / total
+        idle = [t for t in ("idle", "iowait") if t in cols]
+        if idle:
+            f["cpu.busy_share"] = 1.0 - pl.sum_horizontal([_c(t) for t in idle]) / total
+    if "freq_mhz" in cols:
+        f["cpu.freq_mhz"] = _gauge(b, "freq_mhz")
+    return _Plan(_prefixed("node", "node"), b, f)
+
+
+def _plan_system(cols: set[str]) -> _Plan:
+    b: dict[str, tuple[pl.Expr, Agg]] = {}
+    f: dict[str, pl.Expr] = {}
+    for c, fam in (("ctxt", "cpu.ctxt_rate"), ("forks", "cpu.fork_rate")):
+        if c in cols:
+            b[c] = _sum(c)
+            f[fam] = _rate(c)
+    for c in ("procs_running", "procs_blocked", "load1"):
+        if c in cols:
+            f[f"cpu.{c}"] = _gauge(b, c)
+    return _Plan(None, b, f)
+
+
+def _plan_softirqs(cols: set[str]) -> _Plan:
+    b = {"count": _sum("count")}
+    return _Plan(_c("softirq").cast(pl.String), b, {"softirq.rate": _rate("count")}, zero_fill=("softirq.rate",))
+
+
+def _plan_interrupts(cols: set[str]) -> _Plan:
+    # rows carry _dev_node (the device's own node, from host_facts) after _attach_irq_devices
+    node = _c("node").cast(pl.String).str.strip_chars_start("node").cast(pl.Int64, strict=False)
+    b: dict[str, tuple[pl.Expr, Agg]] = {
+        "count": _sum("count"),
+        "local": (pl.when(node == _c("_dev_node")).then(_c("count")).otherwise(0), "sum"),
+    }
+    f = {"irq.rate": _rate("count"), "irq.locality": _c("local") / _c("count")}
+    return _Plan(_c(_DEV), b, f, zero_fill=("irq.rate",))
+
+
+def _plan_memory(cols: set[str]) -> _Plan:
+    b: dict[str, tuple[pl.Expr, Agg]] = {}
+    m = {c: _gauge(b, c) for c in schema.MEMORY.gauges if c in cols}
+    f: dict[str, pl.Expr] = {}
+
+    def has(*names: str) -> bool:
+        return all(n in m for n in names)
+
+    if has("anon_huge_pages", "anon_pages"):
+        f["mem.hugepage_coverage"] = m["anon_huge_pages"] / m["anon_pages"]
+    if has("mem_available", "mem_total"):
+        f["mem.available_share"] = m["mem_available"] / m["mem_total"]
+    if has("dirty", "writeback", "mem_total"):
+        f["mem.dirty_share"] = (m["dirty"] + m["writeback"]) / m["mem_total"]
+    if has("swap_total", "swap_free"):
+        f["mem.swap_used_share"] = 1.0 - m["swap_free"] / m["swap_total"]
+    if has("hugepages_total", "hugepages_free"):
+        f["mem.hugetlb_used_share"] = 1.0 - m["hugepages_free"] / m["hugepages_total"]
+    if has("page_tables", "mem_total"):
+        f["mem.page_tables_share"] = m["page_tables"] / m["mem_total"]
+    return _Plan(None, b, f)
+
+
+def _plan_vmstat(cols: set[str]) -> _Plan:
+    b = {c: _sum(c) for c in schema.VMSTAT.counters if c in cols}
+    f: dict[str, pl.Expr] = {}
+
+    def has(*names: str) -> bool:
+        return all(n in b for n in names)
+
+    if has("thp_fault_fallback"):
+        f["mem.thp_fallback_rate"] = _rate("thp_fault_fallback")
+        if has("thp_fault_alloc"):
+            f["mem.thp_fallback_share"] = _c("thp_fault_fallback") / (_c("thp_fault_alloc") + _c("thp_fault_fallback"))
+    for c, fam in (
+        ("pgfault", "mem.pgfault_rate"),
+        ("pgmajfault", "mem.pgmajfault_rate"),
+        ("pgscan_direct", "mem.direct_scan_rate"),
+        ("pgscan_kswapd", "mem.kswapd_scan_rate"),
+        ("compact_stall", "mem.compact_stall_rate"),
+        ("allocstall_normal", "mem.allocstall_rate"),
+        ("numa_pages_migrated", "numa.migration_rate"),
+    ):
+        if has(c):
+            f[fam] = _rate(c)
+    if has("pswpin", "pswpout"):
+        f["mem.swap_rate"] = (_c("pswpin") + _c("pswpout")) / _c(_DUR)
+    if has("numa_hit", "numa_miss"):
+        f["numa.remote_share"] = _c("numa_miss") / (_c("numa_hit") + _c("numa_miss"))
+    if has("numa_local", "numa_other"):
+        f["numa.other_node_share"] = _c("numa_other") / (_c("numa_local") + _c("numa_other"))
+    if has("numa_hint_faults", "numa_hint_faults_local"):
+        f["numa.hint_fault_remote_share"] = 1.0 - _c("numa_hint_faults_local") / _c("numa_hint_faults")
+    return _Plan(None, b, f)
+
+
+def _plan_numa(cols: set[str]) -> _Plan:
+    b: dict[str, tuple[pl.Expr, Agg]] = {c: _sum(c) for c in ("numa_hit", "numa_miss", "local_node", "other_node") if c in cols}
+    f: dict[str, pl.Expr] = {}
+    if {"numa_hit", "numa_miss"} <= b.keys():
+        f["numa.remote_share"] = _c("numa_miss") / (_c("numa_hit") + _c("numa_miss"))
+    if {"local_node", "other_node"} <= b.keys():
+        f["numa.other_node_share"] = _c("other_node") / (_c("local_node") + _c("other_node"))
+    return _Plan(_prefixed("node", "node"), b, f)
+
+
+_PSI_RESOURCES = ("cpu", "memory", "io")
+
+
+def _plan_pressure(cols: set[str]) -> _Plan:
+    # host-wide families per resource (psi.io_some_share ...): pivot by hand, no device
+    r = _c("resource").cast(pl.String)
+    b: dict[str, tuple[pl.Expr, Agg]] = {}
+    f: dict[str, pl.Expr] = {}
+    for res in _PSI_RESOURCES:
+        for kind in ("some", "full"):
+            if f"{kind}_total" in cols and not (res == "cpu" and kind == "full"):
+                b[f"{res}_{kind}"] = (pl.when(r == res).then(_c(f"{kind}_total")), "sum")
+                f[f"psi.{res}_{kind}_share"] = _c(f"{res}_{kind}") / (_c(_DUR) * 1e6)
+        if "some_avg10" in cols:
+            b[f"{res}_avg"] = (pl.when(r == res).then(_c("some_avg10").cast(pl.Float64)), "mean")
+            f[f"psi.{res}_some_avg10"] = _c(f"{res}_avg") / 100.0
+    return _Plan(None, b, f)
+
+
+def _plan_net(cols: set[str]) -> _Plan:
+    b = {c: _sum(c) for c in schema.NET.counters if c in cols}
+    f: dict[str, pl.Expr] = {}
+    for c in ("rx_bytes", "tx_bytes"):
+        if c in b:
+            f[f"net.{c}_rate"] = _rate(c)
+    drops = [c for c in ("rx_dropped", "tx_dropped", "rx_fifo") if c in b]
+    if drops:
+        f["net.drop_rate"] = pl.sum_horizontal([_c(c) for c in drops]) / _c(_DUR)
+    errs = [c for c in ("rx_errors", "tx_errors") if c in b]
+    if errs:
+        f["net.error_rate"] = pl.sum_horizontal([_c(c) for c in errs]) / _c(_DUR)
+    return _Plan(_c("interface").cast(pl.String), b, f)
+
+
+def _plan_tcp(cols: set[str]) -> _Plan:
+    b = {c: _sum(c) for c in schema.TCP.counters if c in cols}
+    f: dict[str, pl.Expr] = {}
+    if "retrans_segs" in b:
+        f["net.retrans_rate"] = _rate("retrans_segs")
+        if "out_segs" in b:
+            f["net.retrans_share"] = _c("retrans_segs") / _c("out_segs")
+    if "in_errs" in b:
+        f["net.in_err_rate"] = _rate("in_errs")
+    if "active_opens" in b:
+        f["net.active_open_rate"] = _rate("active_opens")
+    return _Plan(None, b, f)
+
+
+def _plan_disk(cols: set[str]) -> _Plan:
+    b = {c: _sum(c) for c in schema.DISK.counters if c in cols}
+    f: dict[str, pl.Expr] = {}
+    if {"reads", "writes", "read_time", "write_time"} <= b.keys():
+        f["disk.latency_ms"] = (_c("read_time") + _c("write_time")) / (_c("reads") + _c("writes"))
+    if "io_time" in b:
+        f["disk.util"] = _c("io_time") / (_c(_DUR) * 1e3)
+    if "weighted_io_time" in b:
+        f["disk.queue_depth"] = _c("weighted_io_time") / (_c(_DUR) * 1e3)
+    for c, fam in (("reads", "disk.read_iops"), ("writes", "disk.write_iops")):
+        if c in b:
+            f[fam] = _rate(c)
+    for c, fam in (("read_sectors", "disk.read_bytes_rate"), ("write_sectors", "disk.write_bytes_rate")):
+        if c in b:
+            f[fam] = _c(c) * 512.0 / _c(_DUR)
+    return _Plan(_c("device").cast(pl.String), b, f)
+
+
+def _plan_cgroup(cols: set[str]) -> _Plan:
+    b = {c: _sum(c) for c in schema.CGROUP.counters if c in cols}
+    f: dict[str, pl.Expr] = {}
+    if {"nr_throttled", "nr_periods"} <= b.keys():
+        f["cgroup.throttled_share"] = _c("nr_throttled") / _c("nr_periods")
+    us = _c(_DUR) * 1e6
+    if "throttled_time" in b:
+        f["cgroup.throttled_time_share"] = _c("throttled_time") / us
+    if "cpu_usage" in b:
+        f["cgroup.cpu_cores"] = _c("cpu_usage") / us
+        if "cpu_quota_cores" in cols:
+            f["cgroup.quota_use_share"] = _c("cpu_usage") / us / _gauge(b, "cpu_quota_cores")
+    if {"memory_current", "memory_max"} <= cols:
+        f["cgroup.mem_use_share"] = _gauge(b, "memory_current") / _gauge(b, "memory_max")
+    if "cpu_pressure_some" in b:
+        f["cgroup.cpu_pressure_share"] = _c("cpu_pressure_some") / us
+    if "memory_pressure_some" in b:
+        f["cgroup.memory_pressure_share"] = _c("memory_pressure_some") / us
+    return _Plan(_c("cgroup").cast(pl.String), b, f)
+
+
+def _plan_perf(cols: set[str]) -> _Plan:
+    b = {c: _sum(c) for c in schema.PERF.counters if c in cols}
+    f: dict[str, pl.Expr] = {}
+    if {"instructions", "cycles"} <= b.keys():
+        f["perf.ipc"] = _c("instructions") / _c("cycles")
+    if {"llc_misses", "llc_loads"} <= b.keys():
+        f["perf.llc_miss_share"] = _c("llc_misses") / _c("llc_loads")
+    if "mem_bandwidth" in b:
+        f["perf.mem_bandwidth"] = _rate("mem_bandwidth")
+    return _Plan(_prefixed("socket", "socket"), b, f)
+
+
+def _plan_gpu(cols: set[str]) -> _Plan:
+    b: dict[str, tuple[pl.Expr, Agg]] = {}
+    f: dict[str, pl.Expr] = {}
+    g = {c: _gauge(b, c) for c in ("util_gpu", "util_mem", "mem_used", "mem_total", "power_w", "power_limit_w",
+                                   "power_limit_default_w", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz",
+                                   "mem_clock_max_mhz", "pcie_tx", "pcie_rx") if c in cols}
+
+    def has(*names: str) -> bool:
+        return all(n in g for n in names)
+
+    if has("util_gpu"):
+        f["gpu.util"] = g["util_gpu"] / 100.0
+    if has("util_mem"):
+        f["gpu.mem_util"] = g["util_mem"] / 100.0
+    if has("mem_used", "mem_total"):
+        f["gpu.mem_used_share"] = g["mem_used"] / g["mem_total"]
+    if has("power_w", "power_limit_w"):
+        f["gpu.power_ratio"] = g["power_w"] / g["power_limit_w"]
+    if has("power_limit_w", "power_limit_default_w"):
+        f["gpu.power_limit_ratio"] = g["power_limit_w"] / g["power_limit_default_w"]
+    if has("sm_clock_mhz", "sm_clock_max_mhz"):
+        f["gpu.sm_clock_ratio"] = g["sm_clock_mhz"] / g["sm_clock_max_mhz"]
+    if has("mem_clock_mhz", "mem_clock_max_mhz"):
+        f["gpu.mem_clock_ratio"] = g["mem_clock_mhz"] / g["mem_clock_max_mhz"]
+    if "temperature_c" in cols:
+        b["temp_max"] = (_c("temperature_c").cast(pl.Float64), "max")
+        f["gpu.temperature_max"] = _c("temp_max")
+    if "clock_event_reasons" in cols:
+        r = _c("clock_event_reasons")
+        b["cer__n"] = (r, "count")
+        for name, bits in THROTTLE_BITS.items():
+            b[f"cer_{name}"] = (((r & bits) != 0).cast(pl.Int64), "sum")
+            f[f"gpu.throttle_{name}_share"] = _c(f"cer_{name}") / _c("cer__n")
+    for c, fam in (("power_violation", "gpu.power_violation_share"), ("thermal_violation", "gpu.thermal_violation_share")):
+        if c in cols:
+            b[c] = _sum(c)
+            f[fam] = _c(c) / (_c(_DUR) * 1e9)
+    for c, fam in (("ecc_corrected", "gpu.ecc_corrected_rate"), ("ecc_uncorrected", "gpu.ecc_uncorrected_rate"),
+                   ("xid_events", "gpu.xid_rate"), ("nvlink_tx", "nvlink.tx_rate"), ("nvlink_rx", "nvlink.rx_rate")):
+        if c in cols:
+            b[c] = _sum(c)
+            f[fam] = _rate(c)
+    for cur, mx, fam in (("pcie_link_gen", "pcie_link_gen_max", "pcie.link_gen_ratio"),
+                         ("pcie_link_width", "pcie_link_width_max", "pcie.link_width_ratio")):
+        if cur in cols and mx in cols:
+            b[f"{cur}__min"] = (_c(cur).cast(pl.Float64), "min")
+            b[f"{mx}__max"] = (_c(mx).cast(pl.Float64), "max")
+            f[fam] = _c(f"{cur}__min") / _c(f"{mx}__max")
+    if has("pcie_tx"):
+        f["pcie.tx_rate"] = g["pcie_tx"]
+    if has("pcie_rx"):
+        f["pcie.rx_rate"] = g["pcie_rx"]
+    return _Plan(_prefixed("gpu", "gpu"), b, f)
+
+
+_PLANS: dict[str, Callable[[set[str]], _Plan]] = {
+    "cpu": _plan_cpu,
+    "system": _plan_system,
+    "interrupts": _plan_interrupts,
+    "softirqs": _plan_softirqs,
+    "memory": _plan_memory,
+    "vmstat": _plan_vmstat,
+    "numa": _plan_numa,
+    "pressure": _plan_pressure,
+    "net": _plan_net,
+    "tcp": _plan_tcp,
+    "disk": _plan_disk,
+    "cgroup": _plan_cgroup,
+    "perf": _plan_perf,
+    "gpu": _plan_gpu,
+}
+
+#: tables that never become features (the agent's self-health, static facts, ground truth)
+SKIPPED: frozenset[str] = frozenset({"agent", "host_facts", "labels", "workload"} | {"features", "scores", "findings",
+                                                                                     "incidents", "remediations"})
+
+_NUMERIC = (pl.Float32, pl.Float64, pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl.UInt32,
+            pl.UInt64, pl.Boolean)
+
+
+def _plan_generic(name: str, sch: pl.Schema) -> _Plan:
+    """An imported or unknown measurement: every numeric column's window mean, feature
+    ``<measurement>.<column>``; string columns other than host are tags (the device)."""
+    tags = [c for c, dt in sch.items() if c not in (TIME, HOST) and dt == pl.String]
+    b: dict[str, tuple[pl.Expr, Agg]] = {}
+    f: dict[str, pl.Expr] = {}
+    for c, dt in sch.items():
+        if c in (TIME, HOST) or c in tags or not isinstance(dt, _NUMERIC):
+            continue
+        fam = f"{name}.{c}".replace(DEVICE_SEP, "_")
+        b[f"{c}__m"] = (_c(c).cast(pl.Float64), "mean")
+        f[fam] = _c(f"{c}__m")
+    dev = pl.concat_str([_c(t).fill_null("") for t in tags], separator="/") if tags else None
+    return _Plan(dev, b, f)
+
+
+# ------------------------------------------------------------------------ machinery
+def _safe(e: pl.Expr) -> pl.Expr:
+    """Non-finite (0/0, x/0) -> null: an undefined ratio is missing evidence."""
+    e = e.cast(pl.Float64)
+    return pl.when(e.is_finite()).then(e)
+
+
+def _windows(lf: pl.LazyFrame, plan: _Plan, spec: WindowSpec) -> pl.LazyFrame:
+    """Long frame: host, _dev, window_start, window_end, one column per family."""
+    b_us = round(spec.bucket * 1e6)
+    # group on the raw tag columns and an integer bucket (cheaper than dt.truncate and
+    # string work per sample); the device name is derived on the few aggregated rows
+    tags = list(dict.fromkeys(plan.device.meta.root_names())) if plan.device is not None else []
+    bucket = (pl.col(TIME).cast(pl.Int64) // b_us * b_us).alias(_B)
+    # row expressions first, then plain aggregations (the fast path of group_by)
+    how_b = {"sum": pl.Expr.sum, "count": pl.Expr.count, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
+    rows = lf.select(HOST, *tags, bucket, *[e.alias(n) for n, (e, _) in plan.buckets.items()])
+    bk = rows.group_by(HOST, *tags, _B).agg([how_b[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
+    dev = plan.device if plan.device is not None else pl.lit("")
+    dev = dev.cast(pl.String).fill_null("").str.replace_all(DEVICE_SEP, ":", literal=True)
+    bk = bk.with_columns(dev.alias(_DEV), pl.col(_B).cast(schema.TIME_DTYPE))
+    bk = bk.with_columns(
+        pl.col(_B).min().over(HOST).alias(_FIRST),
+        (pl.col(_B).max().over(HOST) + pl.duration(microseconds=b_us)).alias(_LAST),
+    ).sort(HOST, _DEV, _B)
+    how = {"sum": pl.Expr.sum, "count": pl.Expr.sum, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
+    w = bk.group_by_dynamic(
+        _B, every=spec.stride, period=spec.length, group_by=[HOST, _DEV, _FIRST, _LAST],
+        closed="left", label="left", start_by="window",
+    ).agg([how[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
+    length_us = round(spec.length_s * 1e6)
+    start = pl.col(_B)
+    end = start + pl.duration(microseconds=length_us)
+    covered = (pl.min_horizontal(end, pl.col(_LAST)) - pl.max_horizontal(start, pl.col(_FIRST))).dt.total_microseconds()
+    extent = (pl.col(_LAST) - pl.col(_FIRST)).dt.total_microseconds()
+    w = w.with_columns((covered / 1e6).alias(_DUR)).filter(
+        covered >= pl.min_horizontal(pl.lit(length_us), extent)
+    )
+    feats = [_safe(e).alias(fam) for fam, e in plan.features.items()]
+    return w.select(pl.col(HOST), pl.col(_DEV), start.alias(WINDOW_START), end.alias(WINDOW_END), *feats)
+
+
+def _facts_nodes(host_facts: pl.DataFrame | None) -> pl.DataFrame:
+    """(host, device, pci, node) of every device with a numa_node fact."""
+    empty = pl.DataFrame(schema={HOST: pl.String, "device": pl.String, "pci": pl.String, "node": pl.Int64})
+    if host_facts is None or host_facts.is_empty() or "key" not in host_facts.columns:
+        return empty
+    hf = host_facts.filter(pl.col("device").fill_null("") != "")
+    nodes = hf.filter(pl.col("key") == "numa_node").select(
+        HOST, "category", "device", pl.col("value_num").cast(pl.Int64).alias("node")
+    ).filter(pl.col("node") >= 0)
+    pci = hf.filter(pl.col("key").is_in(["pci_bus_id", "pci_address", "pci"])).select(
+        HOST, "category", "device", pl.col("value").str.to_lowercase().alias("pci")
+    )
+    out = nodes.join(pci, on=[HOST, "category", "device"], how="left").unique([HOST, "category", "device"])
+    # gpu facts use the index ("3"); name those devices like the gpu features do ("gpu3")
+    out = out.with_columns(
+        pl.when((pl.col("category") == "gpu") & pl.col("device").str.contains(r"^\d+$"))
+        .then(pl.lit("gpu") + pl.col("device")).otherwise(pl.col("device")).alias("device")
+    )
+    return out.select(HOST, "device", "pci", "node") if not out.is_empty() else empty
+
+
+def _irq_device_map(irq_names: Sequence[str], facts: pl.DataFrame) -> dict[str, tuple[str, int]]:
+    """IRQ action name -> (fact device, its node): the device whose name or PCI address
+    occurs in the action name (``mlx5_comp3@pci:0000:17:00.0`` -> ``mlx5_0`` by PCI)."""
+    out: dict[str, tuple[str, int]] = {}
+    rows = facts.to_dicts()
+    for name in irq_names:
+        low = name.lower()
+        best: tuple[int, str, int] | None = None
+        for r in rows:
+            dev, pci, node = r["device"], r["pci"], r["node"]
+            if pci:
+                short = pci.split(":", 1)[1] if pci.count(":") == 2 else pci
+                if pci in low or (len(short) >= 7 and short in low):
+                    cand = (2, dev, node)
+                    if best is None or best[0] < 2:
+                        best = cand
+                    continue
+            if dev and re.search(rf"(^|[^a-z0-9]){re.escape(dev.lower())}(?![0-9])", low) and best is None:
+                best = (1, dev, node)
+        if best is not None:
+            out[name] = (best[1], best[2])
+    return out
+
+
+def _attach_irq_devices(lf: pl.LazyFrame, host_facts: pl.DataFrame | None) -> pl.LazyFrame | None:
+    """Interrupt rows of devices known to host_facts, with _dev and _dev_node; None if none."""
+    facts = _facts_nodes(host_facts)
+    if facts.is_empty():
+        log.info("no numa_node facts: irq.locality and irq.rate are not computed")
+        return None
+    pairs = lf.select(HOST, pl.col("device").cast(pl.String)).unique().collect()
+    rows = []
+    for (host,), grp in pairs.group_by([HOST]):
+        m = _irq_device_map(grp["device"].drop_nulls().to_list(), facts.filter(pl.col(HOST) == host))
+        rows += [(host, name, dev, node) for name, (dev, node) in m.items()]
+    if not rows:
+        return None
+    mapping = pl.DataFrame(rows, schema={HOST: pl.String, "device": pl.String, _DEV: pl.String,
+                                         "_dev_node": pl.Int64}, orient="row")
+    return lf.with_columns(pl.col("device").cast(pl.String)).join(mapping.lazy(), on=[HOST, "device"], how="inner")
+
+
+def feature_frames(
+    frames: Mapping[str, pl.LazyFrame],
+    spec: WindowSpec = WindowSpec(),
+    *,
+    host_facts: pl.DataFrame | None = None,
+) -> dict[str, tuple[pl.LazyFrame, bool, tuple[str, ...]]]:
+    """The lazy per-measurement window frames: name -> (long frame, has devices, zero-fill
+    families). Pure LazyFrame -> LazyFrame except for the tiny IRQ-device lookup."""
+    out: dict[str, tuple[pl.LazyFrame, bool, tuple[str, ...]]] = {}
+    for name, lf in frames.items():
+        if name in SKIPPED:
+            continue
+        sch = lf.collect_schema()
+        if TIME not in sch or HOST not in sch:
+            raise ValueError(f"measurement {name!r}: frame lacks {TIME!r}/{HOST!r} columns (has {list(sch)})")
+        cols = set(sch)
+        if name == "interrupts":
+            if not {"count", "device", "node"} <= cols:
+                continue
+            attached = _attach_irq_devices(lf, host_facts)
+            if attached is None:
+                continue
+            lf = attached
+        builder = _PLANS.get(name)
+        plan = builder(cols) if builder is not None else _plan_generic(name, sch)
+        if plan.device is not None and name in _PLANS:
+            tag_cols = plan.device.meta.root_names()
+            if not set(tag_cols) <= cols | {_DEV}:
+                raise ValueError(f"measurement {name!r}: missing tag column(s) {sorted(set(tag_cols) - cols)}")
+        if not plan.features:
+            continue
+        out[name] = (_windows(lf, plan, spec), plan.device is not None, plan.zero_fill)
+    return out
+
+
+def compute_features(
+    frames: Mapping[str, pl.LazyFrame],
+    spec: WindowSpec = WindowSpec(),
+    *,
+    host_facts: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """The wide feature frame: host, window_start, window_end, one Float64 column per
+    feature (see :mod:`analytics.catalog` for names). Missing tables/columns simply give
+    fewer columns; an empty input gives an empty frame with the key columns."""
+    plans = feature_frames(frames, spec, host_facts=host_facts)
+    names = list(plans)
+    collected = pl.collect_all([plans[n][0] for n in names]) if names else []
+    # one block per (measurement, device), its columns renamed family@device
+    blocks: list[tuple[pl.DataFrame, tuple[str, ...]]] = []
+    seen: set[str] = set()
+    for name, df in zip(names, collected, strict=True):
+        _, has_dev, zero_fill = plans[name]
+        if df.is_empty():
+            continue
+        fams = [c for c in df.columns if c not in (HOST, _DEV, WINDOW_START, WINDOW_END)]
+        parts = df.partition_by(_DEV, as_dict=True) if has_dev else {("",): df}
+        for (dev,), part in parts.items():
+            ren = {f: feature_name(f, str(dev)) for f in fams}
+            dup = [n for n in ren.values() if n in seen]
+            if dup:  # e.g. an imported table named like a built-in family
+                log.warning("measurement %r: features %s already computed from another table; dropped", name, dup)
+                ren = {f: n for f, n in ren.items() if n not in seen}
+                fams = [f for f in fams if f in ren]
+            seen.update(ren.values())
+            zf = tuple(ren[f] for f in fams if f in zero_fill)
+            blocks.append((part.select(*KEYS, *[pl.col(f).alias(ren[f]) for f in fams]), zf))
+    if not blocks:
+        return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
+    # align every block on the union of windows: hstack when a block already has exactly
+    # those rows in order (the usual case), else a left join (cheaper than chained full joins)
+    index = pl.concat([b.select(KEYS) for b, _ in blocks]).unique().sort(list(KEYS))
+    cols: list[pl.DataFrame] = [index]
+    for block, zf in blocks:
+        block = block.sort(list(KEYS))
+        if block.height != index.height or not block.select(KEYS).equals(index):
+            block = index.join(block, on=list(KEYS), how="left", maintain_order="left")
+        vals = block.drop(KEYS)
+        if zf:  # sparse tables: a device without rows in a window had no events
+            vals = vals.with_columns(pl.col(list(zf)).fill_null(0.0))
+        cols.append(vals)
+    out = pl.concat(cols, how="horizontal")
+    feats = sorted(c for c in out.columns if c not in KEYS)
+    return out.select(
+        pl.col(HOST).cast(pl.String),
+        pl.col(WINDOW_START).cast(schema.TIME_DTYPE),
+        pl.col(WINDOW_END).cast(schema.TIME_DTYPE),
+        *[pl.col(c).cast(pl.Float64) for c in feats],
+    ).sort(HOST, WINDOW_START)
+
+
+def feature_columns(features: pl.DataFrame) -> list[str]:
+    """The feature columns of a wide frame (everything but the keys)."""
+    return [c for c in features.columns if c not in KEYS]
+
+
+def feature_name_of(family: str, device: str | None) -> str:  # re-export for callers
+    return feature_name(family, device)

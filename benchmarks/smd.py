@@ -1,0 +1,387 @@
+"""Open benchmark: the Server Machine Dataset (SMD, OmniAnomaly, KDD 2019).
+
+For each machine the unlabelled train and test series are imported through the real
+import path (:func:`ingest.importer.import_files`, one row per minute) into a scratch
+lake, turned into windows by :func:`analytics.features.compute_features` (the imported
+table's metrics are generic gauges ``smd.c1 .. smd.c38``), scored by our detectors
+(robust Z, Isolation Forest, Mahalanobis, combined like the pipeline: margins, then
+any / all / k-th largest) and explained by :mod:`analytics.attribution`.
+
+No label is used before scoring: the detectors are fitted on the train windows (or, with
+``--reference all``, on train + test, both unlabelled) and flag a window when its score
+exceeds the detector's own label-free threshold (median + k·MAD of the log reference
+scores, k = the detectors' default unless ``--threshold-k``). Labels are read only to
+compute the figures:
+
+* point-wise F1 (test rows, no adjustment);
+* point-adjusted F1 (a labelled segment of ``test_label`` counts as detected in full when
+  any of its rows is flagged);
+* HitRate@150 %: for every flagged row with ``test_label`` 1 inside an
+  ``interpretation_label`` segment with blamed metrics G, the share of G among the top
+  ⌊1.5·|G|⌋ metrics ranked by attribution, averaged over those rows (OmniAnomaly's
+  definition; HitRate@100 % is printed too);
+* for comparison with published *best-F1* figures only: the point-wise F1 of the
+  combined score at the best threshold chosen with the labels ("oracle"; not ours).
+
+    python benchmarks/smd.py [--data DIR] [--machines machine-1-6 ...] [--configs "Z|IF|Maha|vote2"]
+                             [--reference train|all] [--window 1] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from analytics import attribution
+from analytics.detectors import RobustStandardizer, scores_to_labels
+from analytics.evaluation import ComboSpec, parse_configs
+from analytics.features import WindowSpec, compute_features, feature_columns
+from analytics.pipeline import AnalyticsConfig
+from ingest.importer import import_files
+from ingest.lake import scan
+
+log = logging.getLogger("benchmarks.smd")
+
+DATA = Path("/work/shared/datasets/smd")
+TABLE = "smd"
+T0 = datetime(2020, 1, 1, tzinfo=UTC)  # arbitrary: SMD rows carry no time
+STEP = timedelta(minutes=1)
+DEFAULT_CONFIGS = "Z|IF|Maha|Z∨IF∨Maha|IF∨Maha|vote2"
+
+
+def _out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class Machine:
+    name: str
+    n_train: int
+    n_test: int
+    features: pl.DataFrame  # host, window_start, window_end, smd.c1 ... (one row per window)
+    dims: list[int]  # 1-based SMD metric number of each feature column, in column order
+    labels: np.ndarray  # bool per test row
+    segments: list[tuple[int, int, frozenset[int]]]  # (start, end exclusive, blamed dims, 1-based)
+
+
+def machines(data: Path) -> list[str]:
+    """Machines whose train, test and labels are all present."""
+    names = sorted(p.stem for p in (data / "test").glob("machine-*.txt"))
+    return [n for n in names if (data / "train" / f"{n}.txt").is_file() and (data / "test_label" / f"{n}.txt").is_file()]
+
+
+def read_segments(path: Path) -> list[tuple[int, int, frozenset[int]]]:
+    """``start-end:d1,d2`` lines (0-based test rows, end exclusive, dims from 1)."""
+    out: list[tuple[int, int, frozenset[int]]] = []
+    if not path.is_file():
+        return out
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            span, dims = line.split(":")
+            a, b = span.split("-")
+            out.append((int(a), int(b), frozenset(int(d) for d in dims.split(",") if d.strip())))
+        except ValueError:
+            raise ValueError(f"{path}:{n}: bad interpretation line {line!r}") from None
+    return out
+
+
+def load_machine(data: Path, name: str, lake: Path, *, window: int = 1, rows: int | None = None) -> Machine:
+    """Import train+test of one machine into ``lake`` and compute its window features.
+
+    ``rows``: keep only the first ``rows`` rows of each file (tests use a small slice)."""
+    train, test = data / "train" / f"{name}.txt", data / "test" / f"{name}.txt"
+    files: list[Path] = [train, test]
+    if rows is not None:
+        files = []
+        for src in (train, test):
+            dst = lake.parent / f"{name}-{src.parent.name}.txt"
+            with src.open() as fh:
+                dst.write_text("".join(line for _, line in zip(range(rows), fh, strict=False)))
+            files.append(dst)
+    rep = import_files(lake, name, files, table=TABLE, interval=STEP, start=T0, has_header=False)
+    if rep.skipped:
+        log.warning("%s: %d rows skipped on import, e.g. %s", name, len(rep.skipped), rep.skipped[0])
+    n_train = sum(1 for _ in files[0].open())
+    n_test = sum(1 for _ in files[1].open())
+    feats = compute_features({TABLE: scan(lake, TABLE, hosts=[name])}, WindowSpec(60.0 * window, 60.0))
+    cols = feature_columns(feats)
+    dims = [int(c.rsplit(".c", 1)[1]) for c in cols]
+    labels = np.loadtxt(data / "test_label" / f"{name}.txt", dtype=np.int64).astype(bool)[:n_test]
+    segs = [s for s in read_segments(data / "interpretation_label" / f"{name}.txt") if s[0] < n_test]
+    return Machine(name, n_train, n_test, feats, dims, labels, segs)
+
+
+# ------------------------------------------------------------------------ metrics
+
+
+def f1_score(pred: np.ndarray, truth: np.ndarray) -> tuple[float, float, float]:
+    """(precision, recall, F1); 0 where undefined (the literature's convention)."""
+    tp = int(np.sum(pred & truth))
+    fp = int(np.sum(pred & ~truth))
+    fn = int(np.sum(~pred & truth))
+    p = tp / (tp + fp) if tp + fp else 0.0
+    r = tp / (tp + fn) if tp + fn else 0.0
+    return p, r, (2 * p * r / (p + r) if p + r else 0.0)
+
+
+def segments_of(truth: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs of True as (start, end exclusive)."""
+    t = np.concatenate([[False], truth.astype(bool), [False]])
+    d = np.diff(t.astype(np.int8))
+    return list(zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist(), strict=True))
+
+
+def point_adjust(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Standard PA: a true segment with any flagged row becomes entirely flagged."""
+    out = pred.astype(bool).copy()
+    for a, b in segments_of(truth):
+        if out[a:b].any():
+            out[a:b] = True
+    return out
+
+
+def hit_rate(ranked: dict[int, list[int]], pred: np.ndarray, truth: np.ndarray,
+             segments: Sequence[tuple[int, int, frozenset[int]]], p: float = 1.5) -> tuple[float | None, int]:
+    """Mean of |top-⌊p·|G|⌋ ∩ G| / |G| over flagged, labelled rows inside a segment.
+
+    ``ranked``: row -> metric numbers ordered by attribution (most responsible first).
+    Returns (hit rate or None when no row qualifies, number of rows averaged)."""
+    hits: list[float] = []
+    for a, b, g in segments:
+        if not g:
+            continue
+        k = math.floor(p * len(g))
+        for row in range(a, min(b, len(truth))):
+            if not (pred[row] and truth[row]) or row not in ranked:
+                continue
+            hits.append(len(set(ranked[row][:k]) & g) / len(g))
+    return (float(np.mean(hits)) if hits else None), len(hits)
+
+
+def best_f1(score: np.ndarray, truth: np.ndarray, n: int = 400) -> float:
+    """Oracle: the best point-wise F1 over ``n`` score quantiles (uses the labels)."""
+    finite = score[np.isfinite(score)]
+    if finite.size == 0:
+        return 0.0
+    qs = np.unique(np.quantile(finite, np.linspace(0.0, 1.0, n, endpoint=False)))
+    return max(f1_score(score > q, truth)[2] for q in qs)
+
+
+# ------------------------------------------------------------------------ scoring
+
+
+@dataclass
+class Fitted:
+    """All three detectors fitted once; combinations are derived from their margins."""
+
+    scaler: RobustStandardizer
+    models: dict
+    margins: dict[str, np.ndarray]  # detector -> margin per test row (threshold at 1)
+    flags: dict[str, np.ndarray]
+    z: np.ndarray  # standardised test matrix
+
+
+def fit_detectors(ref: np.ndarray, test: np.ndarray, floors: np.ndarray, *, threshold_k: float | None,
+                  random_state: int = 0) -> Fitted:
+    cfg = AnalyticsConfig(threshold_k=threshold_k, random_state=random_state)
+    scaler = RobustStandardizer(floors=floors).fit(ref)
+    zr, zt = scaler.transform(ref), scaler.transform(test)
+    models, margins, flags = {}, {}, {}
+    for name in ("zscore", "iforest", "mahalanobis"):
+        m = cfg.make_detector(name).fit(zr)
+        s = m.score_samples(zt)
+        models[name], margins[name], flags[name] = m, m.margin(s), scores_to_labels(s, m.threshold_)
+    return Fitted(scaler, models, margins, flags, zt)
+
+
+def combine(fit: Fitted, spec: ComboSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(combined margin, flagged) of a combination, exactly as the pipeline combines."""
+    m = np.vstack([fit.margins[d] for d in spec.detectors])
+    rank = {"any": 1, "all": len(spec.detectors), "vote": spec.vote_k}[spec.combine]
+    m = np.where(np.isnan(m), -np.inf, m)
+    comb = -np.sort(-m, axis=0)[rank - 1]
+    return comb, scores_to_labels(comb, 1.0)
+
+
+def rank_dims(fit: Fitted, spec: ComboSpec, rows: np.ndarray, dims: Sequence[int]) -> dict[int, list[int]]:
+    """Metric numbers ordered by attribution for each row: the shares of the detectors
+    of the combination that flagged the row (all of them if none did), averaged."""
+    out: dict[int, list[int]] = {}
+    if rows.size == 0:
+        return out
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for r in rows.tolist():
+        dets = tuple(d for d in spec.detectors if fit.flags[d][r]) or spec.detectors
+        groups.setdefault(dets, []).append(r)
+    dim_arr = np.asarray(dims)
+    for dets, rs in groups.items():
+        z = fit.z[rs]
+        shares = attribution.combine_shares([fit.models[d].contributions(z) for d in dets])
+        order = np.argsort(-shares, axis=1, kind="stable")
+        for i, r in enumerate(rs):
+            out[r] = dim_arr[order[i]].tolist()
+    return out
+
+
+@dataclass
+class Result:
+    machine: str
+    config: str
+    flagged_share: float
+    precision: float
+    recall: float
+    f1: float
+    f1_pa: float
+    hit100: float | None
+    hit150: float | None
+    hit_rows: int
+    best_f1_oracle: float
+
+
+@dataclass
+class Run:
+    reference: str
+    window: int
+    threshold_k: float | None
+    results: list[Result] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def means(self) -> dict[str, dict[str, float | None]]:
+        out: dict[str, dict[str, float | None]] = {}
+        for cfg in dict.fromkeys(r.config for r in self.results):
+            rs = [r for r in self.results if r.config == cfg]
+            row: dict[str, float | None] = {}
+            for k in ("precision", "recall", "f1", "f1_pa", "hit100", "hit150", "best_f1_oracle", "flagged_share"):
+                vals = [getattr(r, k) for r in rs if getattr(r, k) is not None]
+                row[k] = float(np.mean(vals)) if vals else None
+            out[cfg] = row
+        return out
+
+
+def evaluate_machine(m: Machine, specs: Sequence[ComboSpec], *, reference: str = "all", window: int = 1,
+                     threshold_k: float | None = None, floor_frac: float = 0.01) -> list[Result]:
+    """Score one machine under every combination. Window w covers rows [w, w+window); the
+    score of test row r is that of the window ending at r (causal)."""
+    X = m.features.select(feature_columns(m.features)).to_numpy().astype(np.float64)
+    n_train_w = max(0, m.n_train - window + 1)  # windows entirely inside train
+    first_test_w = m.n_train - window + 1  # window ending at the first test row
+    # a window ending at test row r starts at row n_train + r - window + 1
+    idx = np.arange(m.n_test) + first_test_w
+    ok = (idx >= 0) & (idx < X.shape[0])
+    test = np.full((m.n_test, X.shape[1]), np.nan)
+    test[ok] = X[idx[ok]]
+    # imported metrics have no catalog floor: the smallest change worth noticing is a
+    # fraction of each metric's range over the whole unlabelled series
+    with np.errstate(all="ignore"):
+        span = np.nanmax(X, axis=0) - np.nanmin(X, axis=0)
+    floors = floor_frac * np.nan_to_num(span, nan=0.0)
+    ref = X[:n_train_w] if reference == "train" else X
+    fit = fit_detectors(ref, test, floors, threshold_k=threshold_k)
+    truth = m.labels[: m.n_test]
+    out = []
+    for spec in specs:
+        comb, pred = combine(fit, spec)
+        p, r, f = f1_score(pred, truth)
+        _, _, fpa = f1_score(point_adjust(pred, truth), truth)
+        rows = np.flatnonzero(pred & truth)
+        ranked = rank_dims(fit, spec, rows, m.dims)
+        h100, _ = hit_rate(ranked, pred, truth, m.segments, 1.0)
+        h150, n_rows = hit_rate(ranked, pred, truth, m.segments, 1.5)
+        out.append(Result(m.name, spec.name, float(pred.mean()), p, r, f, fpa, h100, h150, n_rows,
+                          best_f1(comb, truth)))
+    return out
+
+
+def run(data: Path = DATA, names: Sequence[str] | None = None, configs: str = DEFAULT_CONFIGS, *,
+        reference: str = "all", window: int = 1, threshold_k: float | None = None,
+        floor_frac: float = 0.01, rows: int | None = None) -> Run:
+    """The whole benchmark (``rows`` limits each file, for tests)."""
+    if reference not in ("train", "all"):
+        raise ValueError(f"reference must be 'train' or 'all', not {reference!r}")
+    specs = parse_configs(configs)
+    names = list(names) if names else machines(data)
+    if not names:
+        raise ValueError(f"no SMD machines with train, test and labels under {data}")
+    out = Run(reference, window, threshold_k)
+    t0 = time.perf_counter()
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="unveil-smd-") as tmp:
+            lake = Path(tmp) / "lake"
+            lake.mkdir()
+            m = load_machine(data, name, lake, window=window, rows=rows)
+            out.results += evaluate_machine(m, specs, reference=reference, window=window, threshold_k=threshold_k,
+                                            floor_frac=floor_frac)
+        log.info("%s done", name)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+# ------------------------------------------------------------------------ output
+
+
+def _f(x: float | None) -> str:
+    return "  n/a" if x is None else f"{x:.3f}"
+
+
+def table(res: Run) -> str:
+    head = f"{'machine':<13}{'config':<11}{'flag%':>7}{'P':>7}{'R':>7}{'F1':>7}{'F1-PA':>7}{'Hit@100':>9}{'Hit@150':>9}{'rows':>6}{'F1*':>7}"
+    lines = [head, "-" * len(head)]
+    for r in res.results:
+        lines.append(f"{r.machine:<13}{r.config:<11}{100 * r.flagged_share:>6.1f}%{_f(r.precision):>7}{_f(r.recall):>7}"
+                     f"{_f(r.f1):>7}{_f(r.f1_pa):>7}{_f(r.hit100):>9}{_f(r.hit150):>9}{r.hit_rows:>6}{_f(r.best_f1_oracle):>7}")
+    lines.append("-" * len(head))
+    for cfg, m in res.means().items():
+        fs = m["flagged_share"] or 0.0
+        lines.append(f"{'MEAN':<13}{cfg:<11}{100 * fs:>6.1f}%{_f(m['precision']):>7}{_f(m['recall']):>7}{_f(m['f1']):>7}"
+                     f"{_f(m['f1_pa']):>7}{_f(m['hit100']):>9}{_f(m['hit150']):>9}{'':>6}{_f(m['best_f1_oracle']):>7}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--data", type=Path, default=DATA, help="SMD directory (default %(default)s)")
+    ap.add_argument("--machines", nargs="+", help="machine names (default: all with train/test/labels)")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help="detector combinations (default %(default)s)")
+    ap.add_argument("--reference", choices=["train", "all"], default="all",
+                    help="fit on the train windows, or on train+test, both unlabelled (default %(default)s)")
+    ap.add_argument("--window", type=int, default=1, help="window length in rows (minutes), stride 1")
+    ap.add_argument("--threshold-k", type=float, default=None, help="threshold multiplier (default: the detectors')")
+    ap.add_argument("--floor-frac", type=float, default=0.01,
+                    help="scale floor of each metric as a fraction of its range (default %(default)s)")
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    res = run(args.data, args.machines, args.configs, reference=args.reference, window=args.window,
+              threshold_k=args.threshold_k, floor_frac=args.floor_frac)
+    _out(f"SMD: {len({r.machine for r in res.results})} machines, reference={res.reference}, "
+         f"window={res.window} min, threshold_k={res.threshold_k or 'default'}, {res.seconds:.0f} s")
+    _out(table(res))
+    _out("F1* = best point-wise F1 over thresholds chosen WITH the labels (oracle; only for comparison "
+         "with published best-F1 figures)")
+    if args.json:
+        args.json.write_text(json.dumps({"reference": res.reference, "window": res.window,
+                                         "threshold_k": res.threshold_k, "seconds": res.seconds,
+                                         "results": [asdict(r) for r in res.results], "means": res.means()},
+                                        indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

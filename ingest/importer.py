@@ -1,0 +1,363 @@
+"""Import wide CSV or Parquet files (one column per metric) into a lake table.
+
+Exported data from other tools (Prometheus/InfluxDB dumps, PCP, spreadsheets, public
+datasets such as SMD) become one lake table — ``imported`` by default — with ``time``,
+``host`` and one Float64 column per metric, so post-mortem analysis can run on them.
+Their metrics have no known semantics: analytics treats them as generic gauges of
+subsystem "other".
+
+Time comes from a time column (ISO-8601 text, a datetime/date column, or epoch numbers:
+seconds, milliseconds or microseconds by magnitude) or, when there is none, from the row
+index: ``start + i * interval``.
+
+Error policy: a problem with the whole file (unreadable or corrupt file, a non-numeric
+metric column, no time source) is fatal and raises :class:`ImportFileError` naming the
+file and the column. A problem with one row (a cell that is not a number, a time that does
+not parse, a wrong number of fields) skips that row and is reported as ``file:line``; the
+good rows are kept. Everything is read and validated before anything is written, and the
+lake write itself is atomic, so a fatal error leaves the lake untouched.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+
+from ingest.lake import LakeError, write_table
+from ingest.schema import HOST, TIME, TIME_DTYPE
+
+log = logging.getLogger(__name__)
+
+#: column names recognised as the time column when --time-column is not given (case-insensitive)
+TIME_COLUMN_NAMES: tuple[str, ...] = ("time", "timestamp", "datetime", "date", "ts", "_time")
+#: names that cannot be metrics: they are lake columns or hive partition keys
+RESERVED: frozenset[str] = frozenset({TIME, HOST, "date", "hour"})
+#: a column whose non-empty cells fail to parse as numbers more often than this is non-numeric
+NON_NUMERIC_SHARE = 0.5
+DEFAULT_TABLE = "imported"
+
+
+class ImportFileError(ValueError):
+    """A file cannot be imported at all; the message names the file (and column)."""
+
+
+@dataclass
+class ImportReport:
+    """What an import did: rows kept, rows skipped (``file:line: reason``), metric columns."""
+
+    table: str
+    host: str
+    rows: int = 0
+    metrics: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    start: datetime | None = None
+    end: datetime | None = None
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Raw:
+    """One file read as text cells (CSV) or typed columns (Parquet), before validation."""
+
+    path: Path
+    frame: pl.DataFrame  # columns as read
+    lines: list[int]  # source line (CSV) or row number (Parquet) of each row, for messages
+    ordinals: list[int]  # position of each row among all data records, bad ones included
+    where: str  # "line" or "row"
+    skipped: list[tuple[int, str]]  # (line, reason) of rows dropped while reading
+
+
+def _read_csv(path: Path, has_header: bool) -> _Raw:
+    # csv gives exact line numbers (quoted newlines included) and tolerates ragged rows,
+    # which polars' reader either rejects wholesale or pads silently.
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            rows: list[list[str]] = []
+            lines: list[int] = []
+            ordinals: list[int] = []
+            n_records = 0
+            header: list[str] | None = None
+            skipped: list[tuple[int, str]] = []
+            for rec in reader:
+                if not rec or all(not c.strip() for c in rec):
+                    continue
+                if header is None:
+                    if has_header:
+                        header = [c.strip() for c in rec]
+                        continue
+                    header = [f"c{i + 1}" for i in range(len(rec))]
+                n_records += 1
+                if len(rec) != len(header):
+                    skipped.append((reader.line_num, f"{len(rec)} fields, expected {len(header)}"))
+                    continue
+                rows.append(rec)
+                lines.append(reader.line_num)
+                ordinals.append(n_records - 1)
+    except UnicodeDecodeError as exc:
+        raise ImportFileError(f"{path}: not a UTF-8 text CSV ({exc.reason} at byte {exc.start})") from None
+    except csv.Error as exc:
+        raise ImportFileError(f"{path}: malformed CSV: {exc}") from None
+    if header is None:
+        raise ImportFileError(f"{path}: empty file")
+    _check_names(path, header)
+    cols = list(zip(*rows, strict=True)) if rows else [() for _ in header]
+    frame = pl.DataFrame({h: pl.Series(h, list(c), dtype=pl.String) for h, c in zip(header, cols, strict=True)})
+    return _Raw(path, frame, lines, ordinals, "line", skipped)
+
+
+def _read_parquet(path: Path) -> _Raw:
+    try:
+        frame = pl.read_parquet(path)
+    except Exception as exc:  # polars raises several types for truncated/corrupt files
+        raise ImportFileError(f"{path}: cannot read Parquet file (truncated or corrupt?): {exc}") from None
+    _check_names(path, frame.columns)
+    return _Raw(path, frame, list(range(frame.height)), list(range(frame.height)), "row", [])
+
+
+def _where(raw: _Raw, pos: int) -> str:
+    """``file:LINE`` for CSV (1-based source line), ``file: row N`` for Parquet (1-based)."""
+    return f"{raw.path}:{pos}" if raw.where == "line" else f"{raw.path}: row {pos + 1}"
+
+
+def _check_names(path: Path, names: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for i, n in enumerate(names):
+        if not n:
+            raise ImportFileError(f"{path}: column {i + 1} has an empty name")
+        if n in seen:
+            raise ImportFileError(f"{path}: duplicate column name {n!r}")
+        if "@" in n:
+            # '@' separates a feature family from its device in feature names
+            raise ImportFileError(f"{path}: column {n!r}: '@' is not allowed in metric names")
+        seen.add(n)
+
+
+def _epoch(values: pl.Series) -> pl.Series:
+    """Epoch numbers to UTC datetimes; the unit (s, ms, us) is chosen by magnitude."""
+    v = values.cast(pl.Float64)
+    top = v.abs().max()
+    scale = 1e6 if top is None or float(top) < 1e11 else 1e3 if float(top) < 1e14 else 1.0  # type: ignore[arg-type]
+    return (v * scale).round(0).cast(pl.Int64).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+
+
+def _fromiso(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    s = text.strip()
+    if s.endswith(("Z", "z")):
+        s = s[:-1] + "+00:00"
+    try:
+        t = datetime.fromisoformat(s)
+    except ValueError:
+        return None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def _parse_times(values: pl.Series) -> pl.Series:
+    """Any supported time column -> Datetime(us, UTC), null where a value does not parse."""
+    dt = values.dtype
+    if isinstance(dt, pl.Datetime):
+        out = values if dt.time_zone else values.dt.replace_time_zone("UTC")
+        return out.dt.convert_time_zone("UTC").cast(TIME_DTYPE)
+    if dt == pl.Date:
+        return values.cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+    if dt.is_numeric():
+        return _epoch(values)
+    if dt != pl.String:
+        raise TypeError(f"unsupported time dtype {dt}")
+    text = values.str.strip_chars()
+    nums = text.cast(pl.Float64, strict=False)
+    nonempty = text.is_not_null() & (text != "")
+    if nonempty.sum() > 0 and nums.filter(nonempty).null_count() == 0:
+        return _epoch(nums)
+    fast = text.str.to_datetime(time_zone="UTC", strict=False, time_unit="us")
+    missing = fast.is_null() & nonempty
+    if missing.any():
+        # mixed ISO formats in one column: finish the stragglers one by one
+        slow = pl.Series(
+            [_fromiso(t) if m else None for t, m in zip(text.to_list(), missing.to_list(), strict=True)],
+            dtype=TIME_DTYPE,
+        )
+        fast = fast.cast(TIME_DTYPE).zip_with(~missing, slow)
+    return fast.cast(TIME_DTYPE)
+
+
+def _to_float(values: pl.Series) -> tuple[pl.Series, pl.Series]:
+    """(Float64 values, mask of cells that were present but not a number)."""
+    if values.dtype.is_numeric():
+        out = values.cast(pl.Float64)
+        return out.fill_nan(None), pl.Series([False] * len(values))
+    if values.dtype == pl.Null:
+        return values.cast(pl.Float64), pl.Series([False] * len(values))
+    if values.dtype != pl.String:
+        raise TypeError(str(values.dtype))
+    text = values.str.strip_chars()
+    out = text.cast(pl.Float64, strict=False)
+    bad = out.is_null() & text.is_not_null() & (text != "") & ~text.str.to_lowercase().is_in(["nan", "null", "na"])
+    return out.fill_nan(None), bad
+
+
+def _validate(
+    raw: _Raw,
+    *,
+    time_column: str | None,
+    interval: timedelta | None,
+    start: datetime | None,
+) -> tuple[pl.DataFrame, list[str]]:
+    path, frame = raw.path, raw.frame
+    problems = list(raw.skipped)
+    tcol = time_column
+    if tcol is not None and tcol not in frame.columns:
+        raise ImportFileError(f"{path}: time column {tcol!r} not found; columns: {', '.join(frame.columns[:20])}")
+    lower = {c.lower(): c for c in frame.columns}
+    found = next((lower[n] for n in TIME_COLUMN_NAMES if n in lower), None)
+    if tcol is None and interval is not None and found is not None:
+        raise ImportFileError(f"{path}: has a time column {found!r}; drop --interval/--start to use it")
+    if tcol is None and interval is None:
+        tcol = found
+        if tcol is None:
+            raise ImportFileError(
+                f"{path}: no time column (looked for {', '.join(TIME_COLUMN_NAMES)}); "
+                "name one with --time-column, or give --interval and --start to time rows by index"
+            )
+    metrics = [c for c in frame.columns if c != tcol]
+    if not metrics:
+        raise ImportFileError(f"{path}: no metric columns besides the time column")
+    for m in metrics:
+        if m in RESERVED:
+            raise ImportFileError(f"{path}: column {m!r} is a reserved name ({', '.join(sorted(RESERVED))}); rename it")
+
+    bad_rows = pl.Series([False] * frame.height)
+    reasons: dict[int, str] = {}
+    cols: dict[str, pl.Series] = {}
+    for m in metrics:
+        try:
+            values, bad = _to_float(frame[m])
+        except TypeError:
+            raise ImportFileError(f"{path}: column {m!r} is not numeric (dtype {frame[m].dtype})") from None
+        n_bad = int(bad.sum())
+        present = int((frame[m].cast(pl.String).str.strip_chars().fill_null("") != "").sum())
+        if n_bad and n_bad > NON_NUMERIC_SHARE * present:
+            example = frame[m].filter(bad).head(1).to_list()[0]
+            raise ImportFileError(
+                f"{path}: column {m!r} is not numeric ({n_bad} of {present} values, e.g. {example!r}); "
+                "remove it or convert it to numbers"
+            )
+        for i in bad.arg_true().to_list():
+            reasons.setdefault(i, f"column {m!r}: {frame[m][i]!r} is not a number")
+        bad_rows = bad_rows | bad
+        cols[m] = values
+
+    if tcol is not None:
+        try:
+            times = _parse_times(frame[tcol])
+        except TypeError:
+            raise ImportFileError(f"{path}: time column {tcol!r} has unsupported dtype {frame[tcol].dtype}") from None
+        for i in times.is_null().arg_true().to_list():
+            reasons.setdefault(i, f"time {frame[tcol][i]!r} does not parse")
+        bad_rows = bad_rows | times.is_null()
+    else:
+        if interval is None or start is None:
+            raise ImportFileError(f"{path}: timing rows by index needs both --interval and --start")
+        step_us = int(interval / timedelta(microseconds=1))
+        base = int((start.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(microseconds=1))
+        # a row's time follows its place in the file, so a skipped row leaves a gap
+        times = (
+            pl.Series(raw.ordinals, dtype=pl.Int64) * step_us + base
+        ).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+
+    problems += [(raw.lines[i], reason) for i, reason in reasons.items()]
+    skipped = [f"{_where(raw, pos)}: {reason}" for pos, reason in sorted(problems)]
+    out = pl.DataFrame({TIME: times, **cols}).filter(~bad_rows)
+    if out.height == 0:
+        detail = f"; first problem: {skipped[0]}" if skipped else ""
+        raise ImportFileError(f"{path}: no good rows{detail}")
+    return out, skipped
+
+
+def _n_records(path: str | Path, has_header: bool) -> int:
+    """Data records of a file (bad ones included): its length in the row-index time base."""
+    p = Path(path)
+    if p.suffix.lower() in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        return int(pq.read_metadata(p).num_rows)
+    with p.open(newline="", encoding="utf-8-sig") as fh:
+        n = sum(1 for rec in csv.reader(fh) if rec and any(c.strip() for c in rec))
+    return max(0, n - (1 if has_header else 0))
+
+
+def read_wide(
+    path: str | Path,
+    *,
+    time_column: str | None = None,
+    interval: timedelta | None = None,
+    start: datetime | None = None,
+    has_header: bool = True,
+) -> tuple[pl.DataFrame, list[str]]:
+    """Read one wide CSV or Parquet file: (frame of ``time`` + Float64 metrics, skipped rows).
+
+    The format follows the suffix (``.parquet``/``.pq`` is Parquet, anything else CSV).
+    Headerless CSVs (``has_header=False``) get columns ``c1 .. cN`` (1-based).
+    Raises :class:`ImportFileError` when the file cannot be imported at all.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ImportFileError(f"{p}: no such file")
+    raw = _read_parquet(p) if p.suffix.lower() in (".parquet", ".pq") else _read_csv(p, has_header)
+    return _validate(raw, time_column=time_column, interval=interval, start=start)
+
+
+def import_files(
+    lake_root: str | Path,
+    host: str,
+    files: Sequence[str | Path],
+    *,
+    table: str = DEFAULT_TABLE,
+    time_column: str | None = None,
+    interval: timedelta | None = None,
+    start: datetime | None = None,
+    has_header: bool = True,
+) -> ImportReport:
+    """Import files for one host into ``table`` of the lake; all or nothing per call.
+
+    Several files are concatenated (metric columns are the union; missing ones null). With
+    row-index timing each file starts at ``start`` unless it follows the previous one —
+    files given together are taken as consecutive: file k starts where file k-1 ended.
+    """
+    if not files:
+        raise ImportFileError("no files to import")
+    frames: list[pl.DataFrame] = []
+    report = ImportReport(table=table, host=host)
+    next_start = start
+    for f in files:
+        df, skipped = read_wide(f, time_column=time_column, interval=interval, start=next_start, has_header=has_header)
+        if time_column is None and interval is not None and next_start is not None:
+            # files given together are consecutive: the next starts after this one's last record
+            next_start = next_start + interval * _n_records(f, has_header)
+        frames.append(df)
+        report.skipped.extend(skipped)
+        report.files.append(str(f))
+    for s in report.skipped:
+        log.warning("skipped %s", s)
+    data = pl.concat(frames, how="diagonal_relaxed").sort(TIME)
+    metrics = [c for c in data.columns if c != TIME]
+    data = data.select(
+        pl.col(TIME).cast(TIME_DTYPE), pl.lit(host, dtype=pl.String).alias(HOST), *[pl.col(m).cast(pl.Float64) for m in metrics]
+    )
+    try:
+        write_table(lake_root, table, data)  # validates host and table names before writing
+    except LakeError as exc:
+        raise ImportFileError(str(exc)) from exc
+    report.rows = data.height
+    report.metrics = metrics
+    report.start = data[TIME].min()  # type: ignore[assignment]
+    report.end = data[TIME].max()  # type: ignore[assignment]
+    return report

@@ -1,0 +1,142 @@
+"""Detectors: the scikit-learn estimator contract, one score direction, label-free
+thresholds, and defined behaviour on bad input (constant, NaN, single sample)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from analytics.baselines import GaussianMixtureNLL, PCAReconstruction
+from analytics.detectors import (
+    IsolationForestDetector,
+    MahalanobisDetector,
+    RobustStandardizer,
+    RobustZScore,
+    calibrate_threshold,
+    scores_to_labels,
+)
+
+
+def all_detectors():
+    return [
+        RobustZScore(),
+        IsolationForestDetector(n_estimators=20, random_state=0),
+        MahalanobisDetector(random_state=0),
+        PCAReconstruction(),
+        GaussianMixtureNLL(random_state=0),
+    ]
+
+
+@parametrize_with_checks([RobustStandardizer(), *all_detectors()])
+def test_sklearn_estimator_checks(estimator, check) -> None:
+    check(estimator)
+
+
+def healthy(n: int = 1500, p: int = 30, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=(n, p))
+    base[:, 1] = base[:, 0] * 0.8 + 0.2 * base[:, 1]  # some correlation
+    return base
+
+
+@pytest.mark.parametrize("det", all_detectors(), ids=lambda d: type(d).__name__)
+def test_healthy_false_positive_rate_is_low_and_shift_is_flagged(det) -> None:
+    X = healthy()
+    det.fit(X)
+    new = healthy(seed=1)
+    assert det.predict(new).mean() <= 0.01
+    shifted = new.copy()
+    shifted[:, 5] += 12.0  # a planted shift of one channel
+    s_new, s_shift = det.score_samples(new), det.score_samples(shifted)
+    assert np.median(s_shift) > np.median(s_new)  # higher = more anomalous, for every detector
+    if isinstance(det, RobustZScore | MahalanobisDetector):  # PCA/GMM/IF: weaker by design
+        assert det.predict(shifted).mean() > 0.95
+    np.testing.assert_allclose(det.decision_function(shifted), s_shift - det.threshold_)
+
+
+@pytest.mark.parametrize("det", all_detectors()[:3], ids=lambda d: type(d).__name__)
+def test_contaminated_reference_still_flags_the_anomaly(det) -> None:
+    # self-history where 30 % of the windows are already anomalous
+    X = healthy(2000)
+    X[1400:, 3] += 20.0
+    det.fit(X)
+    flags = det.predict(X)
+    assert flags[:1400].mean() <= 0.02
+    if isinstance(det, IsolationForestDetector):
+        return  # a 30 % cluster is not "few and different": documented IF limitation
+    assert flags[1400:].mean() > 0.9
+
+
+@pytest.mark.parametrize("det", all_detectors(), ids=lambda d: type(d).__name__)
+def test_constant_nan_single_sample_and_mid_interval_channels(det) -> None:
+    X = healthy(400, 8)
+    X[:, 2] = 7.0  # constant channel
+    X[:, 4] = np.nan  # never seen
+    X[::7, 5] = np.nan  # gaps
+    X[:200, 6] = np.nan  # appears mid-interval
+    det.fit(X)
+    flags = det.predict(X)
+    assert flags.mean() < 0.05  # not "100 % anomalous"
+    assert np.isfinite(det.score_samples(X)).all()
+    # the constant channel changing by a rounding error is not an anomaly ...
+    Y = healthy(50, 8, seed=3)
+    Y[:, 2] = 7.0 + 1e-9
+    Y[:, 4] = np.nan
+    assert det.predict(Y).mean() < 0.1
+    # ... but a real step in it is, for the per-feature detectors
+    if isinstance(det, RobustZScore | MahalanobisDetector | PCAReconstruction):
+        Y[:, 2] = 9.0
+        assert det.predict(Y).all()
+    one = det.fit(X[:1])  # a single reference sample: defined, finite
+    assert np.isfinite(one.score_samples(X[:5])).all()
+
+
+def test_all_constant_reference_flags_nothing() -> None:
+    X = np.ones((100, 5))
+    for det in all_detectors():
+        assert not det.fit(X).predict(X).any(), type(det).__name__
+
+
+def test_robust_standardizer_uses_floors_and_ignores_contamination() -> None:
+    X = np.zeros((100, 2))
+    X[:, 1] = np.r_[np.full(70, 1.0), np.full(30, 0.5)]
+    s = RobustStandardizer(floors=[0.02, 0.02]).fit(X)
+    assert s.center_[1] == 1.0
+    z = s.transform(np.array([[0.04, 0.5]]))
+    assert z[0, 0] == pytest.approx(2.0)  # floor 0.02
+    assert abs(z[0, 1]) > 10  # the 30 % shift stays far from the healthy median
+    with pytest.raises(ValueError, match="floors has shape"):
+        RobustStandardizer(floors=[1.0]).fit(X)
+
+
+def test_calibrate_threshold_and_labels() -> None:
+    rng = np.random.default_rng(0)
+    s = np.exp(rng.normal(0, 0.2, 1000))
+    t = calibrate_threshold(s, 4.0)
+    assert (s > t).mean() < 0.005
+    contaminated = np.r_[s, np.full(300, 50.0)]  # 23 % anomalous scores barely move it
+    assert calibrate_threshold(contaminated, 4.0) < 5 * t
+    assert calibrate_threshold(np.full(10, 3.0)) > 3.0
+    assert calibrate_threshold(np.array([np.nan])) == float("inf")
+    assert scores_to_labels([1.0, 5.0, np.nan], 2.0).tolist() == [False, True, False]
+
+
+def test_bad_parameters_are_rejected_in_fit() -> None:
+    X = healthy(50, 3)
+    with pytest.raises(ValueError, match="aggregate"):
+        RobustZScore(aggregate="mean").fit(X)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="method"):
+        MahalanobisDetector(method="x").fit(X)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="threshold_k"):
+        IsolationForestDetector(threshold_k=-1).fit(X)
+
+
+def test_mahalanobis_mcd_option_agrees_on_a_clear_outlier() -> None:
+    X = healthy(600, 10)
+    Y = X[:5].copy()
+    Y[0, 3] += 20
+    for method in ("trimmed_lw", "mcd"):
+        det = MahalanobisDetector(method=method, random_state=0).fit(X)
+        flags = det.predict(Y)
+        assert flags[0] and flags[1:].sum() <= 1, method

@@ -1,0 +1,206 @@
+"""Windowed features: hand-computed values on known signals, robustness to bad input,
+and the catalog contract (every produced feature is documented)."""
+
+from __future__ import annotations
+
+import importlib.util
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analytics import catalog
+from analytics.features import WindowSpec, compute_features, feature_columns
+from ingest import schema
+
+T0 = datetime(2025, 1, 6, 12, 0, tzinfo=UTC)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_synth():  # the benchmark's full-channel host generator (one source of truth)
+    spec = importlib.util.spec_from_file_location("analytics_speed", ROOT / "benchmarks" / "analytics_speed.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def times(n: int, period_ms: int = 100, start: datetime = T0) -> list[datetime]:
+    return [start + timedelta(milliseconds=period_ms * i) for i in range(n)]
+
+
+def frame(name: str, **cols: object) -> pl.LazyFrame:
+    """A schema-conformant frame of one measurement (missing fields null)."""
+    return schema.conform(name, pl.DataFrame(cols)).lazy()
+
+
+def test_gpu_ratios_and_throttle_shares_match_hand_computation() -> None:
+    n = 50  # 5 s at 100 ms
+    t = times(n)
+    power = [300.0] * 25 + [600.0] * 25  # first 2.5 s at 300 W, then 600 W
+    reasons = [0x4 if i % 5 == 0 else (0x40 if i % 5 == 1 else 0) for i in range(n)]
+    gpu = frame("gpu", time=t, host=["h"] * n, gpu=["3"] * n, uuid=["u"] * n, power_w=power,
+                power_limit_w=[600.0] * n, power_limit_default_w=[700.0] * n, sm_clock_mhz=[990.0] * n,
+                sm_clock_max_mhz=[1980.0] * n, clock_event_reasons=reasons,
+                power_violation=[50_000_000] * n,  # 50 ms of every 100 ms held by the cap
+                pcie_link_width=[8.0] * n, pcie_link_width_max=[16.0] * n)
+    f = compute_features({"gpu": gpu})
+    assert f["window_start"].to_list() == [T0 + timedelta(seconds=s) for s in (0, 1, 2)]
+    assert (f["window_end"] - f["window_start"]).to_list() == [timedelta(seconds=3)] * 3
+    first = f.row(0, named=True)
+    # window [0, 3): buckets 0,1 at 300 W, bucket 2 half 300 / half 600 -> mean of bucket means
+    assert first["gpu.power_ratio@gpu3"] == pytest.approx((300 + 300 + 450) / 3 / 600)
+    assert first["gpu.power_limit_ratio@gpu3"] == pytest.approx(600 / 700)
+    assert first["gpu.sm_clock_ratio@gpu3"] == pytest.approx(0.5)
+    assert first["gpu.throttle_power_share@gpu3"] == pytest.approx(0.2)
+    assert first["gpu.throttle_thermal_share@gpu3"] == pytest.approx(0.2)
+    assert first["gpu.throttle_hw_slowdown_share@gpu3"] == 0.0
+    assert first["gpu.power_violation_share@gpu3"] == pytest.approx(0.5)
+    assert first["pcie.link_width_ratio@gpu3"] == pytest.approx(0.5)
+    assert f["gpu.power_ratio@gpu3"][2] == pytest.approx((450 + 600 + 600) / 3 / 600)
+    assert f.schema["window_start"] == schema.TIME_DTYPE
+    assert all(f.schema[c] == pl.Float64 for c in feature_columns(f))
+
+
+def test_cpu_shares_per_node_and_counter_rates() -> None:
+    n = 40  # 4 s
+    t = times(n) * 2
+    f = compute_features({
+        "cpu": frame("cpu", time=t, host=["h"] * 2 * n, cpu=["0"] * n + ["1"] * n, node=["0"] * n + ["1"] * n,
+                     user=[None] + [6] * (n - 1) + [2] * n, idle=[None] + [2] * (n - 1) + [7] * n,
+                     softirq=[None] + [2] * (n - 1) + [1] * n, steal=[None] + [0] * (n - 1) + [0] * n),
+        "system": frame("system", time=times(n), host=["h"] * n, ctxt=[100] * n, load1=[4.0] * n),
+    })
+    row = f.row(1, named=True)  # window [1 s, 4 s): no null first delta inside
+    assert row["cpu.user_share@node0"] == pytest.approx(0.6)
+    assert row["cpu.softirq_share@node0"] == pytest.approx(0.2)
+    assert row["cpu.busy_share@node1"] == pytest.approx(0.3)
+    assert row["cpu.steal_share@node1"] == 0.0
+    assert row["cpu.ctxt_rate"] == pytest.approx(1000.0)  # 100 per 100 ms
+    assert row["cpu.load1"] == pytest.approx(4.0)
+
+
+def test_irq_locality_uses_the_devices_node_from_host_facts() -> None:
+    n = 5  # medium tier, 1 s
+    t = times(n, 1000) * 4
+    dev = ["mlx5_comp0@pci:0000:17:00.0"] * (2 * n) + ["nvme0q1"] * (2 * n)
+    node = (["0"] * n + ["1"] * n) * 2
+    counts = [90] * n + [10] * n + [30] * n + [70] * n
+    irq = frame("interrupts", time=t, host=["h"] * 4 * n, irq=["100"] * (2 * n) + ["101"] * (2 * n), device=dev,
+                node=node, count=counts)
+    facts = schema.conform("host_facts", pl.DataFrame({
+        "time": [T0] * 4, "host": ["h"] * 4, "category": ["nic", "nic", "nvme", "gpu"],
+        "device": ["mlx5_0", "mlx5_0", "nvme0", "0"], "key": ["numa_node", "pci", "numa_node", "numa_node"],
+        "value": ["0", "0000:17:00.0", "1", "1"], "value_num": [0.0, None, 1.0, 1.0],
+    }))
+    f = compute_features({"interrupts": irq}, host_facts=facts)
+    assert f["irq.locality@mlx5_0"].to_list() == pytest.approx([0.9] * 3)
+    assert f["irq.locality@nvme0"].to_list() == pytest.approx([0.7] * 3)
+    assert f["irq.rate@mlx5_0"].to_list() == pytest.approx([100.0] * 3)
+    # without facts the locality cannot be known: no irq features, no crash
+    assert not [c for c in compute_features({"interrupts": irq}).columns if c.startswith("irq.")]
+
+
+def test_memory_numa_disk_net_cgroup_ratios() -> None:
+    n = 3
+    t = times(n, 1000)
+    h = ["h"] * n
+    f = compute_features({
+        "memory": frame("memory", time=t, host=h, anon_pages=[1000] * n, anon_huge_pages=[250] * n,
+                        mem_total=[4000] * n, mem_available=[1000] * n),
+        "vmstat": frame("vmstat", time=t, host=h, numa_hit=[90] * n, numa_miss=[10] * n,
+                        thp_fault_alloc=[3] * n, thp_fault_fallback=[1] * n),
+        "disk": frame("disk", time=t, host=h, device=["nvme0n1"] * n, reads=[10] * n, writes=[10] * n,
+                      read_time=[30] * n, write_time=[10] * n, io_time=[500] * n),
+        "net": frame("net", time=t, host=h, interface=["ib0"] * n, rx_dropped=[2] * n, tx_dropped=[1] * n,
+                     rx_fifo=[0] * n),
+        "tcp": frame("tcp", time=t, host=h, out_segs=[1000] * n, retrans_segs=[5] * n),
+        "cgroup": frame("cgroup", time=t, host=h, cgroup=["kubepods"] * n, nr_periods=[10] * n,
+                        nr_throttled=[4] * n, throttled_time=[250_000] * n),
+    })
+    assert f.height == 1
+    r = f.row(0, named=True)
+    assert r["mem.hugepage_coverage"] == pytest.approx(0.25)
+    assert r["mem.available_share"] == pytest.approx(0.25)
+    assert r["numa.remote_share"] == pytest.approx(0.1)
+    assert r["mem.thp_fallback_share"] == pytest.approx(0.25)
+    assert r["mem.thp_fallback_rate"] == pytest.approx(1.0)
+    assert r["disk.latency_ms@nvme0n1"] == pytest.approx(2.0)
+    assert r["disk.util@nvme0n1"] == pytest.approx(0.5)
+    assert r["net.drop_rate@ib0"] == pytest.approx(3.0)
+    assert r["net.retrans_share"] == pytest.approx(0.005)
+    assert r["cgroup.throttled_share@kubepods"] == pytest.approx(0.4)
+    assert r["cgroup.throttled_time_share@kubepods"] == pytest.approx(0.25)
+
+
+def test_bad_input_gives_defined_results() -> None:
+    n = 60
+    t = times(n)
+    # NaN samples, a constant channel, a channel appearing mid-interval, zero denominators
+    power = [float("nan") if i % 10 == 0 else 400.0 for i in range(n)]
+    sm = [None] * 30 + [1500.0] * 30
+    gpu = frame("gpu", time=t, host=["h"] * n, gpu=["0"] * n, uuid=["u"] * n, power_w=power,
+                power_limit_w=[0.0] * 30 + [500.0] * 30, sm_clock_mhz=sm, sm_clock_max_mhz=[2000.0] * n,
+                temperature_c=[50.0] * n)
+    f = compute_features({"gpu": gpu})
+    assert f.height == 4
+    assert f["gpu.power_ratio@gpu0"][0] is None  # x/0 is missing, not inf
+    assert f["gpu.power_ratio@gpu0"][3] == pytest.approx(0.8)  # NaN samples ignored
+    assert f["gpu.sm_clock_ratio@gpu0"][0] is None and f["gpu.sm_clock_ratio@gpu0"][3] == pytest.approx(0.75)
+    assert f["gpu.temperature_max@gpu0"].to_list() == [50.0] * 4
+    vals = f.select(feature_columns(f)).to_numpy()
+    assert not np.isinf(vals[np.isfinite(vals) | np.isinf(vals)]).any()
+
+
+def test_single_sample_and_empty_and_missing_tables() -> None:
+    one = frame("gpu", time=[T0], host=["h"], gpu=["0"], uuid=["u"], power_w=[100.0], power_limit_w=[400.0])
+    f = compute_features({"gpu": one})
+    assert f.height == 1 and f["gpu.power_ratio@gpu0"][0] == pytest.approx(0.25)
+    empty = compute_features({"gpu": schema.empty_frame("gpu").lazy()})
+    assert empty.height == 0 and empty.columns == ["host", "window_start", "window_end"]
+    assert compute_features({}).height == 0
+    # a host without GPUs next to one with: GPU columns null for the former
+    cpu = frame("cpu", time=times(30) * 2, host=["a"] * 30 + ["b"] * 30, cpu=["0"] * 60, node=["0"] * 60,
+                user=[1] * 60, idle=[1] * 60)
+    g = frame("gpu", time=times(30), host=["b"] * 30, gpu=["0"] * 30, uuid=["u"] * 30, util_gpu=[50.0] * 30)
+    both = compute_features({"cpu": cpu, "gpu": g})
+    assert set(both["host"]) == {"a", "b"}
+    assert both.filter(pl.col("host") == "a")["gpu.util@gpu0"].null_count() == both.filter(pl.col("host") == "a").height
+
+
+def test_bad_frames_and_window_specs_are_rejected_with_names() -> None:
+    with pytest.raises(ValueError, match="stride_s"):
+        WindowSpec(3, 0)
+    with pytest.raises(ValueError, match="length_s=2.5 is not a multiple"):
+        WindowSpec(2.5, 1)
+    with pytest.raises(ValueError, match="'gpu'.*lacks"):
+        compute_features({"gpu": pl.LazyFrame({"x": [1]})})
+
+
+def test_custom_window_and_imported_measurement() -> None:
+    n = 600  # 10 minutes at 1 s
+    df = pl.DataFrame({"time": times(n, 1000), "host": ["m1"] * n, "cpu_load": np.arange(n, dtype=float),
+                       "mem.free": np.ones(n)})
+    f = compute_features({"smd": df.lazy()}, WindowSpec(length_s=60, stride_s=60))
+    assert f.height == 10
+    assert f["smd.cpu_load"].to_list() == pytest.approx([29.5 + 60 * i for i in range(10)])
+    info = catalog.lookup("smd.mem.free")
+    assert info.subsystem == "other" and info.family == "smd.mem.free"
+
+
+def test_full_host_features_are_all_in_the_catalog() -> None:
+    synth = load_synth()
+    frames = synth.synth_frames(seconds=20)
+    facts = frames.pop("host_facts")
+    f = compute_features({k: v.lazy() for k, v in frames.items()}, host_facts=facts)
+    cols = feature_columns(f)
+    assert len(cols) > 250
+    unknown = sorted({catalog.split_feature(c)[0] for c in cols if catalog.split_feature(c)[0] not in catalog.FAMILIES})
+    assert unknown == []
+    subsystems = {catalog.lookup(c).subsystem for c in cols}
+    assert subsystems == {"cpu", "gpu", "memory", "interconnect", "network", "storage"}
+    assert {"gpu.power_ratio@gpu3", "irq.locality@mlx5_0", "mem.hugepage_coverage", "numa.remote_share",
+            "cpu.softirq_share@node1", "net.drop_rate@ib0", "cgroup.throttled_share@kubepods"} <= set(cols)
+    assert f["irq.locality@mlx5_0"].min() > 0.9  # the synthetic NICs are serviced locally

@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from ingest.importer import ImportFileError, import_files, read_wide
+from ingest.lake import scan, tables
+
+DATA = Path(__file__).parent / "data" / "importer"
+T0 = datetime(2026, 11, 30, tzinfo=UTC)
+
+
+def test_csv_bad_rows_skipped_good_rows_kept() -> None:
+    df, skipped = read_wide(DATA / "metrics.csv")
+    assert df.columns == ["time", "cpu_busy", "mem_used", "disk_lat_ms"]
+    assert all(df.schema[c] == pl.Float64 for c in df.columns[1:])
+    # line 4: 'oops', line 5: 3 fields, line 6: bad time; the others are kept
+    assert [s.split(": ")[0] for s in skipped] == [f"{DATA / 'metrics.csv'}:{n}" for n in (4, 5, 6)]
+    assert "'oops' is not a number" in skipped[0] and "3 fields, expected 4" in skipped[1]
+    assert "'not-a-time'" in skipped[2]
+    assert df["time"].to_list() == [
+        T0,
+        T0 + timedelta(minutes=1),
+        T0 + timedelta(minutes=5),
+        T0 + timedelta(minutes=6),
+    ]
+    assert df["mem_used"].to_list() == [1024.0, 1030.0, 1070.0, 1080.0]
+    # an empty cell and NaN are missing values, not bad rows
+    assert df["disk_lat_ms"].to_list()[1] is None and df["cpu_busy"].to_list()[3] is None
+
+
+def test_non_numeric_column_rejected_by_name() -> None:
+    with pytest.raises(ImportFileError, match=r"nonnumeric.csv: column 'state' is not numeric"):
+        read_wide(DATA / "nonnumeric.csv")
+
+
+def test_truncated_parquet_names_file() -> None:
+    with pytest.raises(ImportFileError, match=r"truncated.parquet: cannot read Parquet"):
+        read_wide(DATA / "truncated.parquet")
+
+
+def test_parquet_with_time_column_and_text_numbers() -> None:
+    df, skipped = read_wide(DATA / "metrics.parquet")
+    assert df.columns == ["time", "gpu_power", "queue_depth", "text_num"]
+    assert skipped == [
+        f"{DATA / 'metrics.parquet'}: row 3: column 'text_num': 'bad' is not a number"
+    ]
+    assert df.height == 5 and df["queue_depth"].to_list() == [1.0, 2.0, 4.0, 5.0, 6.0]
+
+
+def test_row_index_timing_without_header() -> None:
+    df, skipped = read_wide(
+        DATA / "noheader.csv", has_header=False, interval=timedelta(minutes=1), start=T0
+    )
+    assert df.columns == ["time", "c1", "c2", "c3"]
+    assert len(skipped) == 1 and skipped[0].startswith(f"{DATA / 'noheader.csv'}:3:")
+    assert df["time"].to_list() == [T0, T0 + timedelta(minutes=1), T0 + timedelta(minutes=3)]
+
+
+def test_no_time_source_is_fatal(tmp_path: Path) -> None:
+    with pytest.raises(ImportFileError, match="no time column"):
+        read_wide(DATA / "noheader.csv", has_header=False)
+
+
+def test_import_writes_lake_table(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    rep = import_files(lake, "srv1", [DATA / "metrics.csv"])
+    assert (
+        rep.rows == 4
+        and rep.metrics == ["cpu_busy", "mem_used", "disk_lat_ms"]
+        and len(rep.skipped) == 3
+    )
+    got = scan(lake, "imported").collect().sort("time")
+    assert got.columns == ["time", "host", "cpu_busy", "mem_used", "disk_lat_ms"]
+    assert got["host"].unique().to_list() == ["srv1"]
+    assert got["mem_used"].to_list() == [1024.0, 1030.0, 1070.0, 1080.0]
+
+
+def test_fatal_error_writes_nothing(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    with pytest.raises(ImportFileError, match="truncated.parquet"):
+        import_files(lake, "srv1", [DATA / "metrics.csv", DATA / "truncated.parquet"])
+    assert tables(lake) == []
+
+
+def test_cli_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import main
+
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    rc = main(
+        [
+            "import",
+            "--lake",
+            str(lake),
+            "--host",
+            "m1",
+            "--table",
+            "smd",
+            "--no-header",
+            "--interval",
+            "1m",
+            "--start",
+            "2026-11-30T00:00Z",
+            str(DATA / "noheader.csv"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0 and "imported 3 rows x 3 metrics" in out and "noheader.csv:3" in out
+    assert scan(lake, "smd").collect().height == 3
+    rc = main(["import", "--lake", str(lake), "--host", "m1", str(DATA / "nonnumeric.csv")])
+    assert rc == 2 and "column 'state' is not numeric" in capsys.readouterr().err
+
+
+def test_epoch_time_column_and_reserved_names(tmp_path: Path) -> None:
+    f = tmp_path / "epoch.csv"
+    f.write_text("ts,x\n1795996800,1\n1795996860,2\n")
+    df, skipped = read_wide(f)
+    assert skipped == [] and df["time"].to_list() == [T0, T0 + timedelta(minutes=1)]
+    ms = tmp_path / "ms.csv"
+    ms.write_text("ts,x\n1795996800000,1\n")
+    assert read_wide(ms)[0]["time"].to_list() == [T0]
+    bad = tmp_path / "reserved.csv"
+    bad.write_text("time,host,x\n2026-11-30T00:00Z,1,2\n")
+    with pytest.raises(ImportFileError, match="'host' is a reserved name"):
+        read_wide(bad)
+    at = tmp_path / "at.csv"
+    at.write_text("time,gpu@0\n2026-11-30T00:00Z,1\n")
+    with pytest.raises(ImportFileError, match="'@' is not allowed"):
+        read_wide(at)
+    with pytest.raises(ImportFileError, match="time column 'when' not found"):
+        read_wide(f, time_column="when")
+
+
+def test_consecutive_files_by_row_index(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    rep = import_files(lake, "m", [DATA / "noheader.csv", DATA / "noheader.csv"], has_header=False,
+                       interval=timedelta(minutes=1), start=T0)
+    # the second file starts one interval after the last row of the first (row 4 = 00:03)
+    assert rep.rows == 6 and rep.end == T0 + timedelta(minutes=7)
+    assert scan(lake, "imported").collect()["time"].n_unique() == 6
+
+
+def test_row_index_timing_keeps_gaps_of_skipped_rows(tmp_path: Path) -> None:
+    f = tmp_path / "ragged.csv"
+    f.write_text("0.1,0.2,0.3\n0.2,0.3\n0.3,0.4,0.5\n")
+    df, skipped = read_wide(f, has_header=False, interval=timedelta(minutes=1), start=T0)
+    assert skipped == [f"{f}:2: 2 fields, expected 3"]
+    assert df["time"].to_list() == [T0, T0 + timedelta(minutes=2)]
+    with pytest.raises(ImportFileError, match="has a time column 'time'; drop --interval"):
+        read_wide(DATA / "metrics.csv", interval=timedelta(minutes=1), start=T0)

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from jobs.timeparse import parse_duration, parse_range, parse_time
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("now", NOW),
+        ("24h", NOW - timedelta(hours=24)),
+        ("90m", NOW - timedelta(minutes=90)),
+        ("7d", NOW - timedelta(days=7)),
+        ("-30s", NOW - timedelta(seconds=30)),
+        ("now-2w", NOW - timedelta(weeks=2)),
+        ("1.5h", NOW - timedelta(minutes=90)),
+        ("2026-11-30", datetime(2026, 11, 30, tzinfo=UTC)),
+        ("2026-11-30T02:00", datetime(2026, 11, 30, 2, tzinfo=UTC)),
+        ("2026-11-30T02:00:00Z", datetime(2026, 11, 30, 2, tzinfo=UTC)),
+        ("2026-11-30T04:00:00+02:00", datetime(2026, 11, 30, 2, tzinfo=UTC)),
+        ("2026-11-30 02:00:00.250", datetime(2026, 11, 30, 2, 0, 0, 250000, tzinfo=UTC)),
+    ],
+)
+def test_parse_time(text: str, expected: datetime) -> None:
+    got = parse_time(text, now=NOW)
+    assert got == expected
+    assert got.tzinfo is not None and got.utcoffset() == timedelta(0)
+
+
+def test_parse_time_converts_offset_now() -> None:
+    other = NOW.astimezone(timezone(timedelta(hours=5)))
+    assert parse_time("1h", now=other) == NOW - timedelta(hours=1)
+
+
+@pytest.mark.parametrize("text", ["", "yesterday", "24x", "h24", "2026-13-01", "now+1h"])
+def test_parse_time_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="time"):
+        parse_time(text, now=NOW)
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("1m") == timedelta(minutes=1)
+    assert parse_duration("100ms") == timedelta(milliseconds=100)
+    assert parse_duration("2D") == timedelta(days=2)
+    for bad in ("0s", "m", "1 minute", "-1m"):
+        with pytest.raises(ValueError, match="duration"):
+            parse_duration(bad)
+
+
+def test_parse_range() -> None:
+    assert parse_range(None, None, now=NOW) == (NOW - timedelta(hours=24), NOW)
+    assert parse_range("2h", "1h", now=NOW) == (NOW - timedelta(hours=2), NOW - timedelta(hours=1))
+    with pytest.raises(ValueError, match="empty interval"):
+        parse_range("1h", "2h", now=NOW)
