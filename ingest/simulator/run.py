@@ -1,0 +1,195 @@
+"""Run a scenario: every host, chunk by chunk (one UTC hour at most), into the sinks.
+
+Per host the whole duration is planned first (workload schedule, injections); then each
+chunk is materialised with numpy over all its ticks, turned into one frame per measurement
+and handed to every sink (``sink.write(table, df)``), like the agent does. Streams of
+random numbers are named (host, purpose, chunk), so a run is a pure function of the
+scenario and the seed, and an injected run shares every noise stream with the healthy run
+of the same seed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time as _time
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import numpy as np
+import polars as pl
+
+from ingest import schema
+from ingest.simulator import injections as inj_mod
+from ingest.simulator.bank import CounterBank, CounterEvent, _sub
+from ingest.simulator.physics import derive
+from ingest.simulator.render import RENDERERS, Chunk
+from ingest.simulator.scenario import Scenario
+from ingest.simulator.topology import HostSpec, build_host, fact_rows, healthy_facts
+from ingest.simulator.workloads import TICKS_PER_S, Schedule
+from ingest.sink import Sink
+
+log = logging.getLogger(__name__)
+
+_US = 1_000_000
+FACTS_PERIOD_S = schema.TIER_PERIOD_S["static"]
+
+
+@dataclass
+class HostRun:
+    """A host's planned run (also what tests inspect)."""
+
+    spec: HostSpec
+    schedule: Schedule
+    injections: list[inj_mod.Injection]
+    events: list[CounterEvent]
+    seed: np.random.SeedSequence
+    bank: CounterBank
+
+
+@dataclass
+class SimResult:
+    scenario: Scenario
+    rows: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    labels: pl.DataFrame | None = None
+
+    @property
+    def host_hours(self) -> float:
+        return len(self.scenario.hosts) * self.scenario.duration_s / 3600.0
+
+
+def plan_host(sc: Scenario, index: int, *, keep_raw: bool = False) -> HostRun:
+    hp = sc.hosts[index]
+    spec = build_host(hp.name, index, cpus_per_node=hp.cpus_per_node, n_nics=hp.nics)
+    # a host's streams depend on the seed and its name, not on its position in the fleet
+    seed = np.random.SeedSequence(entropy=[sc.seed, zlib.crc32(hp.name.encode())])
+    total = int(round(sc.duration_s * TICKS_PER_S))
+    sched = Schedule(hp.workload, total, sc.start.timestamp(), _sub(seed, "workload"), hp.params)
+    injs: list[inj_mod.Injection] = []
+    events: list[CounterEvent] = []
+    for i in sc.injections:
+        if i.host != hp.name:
+            continue
+        if i.type in ("counter_wrap", "counter_reset"):
+            p = i.params
+            table = str(p["table"])
+            period = schema.TIER_PERIOD_S[schema.get(table).tier]
+            tick = max(1, int(round(i.start_s / period)))
+            events.append(CounterEvent("wrap" if i.type == "counter_wrap" else "reset", table, str(p["field"]),
+                                       str(p.get("series", "")), tick, int(p.get("bits", 64))))
+        else:
+            injs.append(inj_mod.validate(i, spec))
+    bank = CounterBank(_sub(seed, "counters"), events=events, keep_raw=keep_raw)
+    return HostRun(spec, sched, injs, events, seed, bank)
+
+
+def chunks(sc: Scenario) -> list[tuple[int, int]]:
+    """Fast-tick ranges of the chunks: cut at UTC hour boundaries (one lake partition each)."""
+    total = int(round(sc.duration_s * TICKS_PER_S))
+    first = 3600 - (int(sc.start.timestamp()) % 3600)
+    edges = [0]
+    t = first * TICKS_PER_S
+    while t < total:
+        edges.append(t)
+        t += 3600 * TICKS_PER_S
+    edges.append(total)
+    return [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+
+
+def host_frames(sc: Scenario, hr: HostRun, tables: Sequence[str] | None = None) -> Iterator[tuple[str, pl.DataFrame]]:
+    """(table, frame) of one host, chunk by chunk, measurements then facts/labels."""
+    want = [t for t in RENDERERS if (tables is None or t in tables) and (t != "perf" or sc.perf)]
+    t0_us = int(sc.start.timestamp()) * _US
+    for ci, (a, b) in enumerate(chunks(sc)):
+        rng = np.random.default_rng(_sub(hr.seed, "trace", f"chunk{ci}"))
+        tr = hr.schedule.trace(a, b, rng)
+        eff = inj_mod.apply_all(hr.injections, hr.spec, a, b - a)
+        st = derive(hr.spec, tr, eff, np.random.default_rng(_sub(hr.seed, "physics", f"chunk{ci}")), hr.bank)
+        ch = Chunk(hr.spec, a, b - a, t0_us, hr.schedule, tr, eff, st, hr.bank, hr.seed, ci)
+        for t in want:
+            yield t, RENDERERS[t](ch)
+    if tables is None or "host_facts" in tables:
+        yield "host_facts", facts_frame(sc, hr)
+    if tables is None or "labels" in tables:
+        lab = labels_frame(sc, hr)
+        if lab.height:
+            yield "labels", lab
+
+
+def facts_frame(sc: Scenario, hr: HostRun) -> pl.DataFrame:
+    """host_facts snapshots every static period, and when an injection changes a fact."""
+    times = set(np.arange(0.0, sc.duration_s, FACTS_PERIOD_S).tolist())
+    for i in hr.injections:
+        if inj_mod.TYPES[i.type].facts is not None:
+            times.update(x for x in (i.start_s, i.end_s) if x < sc.duration_s)
+    base = healthy_facts(hr.spec)
+    recs: list[tuple[datetime, str, str, str, str, float | None]] = []
+    for t in sorted(times):
+        ts = sc.start + timedelta(seconds=float(t))
+        state = inj_mod.facts_at(base, hr.injections, hr.spec, float(t))
+        recs.extend((ts, c, d, k, v, n) for c, d, k, v, n in fact_rows(hr.spec, state))
+    cols = list(zip(*recs, strict=True)) if recs else [()] * 6
+    sch = schema.get("host_facts").polars_schema()
+    df = pl.DataFrame({
+        "time": pl.Series(cols[0], dtype=pl.Datetime("us", "UTC")),
+        "host": pl.Series([hr.spec.name] * len(recs), dtype=pl.String),
+        **{name: pl.Series(cols[i + 1], dtype=sch[name])
+           for i, name in enumerate(("category", "device", "key", "value", "value_num"))},
+    })
+    return df.select(list(sch))
+
+
+def labels_frame(sc: Scenario, hr: HostRun) -> pl.DataFrame:
+    rows = []
+    for k, i in enumerate(sorted(hr.injections, key=lambda x: (x.start_s, x.type))):
+        if not inj_mod.TYPES[i.type].label:
+            continue
+        end = min(i.end_s, sc.duration_s)
+        rows.append({
+            "time": sc.start + timedelta(seconds=i.start_s),
+            "host": hr.spec.name,
+            "type": i.type,
+            "devices": ",".join(i.devices),
+            "end": sc.start + timedelta(seconds=end),
+            "severity": i.severity,
+            "label_id": f"{sc.name}/{sc.seed}/{hr.spec.name}/{k:03d}-{i.type}",
+        })
+    return schema.conform("labels", pl.DataFrame(rows, schema={c: d for c, d in
+                                                               schema.get("labels").polars_schema().items()}))
+
+
+def simulate(sc: Scenario, sinks: Sequence[Sink], *, tables: Sequence[str] | None = None) -> SimResult:
+    """Simulate every host of ``sc`` into ``sinks``; returns row counts and the labels."""
+    t0 = _time.perf_counter()
+    res = SimResult(sc)
+    labels: list[pl.DataFrame] = []
+    for i in range(len(sc.hosts)):
+        hr = plan_host(sc, i)
+        log.info("simulating %s (%s) for %.0f s with %d injection(s)", hr.spec.name, hr.schedule.kind,
+                 sc.duration_s, len(hr.injections))
+        for table, df in host_frames(sc, hr, tables):
+            if table == "labels":
+                labels.append(df)
+            for s in sinks:
+                s.write(table, df)
+            res.rows[table] = res.rows.get(table, 0) + df.height
+    for s in sinks:
+        s.flush()
+    res.labels = pl.concat(labels) if labels else schema.empty_frame("labels")
+    res.wall_s = _time.perf_counter() - t0
+    return res
+
+
+def simulate_frames(sc: Scenario, *, tables: Sequence[str] | None = None, keep_raw: bool = False
+                    ) -> tuple[dict[str, pl.DataFrame], list[HostRun]]:
+    """The whole run in memory (tests, notebooks): table -> frame of all hosts."""
+    out: dict[str, list[pl.DataFrame]] = {}
+    runs = []
+    for i in range(len(sc.hosts)):
+        hr = plan_host(sc, i, keep_raw=keep_raw)
+        runs.append(hr)
+        for table, df in host_frames(sc, hr, tables):
+            out.setdefault(table, []).append(df)
+    return {t: pl.concat(v) for t, v in out.items()}, runs
