@@ -8,20 +8,36 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from ingest.lake import LakeError
+from ingest.sink import SinkError
 from jobs.commands import agent as _agent
+from jobs.commands import demo as _demo
 from jobs.commands import eval as _eval
 from jobs.commands import import_ as _import
+from jobs.commands import kb as _kb
+from jobs.commands import postmortem as _postmortem
+from jobs.commands import query as _query
 from jobs.commands import remediate as _remediate
+from jobs.commands import report as _report
+from jobs.commands import schedule as _schedule
 from jobs.commands import schema as _schema
+from jobs.commands import simulate as _simulate
 from jobs.commands import sweep as _sweep
 
 COMMANDS = (
     _agent,
     _remediate,
     _schema,
+    _simulate,
     _import,
     _sweep,
     _eval,
+    _kb,
+    _query,
+    _report,
+    _demo,
+    _schedule,
+    _postmortem,
 )
 
 
@@ -51,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = args.func(args)
     except KeyboardInterrupt:
         return 130
-    except (UserError, FileNotFoundError, ValueError) as exc:
+    except (UserError, FileNotFoundError, ValueError, LakeError, SinkError) as exc:
         print(f"unveil {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return int(rc or 0)

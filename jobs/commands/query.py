@@ -1,0 +1,60 @@
+"""``unveil query``: ad hoc SQL or a named query (sql/NAME.sql) over every lake table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ingest.lake import CorruptFileError
+from jobs.query import FORMATS, named_queries, parse_param_args, run_query, write_output
+from jobs.timeparse import parse_time
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "query",
+        help="run SQL or a named query (sql/*.sql) over the lake's tables",
+        description="Run Polars SQL over every lake table (measurements, host_facts, features, scores, "
+                    "findings, incidents, remediations, labels; views feature_values, finding_factors), "
+                    "or a named query from sql/. --since/--until/--hosts prune the scans before the SQL runs. "
+                    "See docs/query.md.",
+    )
+    p.add_argument("query", nargs="?", metavar="SQL|NAME", help="a SQL statement, or the name of a query in sql/")
+    p.add_argument("--lake", default="lake", metavar="PATH", help="lake root directory (default ./lake)")
+    p.add_argument("--since", metavar="T", help="only rows from T on: ISO-8601 or relative (24h, 90m); default: all")
+    p.add_argument("--until", metavar="T", help="only rows before T; default: no bound")
+    p.add_argument("--hosts", nargs="+", metavar="HOST", help="only these hosts (default: all)")
+    p.add_argument("--param", action="append", metavar="NAME=VALUE", help="a query parameter (repeatable)")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    p.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout (needed for parquet)")
+    p.add_argument("--list", action="store_true", help="list the named queries and their parameters")
+    p.set_defaults(func=run)
+
+
+def _list() -> int:
+    for q in named_queries().values():
+        print(f"{q.name}: {q.summary}")
+        for prm in q.params:
+            default = "required" if prm.default is None else f"default {prm.default}"
+            print(f"    --param {prm.name}=<{prm.type}>  ({default}) {prm.doc}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        return _list()
+    if not args.query:
+        raise ValueError("give SQL or a query name (unveil query --list shows the named queries)")
+    start = parse_time(args.since) if args.since else None
+    end = parse_time(args.until) if args.until else None
+    if start is not None and end is not None and start >= end:
+        raise ValueError(f"empty interval: --since {start.isoformat()} is not before --until {end.isoformat()}")
+    corrupt: list[CorruptFileError] = []
+    df = run_query(args.lake, args.query, start=start, end=end, hosts=args.hosts,
+                   params=parse_param_args(args.param), corrupt=corrupt)
+    for err in corrupt:
+        print(f"unveil query: warning: skipped {err}", file=sys.stderr)
+    write_output(df, args.format, args.out)
+    if args.out:
+        print(f"{df.height} rows written to {args.out}", file=sys.stderr)
+    return 0

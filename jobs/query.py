@@ -1,0 +1,568 @@
+"""Ad hoc and named SQL over every table of the lake (Polars SQL).
+
+Every lake table (each measurement, host_facts, features, scores, findings, incidents,
+remediations, labels ...) is registered under its own name as a LazyFrame from
+:func:`ingest.lake.scan`, so ``start``/``end``/``hosts`` prune partition directories and
+row groups *before* the SQL runs. Only the tables the query names are scanned. Two
+derived views help with the wide and nested tables:
+
+* ``feature_values``: the features table in long form — host, time, window_start,
+  window_end, feature, family, device, subsystem, floor (the smallest change of the feature
+  worth noticing, from analytics.catalog), value (one row per window and feature);
+* ``finding_factors``: the findings' top factors, one row per factor — host, time,
+  window_start, window_end, score, reference, rank, feature, family, device, subsystem,
+  contribution, direction, value, reference_value.
+
+Time pruning: rows with ``start <= time < end``, except ``host_facts`` (facts read before
+``start`` are still in force: only ``time < end``) and ``labels`` (an injection that began
+before ``start`` but overlaps it is kept: ``time < end`` and ``end > start``).
+
+Named queries are the files ``sql/<name>.sql``. Their header comment describes them and
+declares their parameters (see docs/query.md)::
+
+    -- top-incidents: the worst incidents of the interval.
+    --
+    -- @param limit int = 20  how many incidents
+
+Parameters appear in the SQL as ``:name`` and are substituted as typed literals (int,
+float, bool, str, timestamp), never pasted as text: a string is one quoted literal with
+quotes doubled, a number is checked to be a number. ``:since`` and ``:until`` are always
+available (the query's time range; the lake's extremes when none is given).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import polars as pl
+
+from ingest import lake as lake_mod
+from ingest import schema
+from jobs.timeparse import parse_time
+
+log = logging.getLogger(__name__)
+
+SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+FORMATS: tuple[str, ...] = ("table", "csv", "json", "parquet")
+ParamType = Literal["int", "float", "bool", "str", "timestamp"]
+PARAM_TYPES: tuple[str, ...] = ("int", "float", "bool", "str", "timestamp")
+VIEWS: dict[str, str] = {"feature_values": "features", "finding_factors": "findings"}
+# Time pruning that is not "start <= time < end" (see the module docstring).
+_UNTIL_ONLY = frozenset({"host_facts", "labels"})
+# Bounds of :since / :until when the query has no range.
+_MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+_MAX_TIME = datetime(2200, 1, 1, tzinfo=UTC)
+_TIME_FMT = "%Y-%m-%dT%H:%M:%S%.6fZ"
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_PARAM_DECL = re.compile(
+    r"^@param\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s+(?P<type>[a-z]+)"
+    r"(?:\s*=\s*(?P<default>'(?:[^']|'')*'|\S+))?\s*(?P<doc>.*)$"
+)
+
+
+class QueryError(ValueError):
+    """A query cannot run: bad SQL, unknown table or parameter, bad parameter value."""
+
+
+# --------------------------------------------------------------------- named queries
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: ParamType
+    default: str | None  # as written in the header (None: required)
+    doc: str
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    name: str
+    summary: str  # the first header line
+    description: str  # the whole header, without the @param lines
+    params: tuple[Param, ...]
+    sql: str
+    path: Path
+
+
+def parse_named(text: str, path: str | os.PathLike[str], name: str | None = None) -> NamedQuery:
+    """A named query from its file text: the leading ``--`` comment block is the header."""
+    p = Path(path)
+    qname = name or p.stem
+    header: list[str] = []
+    params: list[Param] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines) and (lines[i].startswith("--") or not lines[i].strip()):
+        body = lines[i][2:].strip() if lines[i].startswith("--") else ""
+        i += 1
+        if body.startswith("@param"):
+            m = _PARAM_DECL.match(body)
+            if m is None or m.group("type") not in PARAM_TYPES:
+                raise QueryError(f"{p}:{i}: bad parameter declaration {body!r}: expected "
+                                 f"'@param NAME TYPE [= DEFAULT] description', TYPE one of {', '.join(PARAM_TYPES)}")
+            if any(x.name == m.group("name") for x in params):
+                raise QueryError(f"{p}:{i}: parameter {m.group('name')!r} declared twice")
+            prm = Param(m.group("name"), m.group("type"), m.group("default"), m.group("doc").strip())  # type: ignore[arg-type]
+            if prm.default is not None:
+                try:
+                    render_literal(_unquote(prm.default), prm.type)
+                except QueryError as exc:
+                    raise QueryError(f"{p}:{i}: default of parameter {prm.name!r}: {exc}") from None
+            params.append(prm)
+        else:
+            header.append(body)
+    sql = "\n".join(lines[i:]).strip()
+    while header and not header[-1]:
+        header.pop()
+    if not header or not sql:
+        raise QueryError(f"{p}: a named query needs a header comment ('-- {qname}: what it answers') and SQL")
+    summary = header[0]
+    if summary.startswith(f"{qname}:"):
+        summary = summary[len(qname) + 1:].strip()
+    return NamedQuery(qname, summary, "\n".join(header), tuple(params), sql, p)
+
+
+def _unquote(default: str) -> str:
+    if len(default) >= 2 and default[0] == default[-1] == "'":
+        return default[1:-1].replace("''", "'")
+    return default
+
+
+def named_queries(sql_dir: str | os.PathLike[str] | None = None) -> dict[str, NamedQuery]:
+    """Every ``*.sql`` file of ``sql_dir`` (default: the project's sql/), by name."""
+    d = Path(sql_dir) if sql_dir is not None else SQL_DIR
+    return {p.stem: parse_named(p.read_text(encoding="utf-8"), p) for p in sorted(d.glob("*.sql"))}
+
+
+def load_named(name: str, sql_dir: str | os.PathLike[str] | None = None) -> NamedQuery:
+    d = Path(sql_dir) if sql_dir is not None else SQL_DIR
+    if not _NAME_RE.match(name):
+        raise QueryError(f"bad query name {name!r}")
+    p = d / f"{name}.sql"
+    if not p.is_file():
+        known = ", ".join(sorted(x.stem for x in d.glob("*.sql"))) or "none"
+        raise QueryError(f"no named query {name!r} (looked for {p}); named queries: {known}")
+    return parse_named(p.read_text(encoding="utf-8"), p)
+
+
+def is_named(text: str) -> bool:
+    """A bare word like ``top-incidents`` names a query; anything else is SQL."""
+    return bool(_NAME_RE.match(text.strip())) and " " not in text.strip()
+
+
+# ------------------------------------------------------------------------ parameters
+
+
+def render_literal(value: Any, type_: str) -> str:
+    """``value`` as one SQL literal of ``type_``. Text from the command line is parsed to
+    the type first, so nothing but a literal can come out."""
+    try:
+        if type_ == "int":
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return str(int(value))
+        if type_ == "float":
+            if isinstance(value, bool):
+                raise ValueError(value)
+            f = float(value)
+            if not math.isfinite(f):
+                raise ValueError(value)
+            return repr(f)
+        if type_ == "bool":
+            if isinstance(value, bool):
+                return "TRUE" if value else "FALSE"
+            s = str(value).strip().lower()
+            if s in ("true", "1", "yes", "on"):
+                return "TRUE"
+            if s in ("false", "0", "no", "off"):
+                return "FALSE"
+            raise ValueError(value)
+        if type_ == "str":
+            return "'" + str(value).replace("'", "''") + "'"
+        if type_ == "timestamp":
+            ts = value if isinstance(value, datetime) else parse_time(str(value))
+            ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+            return f"CAST('{ts.strftime('%Y-%m-%d %H:%M:%S.%f')}+00:00' AS TIMESTAMPTZ)"
+    except (TypeError, ValueError) as exc:
+        raise QueryError(f"bad {type_} value {value!r}"
+                         + (f": {exc}" if type_ == "timestamp" else "")) from None
+    raise QueryError(f"unknown parameter type {type_!r}; known: {', '.join(PARAM_TYPES)}")
+
+
+def _infer_type(text: str) -> str:
+    """Type of an ad hoc (undeclared) parameter given as text: int, float, else str."""
+    for t, conv in (("int", int), ("float", float)):
+        try:
+            conv(text)
+            return t
+        except ValueError:
+            continue
+    return "str"
+
+
+def _type_of(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, datetime):
+        return "timestamp"
+    return _infer_type(str(value))
+
+
+def _segments(sql: str) -> list[tuple[bool, str]]:
+    """Split SQL into (is_code, text) pieces: string literals, quoted identifiers and
+    comments are not code (no parameter or table name is looked for in them)."""
+    out: list[tuple[bool, str]] = []
+    i, n, start = 0, len(sql), 0
+    while i < n:
+        c = sql[i]
+        end = -1
+        if c in "'\"":
+            j = i + 1
+            while j < n:
+                if sql[j] == c:
+                    if j + 1 < n and sql[j + 1] == c:  # doubled quote
+                        j += 2
+                        continue
+                    break
+                j += 1
+            if j >= n:
+                raise QueryError(f"unterminated {'string' if c == chr(39) else 'quoted identifier'} "
+                                 f"starting at character {i + 1}")
+            end = j + 1
+        elif sql.startswith("--", i):
+            j = sql.find("\n", i)
+            end = n if j < 0 else j
+        elif sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            if j < 0:
+                raise QueryError(f"unterminated comment starting at character {i + 1}")
+            end = j + 2
+        if end >= 0:
+            if start < i:
+                out.append((True, sql[start:i]))
+            out.append((False, sql[i:end]))
+            i = start = end
+        else:
+            i += 1
+    if start < n:
+        out.append((True, sql[start:]))
+    return out
+
+
+_PARAM_REF = re.compile(r"(?<![:A-Za-z0-9_]):([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def parameters_in(sql: str) -> list[str]:
+    """The ``:name`` parameters SQL refers to (``::type`` casts are not parameters)."""
+    names: list[str] = []
+    for code, text in _segments(sql):
+        if code:
+            names += [m.group(1) for m in _PARAM_REF.finditer(text)]
+    return list(dict.fromkeys(names))
+
+
+def bind(sql: str, literals: Mapping[str, str]) -> str:
+    """Replace every ``:name`` outside literals and comments by ``literals[name]`` (already
+    rendered by :func:`render_literal`)."""
+    missing = [p for p in parameters_in(sql) if p not in literals]
+    if missing:
+        raise QueryError(f"no value for parameter(s) {', '.join(':' + m for m in missing)}; give --param NAME=VALUE")
+    parts = []
+    for code, text in _segments(sql):
+        parts.append(_PARAM_REF.sub(lambda m: literals[m.group(1)], text) if code else text)
+    return "".join(parts)
+
+
+def parse_param_args(items: Sequence[str] | None) -> dict[str, str]:
+    """``["k=v", ...]`` from ``--param`` to a dict; a bad item names itself."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not _IDENT.fullmatch(name):
+            raise QueryError(f"bad --param {item!r}: expected NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def _literals(query: NamedQuery | None, sql: str, values: Mapping[str, Any],
+              start: datetime | None, end: datetime | None) -> dict[str, str]:
+    lits = {"since": render_literal(start or _MIN_TIME, "timestamp"),
+            "until": render_literal(end or _MAX_TIME, "timestamp")}
+    if query is not None:
+        declared = {p.name: p for p in query.params}
+        unknown = sorted(set(values) - set(declared))
+        if unknown:
+            known = ", ".join(f"{p.name} ({p.type})" for p in query.params) or "none"
+            raise QueryError(f"query {query.name!r} has no parameter(s) {', '.join(unknown)}; its parameters: {known}")
+        for p in query.params:
+            if p.name in values:
+                raw: Any = values[p.name]
+            elif p.default is not None:
+                raw = _unquote(p.default)
+            else:
+                raise QueryError(f"query {query.name!r} needs --param {p.name}=<{p.type}> ({p.doc or 'no description'})")
+            try:
+                lits[p.name] = render_literal(raw, p.type)
+            except QueryError as exc:
+                raise QueryError(f"parameter {p.name!r} of query {query.name!r}: {exc}") from None
+    else:
+        for k, v in values.items():
+            lits[k] = render_literal(v, _type_of(v))
+    return lits
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def _scan(lake: str | os.PathLike[str], table: str, start: datetime | None, end: datetime | None,
+          hosts: Sequence[str] | None, corrupt: list[lake_mod.CorruptFileError]) -> pl.LazyFrame:
+    if table in _UNTIL_ONLY:
+        lf = lake_mod.scan(lake, table, end=end, hosts=hosts, on_corrupt="skip", report=corrupt)
+        if table == "labels" and start is not None:
+            lf = lf.filter(pl.col("end").is_null() | (pl.col("end") > start))
+        return lf
+    return lake_mod.scan(lake, table, start=start, end=end, hosts=hosts, on_corrupt="skip", report=corrupt)
+
+
+def _feature_values(features: pl.LazyFrame) -> pl.LazyFrame:
+    # Deferred import: jobs wires analytics in, the query module stays light otherwise.
+    from analytics.catalog import lookup
+
+    cols = features.collect_schema().names()
+    keys = [c for c in ("time", "host", "window_start", "window_end") if c in cols]
+    feats = [c for c in cols if c not in keys and c not in lake_mod.PARTITION_COLUMNS]
+    if not feats:  # no features yet: the view's columns, no rows
+        return pl.LazyFrame(schema={**{k: features.collect_schema()[k] for k in keys}, "feature": pl.String,
+                                    "family": pl.String, "device": pl.String, "subsystem": pl.String,
+                                    "floor": pl.Float64, "value": pl.Float64})
+    meta = pl.LazyFrame(
+        [(f, (i := lookup(f)).family, i.device, i.subsystem, i.floor) for f in feats],
+        schema={"feature": pl.String, "family": pl.String, "device": pl.String, "subsystem": pl.String,
+                "floor": pl.Float64},
+        orient="row",
+    )
+    long = features.select(*keys, *[pl.col(f).cast(pl.Float64) for f in feats]).unpivot(
+        index=keys, on=feats, variable_name="feature", value_name="value")
+    return long.join(meta, on="feature", how="left").select(*keys, "feature", "family", "device", "subsystem",
+                                                       "floor", "value")
+
+
+def _finding_factors(findings: pl.LazyFrame) -> pl.LazyFrame:
+    cols = findings.collect_schema().names()
+    keys = [c for c in ("time", "host", "window_start", "window_end", "score", "reference") if c in cols]
+    if "top_factors" not in cols:
+        return findings.select(keys)
+    return (findings.select(*keys, pl.col("top_factors"))
+            .with_columns(pl.int_ranges(1, pl.col("top_factors").list.len() + 1).alias("rank"))
+            .explode("top_factors", "rank")
+            .drop_nulls("top_factors")
+            .with_columns(pl.col("top_factors").struct.rename_fields(
+                [f if f != "reference" else "reference_value"
+                 for f in findings.collect_schema()["top_factors"].inner.to_schema()]))  # type: ignore[attr-defined]
+            .unnest("top_factors"))
+
+
+def _empty_base(table: str) -> pl.LazyFrame:
+    """The base table of a view, empty (a lake not swept yet, or a sweep with no findings)."""
+    known = _empty_known(table)
+    if known is not None:
+        return known
+    return pl.LazyFrame(schema={"time": schema.TIME_DTYPE, "host": pl.String(),
+                                "window_start": schema.TIME_DTYPE, "window_end": schema.TIME_DTYPE})
+
+
+def _empty_known(table: str) -> pl.LazyFrame | None:
+    """A typed empty frame for a known table the lake does not have yet (measurements,
+    scores, findings, incidents, remediations), so named queries return no rows instead of
+    failing on a young lake or after a sweep that found nothing."""
+    if table in schema.MEASUREMENTS:
+        return pl.LazyFrame(schema=schema.get(table).polars_schema())
+    if table in ("scores", "findings"):
+        from analytics.pipeline import FINDINGS_SCHEMA, SCORES_SCHEMA
+
+        return pl.LazyFrame(schema={"time": schema.TIME_DTYPE,
+                                    **(SCORES_SCHEMA if table == "scores" else FINDINGS_SCHEMA)})
+    if table == "incidents":
+        from knowledge_base.incidents import INCIDENT_SCHEMA
+
+        return pl.LazyFrame(schema={"time": schema.TIME_DTYPE, **INCIDENT_SCHEMA})
+    if table == "remediations":
+        return pl.LazyFrame(schema={"time": schema.TIME_DTYPE, **_remediations_schema()})
+    return None
+
+
+@functools.cache
+def _remediations_schema() -> dict[str, pl.DataType]:
+    # The queue defines the table; an empty queue in a scratch directory gives its schema.
+    from remediation.queue import Queue
+
+    with tempfile.TemporaryDirectory() as d, Queue(Path(d) / "queue.db") as q:
+        return dict(q.to_frame().schema)
+
+
+def referenced_names(sql: str) -> set[str]:
+    """Identifiers in the code parts of ``sql`` (and in double-quoted identifiers)."""
+    names: set[str] = set()
+    for code, text in _segments(sql):
+        if code:
+            names.update(m.group(0).lower() for m in _IDENT.finditer(text))
+        elif text.startswith('"'):
+            names.add(text[1:-1].replace('""', '"'))
+    return names
+
+
+def lake_context(lake: str | os.PathLike[str], sql: str, *, start: datetime | None = None,
+                 end: datetime | None = None, hosts: Sequence[str] | None = None,
+                 corrupt: list[lake_mod.CorruptFileError] | None = None) -> tuple[pl.SQLContext, list[str]]:
+    """A SQLContext with the lake tables (and views) ``sql`` names, pruned to the range.
+    Returns it with the names of all tables available in the lake."""
+    try:
+        available = lake_mod.tables(lake)
+    except lake_mod.LakeError as exc:
+        raise QueryError(str(exc)) from None
+    found = corrupt if corrupt is not None else []
+    wanted = referenced_names(sql)
+    frames: dict[str, pl.LazyFrame] = {}
+    for t in available:
+        if t in wanted or t.lower() in wanted:
+            frames[t] = _scan(lake, t, start, end, hosts, found)
+    for view, base in VIEWS.items():
+        if view in wanted:
+            lf = frames.get(base)
+            if lf is None:
+                lf = _scan(lake, base, start, end, hosts, found) if base in available else _empty_base(base)
+            frames[view] = _feature_values(lf) if view == "feature_values" else _finding_factors(lf)
+    for t in wanted - set(frames):
+        empty = _empty_known(t)
+        if empty is not None:
+            frames[t] = empty
+    for err in found:
+        log.warning("query: skipped %s", err)
+    return pl.SQLContext(frames=frames), available
+
+
+_UNKNOWN_TABLE = re.compile(r"relation '([^']+)' was not found")
+
+
+def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None = None,
+              end: datetime | None = None, hosts: Sequence[str] | None = None,
+              params: Mapping[str, Any] | None = None, sql_dir: str | os.PathLike[str] | None = None,
+              corrupt: list[lake_mod.CorruptFileError] | None = None) -> pl.DataFrame:
+    """Run SQL, or the named query ``text``, over the lake and return the result.
+
+    ``params`` are the values of the query's parameters (text as from the command line,
+    or Python values). Raises :class:`QueryError` with what went wrong and where."""
+    named = load_named(text.strip(), sql_dir) if is_named(text) else None
+    raw = named.sql if named is not None else text
+    what = f"query {named.name!r} ({named.path})" if named is not None else "SQL"
+    sql = bind(raw, _literals(named, raw, params or {}, start, end))
+    ctx, available = lake_context(lake, sql, start=start, end=end, hosts=hosts, corrupt=corrupt)
+    try:
+        return ctx.execute(sql, eager=False).collect()
+    except pl.exceptions.SQLInterfaceError as exc:
+        m = _UNKNOWN_TABLE.search(str(exc))
+        if m:
+            views = [v for v, b in VIEWS.items() if b in available]
+            raise QueryError(f"{what}: unknown table {m.group(1)!r}; tables in {lake}: "
+                             f"{', '.join(available + views) or 'none'}") from None
+        raise QueryError(f"{what}: {_first_line(exc)}") from None
+    except pl.exceptions.ColumnNotFoundError as exc:
+        raise QueryError(f"{what}: {_first_line(exc)}") from None
+    except (pl.exceptions.SQLSyntaxError, pl.exceptions.InvalidOperationError, pl.exceptions.SchemaError,
+            pl.exceptions.ComputeError, pl.exceptions.DuplicateError) as exc:
+        raise QueryError(f"{what}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.split("\n\nResolved plan")[0].split("\n\nThis error occurred")[0].strip()
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def _flat(df: pl.DataFrame, *, nested_as_json: bool) -> pl.DataFrame:
+    """Times as UTC ISO-8601 text with microseconds and ``Z``; durations as seconds;
+    nested values (lists, structs) as JSON text when ``nested_as_json``."""
+    out: list[pl.Expr | pl.Series] = []
+    for name, dt in df.schema.items():
+        col = pl.col(name)
+        if isinstance(dt, pl.Datetime):
+            expr = (col.dt.convert_time_zone("UTC") if dt.time_zone else col.dt.replace_time_zone("UTC"))
+            out.append(expr.dt.strftime(_TIME_FMT))
+        elif isinstance(dt, pl.Duration):
+            out.append(col.dt.total_microseconds() / 1e6)
+        elif isinstance(dt, pl.Date):
+            out.append(col.dt.strftime("%Y-%m-%d"))
+        elif nested_as_json and dt.is_nested():
+            out.append(pl.Series(name, [None if v is None else json.dumps(v, default=str)
+                                        for v in _flat(df.select(name), nested_as_json=False)[name].to_list()],
+                                 dtype=pl.String))
+        else:
+            out.append(col)
+    return df.select(out)
+
+
+def to_csv(df: pl.DataFrame) -> str:
+    """CSV with a header row; times ISO-8601 UTC (``...Z``), nested values as JSON text,
+    null as an empty field."""
+    return _flat(df, nested_as_json=True).write_csv()
+
+
+def to_json(df: pl.DataFrame) -> str:
+    """A JSON array of row objects (column -> value); times ISO-8601 UTC (``...Z``),
+    NaN and null as ``null``, lists and structs as JSON arrays and objects."""
+    return _flat(df, nested_as_json=False).write_json()
+
+
+def to_table(df: pl.DataFrame, max_rows: int = 1000) -> str:
+    with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=80, tbl_width_chars=250,
+                   tbl_hide_dataframe_shape=False, fmt_table_cell_list_len=6):
+        return str(df)
+
+
+def write_output(df: pl.DataFrame, fmt: str, out: str | os.PathLike[str] | None = None,
+                 stream: IO[str] | None = None) -> None:
+    """Write ``df`` as ``fmt`` to the file ``out`` (atomically: temp + rename) or to
+    ``stream`` (default stdout). Parquet needs ``out``."""
+    if fmt not in FORMATS:
+        raise QueryError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+    if fmt == "parquet" and out is None:
+        raise QueryError("--format parquet needs --out FILE")
+    if out is None:
+        s = stream or sys.stdout
+        text = to_table(df) if fmt == "table" else to_csv(df) if fmt == "csv" else to_json(df)
+        s.write(text if text.endswith("\n") else text + "\n")
+        return
+    path = Path(out)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        if fmt == "parquet":
+            df.write_parquet(tmp)
+        else:
+            text = to_table(df) if fmt == "table" else to_csv(df) if fmt == "csv" else to_json(df)
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text if text.endswith("\n") else text + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,1 @@
+"""Named, parameterised SQL over the lake tables (one query per .sql file)."""

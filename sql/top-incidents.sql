@@ -1,0 +1,26 @@
+-- top-incidents: the incidents of the interval, worst (highest peak anomaly score) first.
+--
+-- One row per incident (consecutive anomalous windows of one host) with its
+-- knowledge-base match, or status 'unmatched' with the fingerprint it left.
+-- Prune with --since/--until/--hosts (incidents are stored at their start time).
+--
+-- @param limit int = 20        how many incidents to return
+-- @param status str = ''       only 'matched' or 'unmatched' incidents ('' = both)
+SELECT
+    incident_id,
+    host,
+    start,
+    "end",
+    extract(epoch FROM "end") - extract(epoch FROM start) AS duration_s,
+    n_windows,
+    status,
+    entry_id,
+    title,
+    round(confidence, 3) AS confidence,
+    round(peak_score, 2) AS peak_score,
+    array_to_string(devices, ',') AS devices,
+    explanation
+FROM incidents
+WHERE :status = '' OR status = :status
+ORDER BY peak_score DESC, start, host
+LIMIT :limit
