@@ -4,7 +4,7 @@ Timing: tick k is due at ``t0 + k * interval`` on the monotonic clock. A tick th
 would start more than half an interval late is not taken: it and every tick it overran
 are counted as missed and sampling resumes at the next due tick, never bunched. Collectors run on tiers: ``fast``
 every tick, ``medium`` every second, ``slow`` every 10 s, ``static`` (host facts)
-at start and every 5 minutes — each a whole multiple of the fast interval.
+at start and every minute — each a whole multiple of the fast interval.
 
 Rows are buffered per measurement in columnar lists, turned into typed Polars frames
 and written to every sink every ``flush_interval_s``. SIGTERM/SIGINT end the loop after
@@ -238,8 +238,8 @@ class Agent:
     def _collect_facts(self, ts: int) -> None:
         for c in self.collectors:
             facts = getattr(c, "facts", None)
-            if facts is None:
-                continue
+            if facts is None or "host_facts" in c.measurements:
+                continue  # a host-facts collector already emits them from collect() on its tier
             try:
                 reading = facts()
             except (CollectorError, OSError) as exc:

@@ -1,0 +1,308 @@
+"""Knowledge-base quality on simulated labelled runs: the research's four figures per
+inefficiency type and overall, top-1 identification of injected incidents, unmatched
+incidents on healthy runs, and the NUMA-misplacement baseline comparison plot.
+
+One scenario per injectable type (``--hosts`` hosts, the injection on one host for the
+middle of the run) plus one healthy run; every run goes through the real pipeline
+(simulator -> features -> detectors/attribution -> knowledge-base matching -> incidents)
+with the default analytics configuration, then :func:`analytics.evaluation.evaluate`.
+
+    .venv/bin/python benchmarks/kb_eval.py                       # ~5 min on this VM
+    .venv/bin/python benchmarks/kb_eval.py --cache /tmp/kbc      # keep analysis results: re-runs only match
+    .venv/bin/python benchmarks/kb_eval.py --plot docs/img/numa_baselines.svg
+"""
+
+from __future__ import annotations
+
+# ruff: noqa: T201  (a benchmark prints its figures)
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from analytics.evaluation import combined_windows, evaluate
+from analytics.features import compute_features
+from analytics.pipeline import AnalyticsConfig, analyze
+from ingest import schema
+from ingest.simulator import INEFFICIENCIES, from_dict, simulate_frames
+from knowledge_base import best_matches, build_incidents, load_kb, match_findings, match_windows
+
+log = logging.getLogger("kb_eval")
+
+TABLES = ("features", "findings", "scores", "host_facts", "labels")
+
+
+@dataclass
+class Run:
+    name: str
+    features: pl.DataFrame
+    findings: pl.DataFrame
+    scores: pl.DataFrame
+    host_facts: pl.DataFrame
+    labels: pl.DataFrame
+    hosts: int
+    duration_s: float
+
+
+def scenario(name: str, typ: str | None, hosts: int, minutes: int, seed: int, severity: float) -> dict[str, Any]:
+    doc: dict[str, Any] = {"seed": seed, "duration": f"{minutes}m", "hosts": hosts, "workload": "mixed"}
+    if typ is not None:
+        third = max(1, minutes // 3)
+        doc["injections"] = [{"type": typ, "host": "sim-01", "start": f"{third}m", "duration": f"{minutes - 2 * third}m",
+                              "severity": severity}]
+    return doc
+
+
+def run_one(name: str, doc: dict[str, Any], cache: Path | None, config: AnalyticsConfig) -> Run:
+    d = cache / name if cache else None
+    if d is not None and all((d / f"{t}.parquet").exists() for t in TABLES):
+        got = {t: pl.read_parquet(d / f"{t}.parquet") for t in TABLES}
+    else:
+        sc = from_dict(doc, name=name)
+        frames, _ = simulate_frames(sc)
+        facts = frames.pop("host_facts")
+        labels = frames.pop("labels", None)
+        labels = labels if labels is not None else schema.empty_frame("labels")
+        frames.pop("workload", None)
+        feats = compute_features({k: v.lazy() for k, v in frames.items()}, config.window, host_facts=facts)
+        res = analyze({}, config, host_facts=facts, features=feats)
+        got = {"features": feats, "findings": res.findings, "scores": res.scores, "host_facts": facts, "labels": labels}
+        if d is not None:
+            d.mkdir(parents=True, exist_ok=True)
+            for t, df in got.items():
+                df.write_parquet(d / f"{t}.parquet")
+    minutes = float(str(doc["duration"]).rstrip("m"))
+    return Run(name, got["features"], got["findings"], got["scores"], got["host_facts"], got["labels"],
+               int(doc["hosts"]), minutes * 60.0)
+
+
+def _prefix(df: pl.DataFrame, name: str) -> pl.DataFrame:
+    """Hosts renamed ``<run>/<host>`` so runs can be evaluated together."""
+    return df.with_columns((pl.lit(name + "/") + pl.col("host")).alias("host")) if "host" in df.columns else df
+
+
+def top1(incidents: pl.DataFrame, labels: pl.DataFrame) -> tuple[int, int, list[str]]:
+    """(labels whose dominant overlapping incident names the right entry, labels, misses)."""
+    ok, misses = 0, []
+    for lab in labels.iter_rows(named=True):
+        ov = incidents.filter((pl.col("host") == lab["host"]) & (pl.col("start") < lab["end"])
+                              & (pl.col("end") > lab["time"]))
+        if ov.is_empty():
+            misses.append(f"{lab['host']} {lab['type']}: no incident")
+            continue
+        ov = ov.with_columns(
+            ((pl.min_horizontal(pl.col("end"), pl.lit(lab["end"])) - pl.max_horizontal(pl.col("start"), pl.lit(lab["time"])))
+             .dt.total_seconds()).alias("overlap"))
+        best = ov.filter(pl.col("status") == "matched").sort(["overlap", "incident_id"], descending=[True, False])
+        if not best.is_empty() and best["label_type"][0] == lab["type"]:
+            ok += 1
+        else:
+            got = best["label_type"][0] if not best.is_empty() else "unmatched"
+            misses.append(f"{lab['host']} {lab['type']}: best incident {got}")
+    return ok, labels.height, misses
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def evaluate_runs(runs: list[Run], *, signature_detector: bool = False) -> dict[str, Any]:
+    """``signature_detector``: windows the knowledge base matches on their own
+    (:func:`knowledge_base.matcher.match_windows`) count as flagged too (findings without
+    attribution), i.e. the detection is "vote2 OR known signature"."""
+    kb = load_kb()
+    windows, labels, matches, incidents = [], [], [], []
+    healthy_unmatched, healthy_hours = 0, 0.0
+    t_match = 0.0
+    for r in runs:
+        t0 = time.perf_counter()
+        findings, win = r.findings, combined_windows(r.scores)
+        if signature_detector:
+            sig = match_windows(r.features, r.host_facts, kb).filter(pl.col("rank") == 1).select("host", "window_start")
+            extra = (r.features.select("host", "window_start", "window_end").join(sig, on=["host", "window_start"])
+                     .join(findings.select("host", "window_start"), on=["host", "window_start"], how="anti")
+                     .with_columns(pl.lit(0.0).alias("score")))
+            findings = pl.concat([findings, extra], how="diagonal_relaxed").sort("host", "window_start")
+            win = (win.join(sig.with_columns(pl.lit(True).alias("_sig")), on=["host", "window_start"], how="left")
+                   .with_columns((pl.col("flagged") | pl.col("_sig").fill_null(False)).alias("flagged")).drop("_sig"))
+        m = match_findings(findings, r.features, r.host_facts, kb)
+        inc = build_incidents(m, findings, kb)
+        t_match += time.perf_counter() - t0
+        windows.append(_prefix(win, r.name))
+        labels.append(_prefix(r.labels, r.name))
+        matches.append(_prefix(best_matches(m), r.name))
+        incidents.append(_prefix(inc, r.name))
+        # unmatched incidents on hosts without any label
+        labelled = set(r.labels["host"].to_list())
+        clean_hosts = r.hosts - len(labelled)
+        healthy_unmatched += inc.filter((pl.col("status") == "unmatched") & ~pl.col("host").is_in(sorted(labelled))).height
+        healthy_hours += clean_hosts * r.duration_s / 3600.0
+    w, lab, mt, inc = pl.concat(windows), pl.concat(labels), pl.concat(matches), pl.concat(incidents)
+    overall, per_type = evaluate(w, lab, mt)
+    ok, n, misses = top1(inc, lab)
+    healthy_matched = inc.filter((pl.col("status") == "matched")
+                                 & ~pl.col("host").is_in(sorted(set(lab["host"].to_list())))).height
+    return {
+        "overall": overall, "per_type": per_type, "top1": (ok, n), "top1_misses": misses,
+        "unmatched_per_host_hour": healthy_unmatched / healthy_hours if healthy_hours else None,
+        "matched_incidents_on_healthy_hosts": healthy_matched, "healthy_host_hours": healthy_hours,
+        "match_seconds": t_match, "incidents": inc,
+    }
+
+
+def render(res: dict[str, Any]) -> str:
+    o = res["overall"]
+    lines = ["| type | labels | flagged win. recall | hit rate | coverage |", "|---|---|---|---|---|"]
+    for t, m in res["per_type"].items():
+        lines.append(f"| {t} | {m.labels} | {_pct(m.window.recall if m.window else None)} | "
+                     f"{_pct(m.signature_hit_rate)} | {_pct(m.signature_coverage)} |")
+    ok, n = res["top1"]
+    lines += [
+        "",
+        f"overall: hit rate {_pct(o.signature_hit_rate)}, coverage {_pct(o.signature_coverage)}, "
+        f"agreement {_pct(o.detection_signature_agreement)}, healthy contamination {_pct(o.healthy_contamination)}",
+        f"windows {o.windows}, positive {o.positive_windows}, flagged {o.flagged}; detection window recall "
+        f"{_pct(o.window.recall if o.window else None)}, precision {_pct(o.window.precision if o.window else None)}",
+        f"top-1 identification: {ok}/{n} = {_pct(ok / n if n else None)}",
+        f"unmatched incidents on healthy hosts: {res['unmatched_per_host_hour']:.2f} per host-hour "
+        f"({res['healthy_host_hours']:.2f} host-hours); matched incidents on healthy hosts: "
+        f"{res['matched_incidents_on_healthy_hosts']}",
+        f"matching + incidents: {res['match_seconds']:.1f} s",
+    ]
+    if res["top1_misses"]:
+        lines.append("top-1 misses: " + "; ".join(res["top1_misses"]))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ baseline plot
+def baseline_scores(run: Run, config: AnalyticsConfig) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per detector, (healthy scores, faulty scores): healthy = windows of hosts without a
+    label, faulty = windows inside the label on the injected host; score = max over the
+    references (as the pipeline's findings take it)."""
+    from dataclasses import replace
+
+    lab = run.labels.row(0, named=True)
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, dets in (("Prodigy-like (PCA reconstruction)", ("pca",)), ("eACGM-like (GMM log-likelihood)", ("gmm",)),
+                       ("Unveil (vote 2 of Z, IF, Maha)", None)):
+        cfg = config if dets is None else replace(config, detectors=dets, combine="any", vote_k=1)
+        res = run.scores if dets is None else analyze({}, cfg, host_facts=run.host_facts, features=run.features).scores
+        s = (res.filter(pl.col("detector") == "combined").group_by("host", "window_start", "window_end")
+             .agg(pl.col("score").max()))
+        faulty = s.filter((pl.col("host") == lab["host"]) & (pl.col("window_start") >= lab["time"])
+                          & (pl.col("window_end") <= lab["end"]))["score"].to_numpy()
+        healthy = s.filter(pl.col("host") != lab["host"])["score"].to_numpy()
+        out[name] = (healthy[np.isfinite(healthy)], faulty[np.isfinite(faulty)])
+    return out
+
+
+def overlap(h: np.ndarray, f: np.ndarray) -> float:
+    """Histogram overlap coefficient (0 = separable, 1 = identical) on shared bins."""
+    lo, hi = np.percentile(np.concatenate([h, f]), [0.5, 99.5])
+    bins = np.linspace(lo, hi if hi > lo else lo + 1, 41)
+    a, _ = np.histogram(np.clip(h, lo, hi), bins)
+    b, _ = np.histogram(np.clip(f, lo, hi), bins)
+    return float(np.minimum(a / max(a.sum(), 1), b / max(b.sum(), 1)).sum())
+
+
+def svg_plot(data: dict[str, tuple[np.ndarray, np.ndarray]], title: str) -> str:
+    """Self-contained SVG: one histogram panel per detector, healthy vs faulty windows
+    (density, log-scaled score axis where scores span decades)."""
+    pw, ph, pad = 300, 200, 45
+    W = pad + len(data) * (pw + pad)
+    H = ph + 2 * pad + 40
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="14">{title}</text>']
+    for k, (name, (h, f)) in enumerate(data.items()):
+        x0, y0 = pad + k * (pw + pad), pad
+        both = np.concatenate([h, f])
+        lo, hi = np.percentile(both, [0.5, 99.5])
+        use_log = lo > 0 and hi / lo > 100
+        tr = (lambda v: np.log10(v)) if use_log else (lambda v: v)  # noqa: E731
+        a_lo, a_hi = tr(lo), tr(hi if hi > lo else lo + 1)
+        bins = np.linspace(a_lo, a_hi, 41)
+        hh, _ = np.histogram(np.clip(tr(np.clip(h, lo, hi)), a_lo, a_hi), bins)
+        ff, _ = np.histogram(np.clip(tr(np.clip(f, lo, hi)), a_lo, a_hi), bins)
+        hd, fd = hh / max(hh.sum(), 1), ff / max(ff.sum(), 1)
+        top = max(hd.max(), fd.max(), 1e-9)
+        bw = pw / (len(bins) - 1)
+        out.append(f'<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
+        for series, color in ((hd, "#1f77b4"), (fd, "#d62728")):
+            for i, v in enumerate(series):
+                if v > 0:
+                    bh = ph * v / top
+                    out.append(f'<rect x="{x0 + i * bw:.1f}" y="{y0 + ph - bh:.1f}" width="{bw:.1f}" height="{bh:.1f}" '
+                               f'fill="{color}" fill-opacity="0.45"/>')
+        ov = overlap(h, f)
+        out.append(f'<text x="{x0 + pw / 2}" y="{y0 - 6}" text-anchor="middle">{name}</text>')
+        lab = (lambda v: f"{10 ** v:.3g}") if use_log else (lambda v: f"{v:.3g}")  # noqa: E731
+        for frac in (0.0, 0.5, 1.0):
+            v = a_lo + frac * (a_hi - a_lo)
+            out.append(f'<text x="{x0 + frac * pw:.1f}" y="{y0 + ph + 14}" text-anchor="middle">{lab(v)}</text>')
+        out.append(f'<text x="{x0 + pw / 2}" y="{y0 + ph + 28}" text-anchor="middle">window score'
+                   f'{" (log scale)" if use_log else ""}; overlap {ov:.2f}</text>')
+        out.append(f'<text x="{x0 + 4}" y="{y0 + 14}" fill="#1f77b4">healthy n={h.size}</text>')
+        out.append(f'<text x="{x0 + 4}" y="{y0 + 28}" fill="#d62728">NUMA-misplaced n={f.size}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--minutes", type=int, default=9)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--severity", type=float, default=0.5)
+    p.add_argument("--types", nargs="*", default=list(INEFFICIENCIES), help="injection types (default: all)")
+    p.add_argument("--cache", type=Path, help="directory keeping each run's analysis (re-runs only re-match)")
+    p.add_argument("--plot", type=Path, help="write the NUMA baseline comparison SVG here")
+    p.add_argument("--json", type=Path, help="write the figures as JSON here")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    config = AnalyticsConfig()
+    runs = []
+    t0 = time.perf_counter()
+    for typ in [None, *args.types]:
+        name = typ or "healthy"
+        doc = scenario(name, typ, args.hosts, args.minutes, args.seed, args.severity)
+        runs.append(run_one(f"{name}-s{args.seed}-h{args.hosts}-m{args.minutes}-v{args.severity}", doc, args.cache, config))
+        log.info("%s: %d findings (%.0f s)", name, runs[-1].findings.height, time.perf_counter() - t0)
+    res = evaluate_runs(runs)
+    print("## detection: vote2 (the default analytics configuration)\n" + render(res))
+    sig = evaluate_runs(runs, signature_detector=True)
+    print("\n## detection: vote2 OR knowledge-base signature (match_windows)\n" + render(sig))
+    if args.json:
+        o = res["overall"]
+        args.json.write_text(json.dumps({
+            "overall": {k: getattr(o, k) for k in ("signature_hit_rate", "signature_coverage",
+                                                   "detection_signature_agreement", "healthy_contamination")},
+            "per_type": {t: {"hit_rate": m.signature_hit_rate, "coverage": m.signature_coverage}
+                         for t, m in res["per_type"].items()},
+            "top1": res["top1"], "unmatched_per_host_hour": res["unmatched_per_host_hour"]}, indent=2))
+    if args.plot:
+        numa = next((r for r in runs if r.name.startswith("gpu_nic_numa_misplacement")), None)
+        if numa is None:
+            print("no NUMA run: plot skipped", file=sys.stderr)
+        else:
+            data = baseline_scores(numa, config)
+            for name, (h, f) in data.items():
+                print(f"{name}: healthy median {np.median(h):.3g}, faulty median {np.median(f):.3g}, "
+                      f"overlap {overlap(h, f):.2f}")
+            args.plot.parent.mkdir(parents=True, exist_ok=True)
+            tmp = args.plot.with_suffix(".tmp")
+            tmp.write_text(svg_plot(data, "GPU–NIC NUMA misplacement: window scores, healthy vs faulty"))
+            tmp.replace(args.plot)
+            print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""Host facts as the knowledge base reads them: one host's view, derived facts,
+preconditions that explain themselves, and remediation parameters filled from facts.
+
+``host_facts`` rows (lake table, see ingest/schema.py): host, [time], category, device, key,
+value, value_num. When a ``time`` column exists the view keeps, per (category, device, key),
+the latest row at or before the moment asked for (facts change: a power limit is lowered,
+THP switched off), or the earliest row when none is that old.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import polars as pl
+
+from knowledge_base.loader import TEMPLATE_RE, Entry, Precondition
+
+FACT_RE = re.compile(r"[a-z_]+\.[a-z0-9_]+")
+
+#: derived facts: name -> description (computed by HostFacts.derived)
+DERIVED: dict[str, str] = {
+    "numa.nodes": "number of NUMA nodes (numa facts with a cpulist)",
+    "gpu.count": "number of GPUs",
+    "nic.count": "number of NICs",
+    "nvme.count": "number of NVMe disks",
+    "irq.count": "number of device IRQs with affinity facts",
+}
+
+
+class FactError(ValueError):
+    """A remediation parameter could not be filled from the facts."""
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The facts of one host: (category, device, key) -> (value, value_num)."""
+
+    host: str
+    facts: Mapping[tuple[str, str, str], tuple[str | None, float | None]]
+
+    @classmethod
+    def from_frame(cls, host_facts: pl.DataFrame | None, host: str, at: datetime | None = None) -> HostFacts:
+        if host_facts is None or host_facts.is_empty() or "host" not in host_facts.columns:
+            return cls(host, {})
+        df = host_facts.filter(pl.col("host") == host)
+        if "time" in df.columns and df.height:
+            df = df.sort("time")
+            if at is not None:
+                older = df.filter(pl.col("time") <= at)
+                # facts first read after ``at`` still describe the host better than nothing
+                newer = df.filter(pl.col("time") > at).unique(["category", "device", "key"], keep="first",
+                                                                maintain_order=True)
+                df = pl.concat([newer, older]) if older.height else newer
+        facts: dict[tuple[str, str, str], tuple[str | None, float | None]] = {}
+        num = "value_num" in df.columns
+        for r in df.iter_rows(named=True):
+            k = (str(r.get("category") or ""), str(r.get("device") or ""), str(r.get("key") or ""))
+            facts[k] = (r.get("value"), r.get("value_num") if num else None)  # later rows win
+        return cls(host, facts)
+
+    def get(self, category: str, key: str, device: str = "") -> tuple[str | None, float | None] | None:
+        return self.facts.get((category, device, key))
+
+    def value(self, category: str, key: str, device: str = "") -> Any:
+        """Numeric value when there is one, else the text, else None."""
+        got = self.get(category, key, device)
+        if got is None:
+            return None
+        text, num = got
+        return num if num is not None else text
+
+    def devices(self, category: str) -> list[str]:
+        return sorted({d for (c, d, _k) in self.facts if c == category and d})
+
+    def device_values(self, category: str, key: str) -> dict[str, Any]:
+        return {d: self.value(c, k, d) for (c, d, k) in self.facts if c == category and k == key and d}
+
+    def derived(self, name: str) -> Any:
+        if not self.facts:
+            return None
+        if name == "numa.nodes":
+            v = self.value("numa", "nodes")
+            if v is not None:
+                return v
+            return len([d for d in self.devices("numa") if self.get("numa", "cpulist", d) is not None]) or None
+        if name in ("gpu.count", "nic.count", "nvme.count"):
+            return len(self.devices(name.split(".")[0]))
+        if name == "irq.count":
+            return len(self.devices("irq"))
+        raise KeyError(name)
+
+    def lookup(self, fact: str) -> list[Any]:
+        """Values of a precondition fact: a derived fact, else ``category.key`` host-wide,
+        else that key on every device of the category. Empty = unknown."""
+        if fact in DERIVED:
+            v = self.derived(fact)
+            return [] if v is None else [v]
+        category, _, key = fact.partition(".")
+        v = self.value(category, key)
+        if v is not None:
+            return [v]
+        return [x for _d, x in sorted(self.device_values(category, key).items()) if x is not None]
+
+    def fact_device(self, device: str) -> tuple[str, str] | None:
+        """(category, fact device) behind a feature device: ``gpu3`` -> (gpu, "3"), a netdev
+        -> (nic, netdev), ``nvme0n1`` -> (nvme, ...), ``node1`` -> (numa, "1")."""
+        m = re.fullmatch(r"gpu(\d+)", device)
+        if m and self.get("gpu", "numa_node", m.group(1)) is not None:
+            return "gpu", m.group(1)
+        m = re.fullmatch(r"node(\d+)", device)
+        if m:
+            return "numa", m.group(1)
+        for cat in ("gpu", "nic", "nvme"):
+            if any(c == cat and d == device for (c, d, _k) in self.facts):
+                return cat, device
+        return None
+
+    def node_of(self, device: str) -> int | None:
+        """NUMA node of a feature device (GPU, NIC, disk, node), None when unknown."""
+        fd = self.fact_device(device)
+        if fd is None:
+            return None
+        cat, dev = fd
+        if cat == "numa":
+            return int(dev)
+        v = self.value(cat, "numa_node", dev)
+        try:
+            node = int(float(v)) if v is not None else None
+        except (TypeError, ValueError):
+            return None
+        return node if node is not None and node >= 0 else None
+
+    def pci_of(self, device: str) -> str | None:
+        fd = self.fact_device(device)
+        if fd is None:
+            return None
+        v = self.value(fd[0], "pci_bus_id" if fd[0] == "gpu" else "pci", fd[1])
+        return _norm_pci(str(v)) if v is not None else None
+
+    def cpulist_of_node(self, node: int) -> str | None:
+        v = self.value("numa", "cpulist", str(node))
+        return str(v) if v is not None else None
+
+
+def _norm_pci(addr: str) -> str:
+    """NVML writes 00000000:18:00.0, sysfs 0000:18:00.0: keep a 4-digit domain, lower case."""
+    a = addr.strip().lower()
+    dom, _, rest = a.partition(":")
+    return f"{dom[-4:]}:{rest}" if rest and len(dom) > 4 else a
+
+
+class FactsIndex:
+    """Fast "facts of host H at time T" over a host_facts frame: the frame is split by host
+    once and one :class:`HostFacts` is built per (host, snapshot) actually asked for."""
+
+    def __init__(self, host_facts: pl.DataFrame | None) -> None:
+        self._by_host: dict[str, pl.DataFrame] = {}
+        self._times: dict[str, list[Any]] = {}
+        self._cache: dict[tuple[str, Any], HostFacts] = {}
+        if host_facts is None or host_facts.is_empty() or "host" not in host_facts.columns:
+            return
+        for (h,), df in host_facts.group_by(["host"], maintain_order=True):
+            self._by_host[str(h)] = df
+            if "time" in df.columns:
+                self._times[str(h)] = sorted(set(df["time"].drop_nulls().to_list()))
+
+    def at(self, host: str, t: datetime | None = None) -> HostFacts:
+        times = self._times.get(host)
+        snap = None
+        if times and t is not None:
+            i = bisect.bisect_right(times, t) - 1
+            snap = times[max(i, 0)]
+        key = (host, snap)
+        if key not in self._cache:
+            self._cache[key] = HostFacts.from_frame(self._by_host.get(host), host, snap)
+        return self._cache[key]
+
+
+# ------------------------------------------------------------------- preconditions
+def _compare(op: str, have: Any, want: Any) -> bool:
+    if op == "exists":
+        return True
+    if op in ("in", "not_in"):
+        inside = any(_eq(have, w) for w in want)
+        return inside if op == "in" else not inside
+    if op == "==":
+        return _eq(have, want)
+    if op == "!=":
+        return not _eq(have, want)
+    try:
+        h, w = float(have), float(want)
+    except (TypeError, ValueError):
+        return False
+    return {">": h > w, ">=": h >= w, "<": h < w, "<=": h <= w}[op]
+
+
+def _eq(a: Any, b: Any) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
+@dataclass(frozen=True)
+class PreconditionResult:
+    ok: bool
+    message: str
+
+
+def check_precondition(p: Precondition, facts: HostFacts) -> PreconditionResult:
+    """Whether one precondition holds, with a sentence saying why (or why not)."""
+    if not facts.facts:
+        return PreconditionResult(True, f"{p.fact}: not checked, no host facts for host {facts.host}")
+    values = facts.lookup(p.fact)
+    want = "" if p.op == "exists" else f" {p.op} {p.value!r}"
+    if not values:
+        ok = p.if_missing == "pass"
+        verdict = "assumed to hold" if ok else "fails"
+        return PreconditionResult(ok, f"{p.fact}{want}: unknown on host {facts.host} (no such fact), {verdict} — {p.why}")
+    ok = any(_compare(p.op, v, p.value) for v in values)
+    shown = values[0] if len(values) == 1 else values
+    if ok:
+        return PreconditionResult(True, f"{p.fact}{want}: holds ({p.fact} = {shown!r})")
+    return PreconditionResult(False, f"{p.fact}{want} does not hold on host {facts.host}: {p.fact} = {shown!r} — {p.why}")
+
+
+def check_preconditions(entry: Entry, facts: HostFacts) -> list[PreconditionResult]:
+    return [check_precondition(p, facts) for p in entry.preconditions]
+
+
+def preconditions_hold(entry: Entry, facts: HostFacts) -> tuple[bool, list[str]]:
+    """(all hold, messages of those that failed)."""
+    res = check_preconditions(entry, facts)
+    return all(r.ok for r in res), [r.message for r in res if not r.ok]
+
+
+# ---------------------------------------------------------------- remediation params
+def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, Any]) -> Any:
+    if placeholder in extra:
+        return extra[placeholder]
+    if placeholder == "pid":
+        raise FactError("needs {pid}: the workload's process id is not a host fact; give it when approving")
+    if placeholder == "cgroup":
+        if not device:
+            raise FactError("needs {cgroup}: the incident names no cgroup")
+        return device
+    if not device:
+        raise FactError(f"needs {{{placeholder}}} but the incident names no device")
+    if placeholder == "device":
+        return device
+    if placeholder == "device_index":
+        m = re.search(r"(\d+)$", device)
+        if not m:
+            raise FactError(f"{{device_index}}: device {device!r} has no index")
+        return int(m.group(1))
+    if placeholder in ("device_node", "device_node_cpus"):
+        node = facts.node_of(device)
+        if node is None:
+            raise FactError(f"{{{placeholder}}}: no numa_node fact for {device!r}")
+        if placeholder == "device_node":
+            return node
+        cpus = facts.cpulist_of_node(node)
+        if cpus is None:
+            raise FactError(f"{{device_node_cpus}}: no cpulist fact for node {node}")
+        return cpus
+    if placeholder == "device_pci":
+        pci = facts.pci_of(device)
+        if pci is None:
+            raise FactError(f"{{device_pci}}: no PCI address fact for {device!r}")
+        return pci
+    if placeholder == "netdev":
+        return device
+    if placeholder.startswith("fact:"):
+        category, _, key = placeholder[5:].partition(".")
+        fd = facts.fact_device(device)
+        v = facts.value(category, key, fd[1]) if fd is not None else None
+        if v is None:
+            v = facts.value(category, key)
+        if v is None:
+            raise FactError(f"{{{placeholder}}}: no fact {category}.{key} for {device}")
+        return v
+    raise FactError(f"unknown placeholder {{{placeholder}}}")
+
+
+def fill_params(params: Mapping[str, Any], device: str, facts: HostFacts,
+                extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Remediation parameters with their templates filled from the incident's device and the
+    host's facts. A value that is exactly one placeholder keeps the fact's type (int node,
+    float power limit); otherwise placeholders are substituted as text. Raises FactError."""
+    extra = extra or {}
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        if not isinstance(value, str) or "{" not in value:
+            out[name] = value
+            continue
+        whole = TEMPLATE_RE.fullmatch(value)
+        if whole:
+            v = _fill(whole.group(1), device, facts, extra)
+            out[name] = int(v) if isinstance(v, float) and v.is_integer() and name != "limit_w" else v
+        else:
+            out[name] = TEMPLATE_RE.sub(lambda m: str(_fill(m.group(1), device, facts, extra)), value)
+    return out

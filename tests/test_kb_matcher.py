@@ -1,0 +1,175 @@
+"""Matching, incidents, drafts and remediation parameters on recorded pipeline output
+(tests/data/knowledge_base: 4 simulated hosts, sim-01 power-capped on gpu3 and gpu5;
+regenerate with its record.py)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from jobs.cli import main
+from knowledge_base import (
+    MATCH_SCHEMA,
+    HostFacts,
+    as_eval_matcher,
+    best_matches,
+    build_incidents,
+    check_preconditions,
+    draft_entry,
+    fill_params,
+    incident_id,
+    load_kb,
+    match_findings,
+)
+from knowledge_base.facts import FactError
+from knowledge_base.loader import parse_entry
+from remediation import registry
+
+DATA = Path(__file__).parent / "data" / "knowledge_base"
+
+
+@pytest.fixture(scope="module")
+def rec() -> dict[str, pl.DataFrame]:
+    return {t: pl.read_parquet(DATA / f"{t}.parquet") for t in ("features", "findings", "host_facts", "labels")}
+
+
+@pytest.fixture(scope="module")
+def matches(rec: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    return match_findings(rec["findings"], rec["features"], rec["host_facts"], load_kb())
+
+
+def _inside(df: pl.DataFrame, lab: dict, col: str = "window_start") -> pl.DataFrame:
+    return df.filter((pl.col("host") == lab["host"]) & (pl.col(col) >= lab["time"]) & (pl.col("window_end") <= lab["end"]))
+
+
+def test_injected_windows_match_the_right_entry_with_explanation(rec: dict[str, pl.DataFrame],
+                                                                 matches: pl.DataFrame) -> None:
+    assert matches.schema == pl.Schema(MATCH_SCHEMA)
+    lab = rec["labels"].row(0, named=True)
+    flagged = _inside(rec["findings"], lab)
+    top = _inside(matches, lab).filter(pl.col("rank") == 1)
+    assert flagged.height > 30
+    ok = top.filter(pl.col("matched") & (pl.col("entry_id") == "gpu_power_throttle"))
+    assert ok.height >= 0.9 * flagged.height
+    row = ok.row(0, named=True)
+    assert row["devices"] == ["gpu3", "gpu5"]
+    assert any(s.startswith("gpu.power_limit_ratio ↓") for s in row["matched_signals"])
+    assert "GPU power throttling" in row["explanation"] and "z=" in row["explanation"]
+    # windows not overlapping the injection are never identified as a power cap
+    overlapping = (pl.col("host") == lab["host"]) & (pl.col("window_start") < lab["end"]) & (pl.col("window_end") > lab["time"])
+    outside = matches.filter(~overlapping)
+    assert outside.filter(pl.col("matched") & (pl.col("entry_id") == "gpu_power_throttle")).is_empty()
+
+
+def test_matcher_is_deterministic(rec: dict[str, pl.DataFrame], matches: pl.DataFrame) -> None:
+    kb = load_kb()
+    again = match_findings(rec["findings"].sample(fraction=1.0, shuffle=True, seed=1), rec["features"],
+                           rec["host_facts"], kb)
+    assert again.equals(matches)
+    inc_a = build_incidents(matches, rec["findings"], kb)
+    inc_b = build_incidents(again, rec["findings"], kb)
+    assert inc_a.equals(inc_b)
+
+
+def test_incidents_group_windows_and_keep_unmatched_fingerprints(rec: dict[str, pl.DataFrame],
+                                                                 matches: pl.DataFrame) -> None:
+    inc = build_incidents(matches, rec["findings"], load_kb())
+    lab = rec["labels"].row(0, named=True)
+    power = inc.filter(pl.col("entry_id") == "gpu_power_throttle")
+    assert power.height == 1, power.select("start", "end", "n_windows")
+    p = power.row(0, named=True)
+    assert p["host"] == "sim-01" and p["status"] == "matched" and p["devices"] == ["gpu3", "gpu5"]
+    assert abs((p["start"] - lab["time"]).total_seconds()) <= 5 and abs((p["end"] - lab["end"]).total_seconds()) <= 5
+    assert p["confidence"] >= 0.5 and p["peak_score"] > 1.0
+    assert p["incident_id"] == incident_id("sim-01", p["start"], "gpu_power_throttle")
+    un = inc.filter(pl.col("status") == "unmatched")
+    assert un.height >= 1
+    u = un.row(0, named=True)
+    assert u["entry_id"] is None and u["top_factors"] and "fingerprint:" in u["explanation"]
+    assert sum(u[c] for c in inc.columns if c.startswith("share_")) == pytest.approx(1.0, abs=1e-6)
+    # no two incidents share an id
+    assert inc["incident_id"].n_unique() == inc.height
+
+
+def test_draft_from_unmatched_incident_is_a_valid_entry(rec: dict[str, pl.DataFrame], matches: pl.DataFrame,
+                                                        tmp_path: Path) -> None:
+    inc = build_incidents(matches, rec["findings"], load_kb())
+    u = inc.filter(pl.col("status") == "unmatched").sort("n_windows", descending=True).row(0, named=True)
+    text = draft_entry(u)
+    entry = parse_entry(tomllib.loads(text), "<draft>")
+    assert entry.id.startswith("draft_inc_")
+    assert entry.required[0].family == u["top_factors"][0]["family"]
+    # through the CLI, from a lake
+    from ingest.lake import write_table
+
+    lake = tmp_path / "lake"
+    write_table(lake, "incidents", inc.with_columns(pl.col("start").alias("time")))
+    out = tmp_path / "new_entry.toml"
+    assert main(["kb", "draft", "--incident", u["incident_id"], "--lake", str(lake), "--out", str(out)]) == 0
+    assert parse_entry(tomllib.loads(out.read_text(encoding="utf-8")), "<draft>").id == entry.id
+    assert main(["kb", "draft", "--incident", "inc-000000000000", "--lake", str(lake)]) == 2
+
+
+def test_eval_matcher_and_degraded_mode(rec: dict[str, pl.DataFrame], matches: pl.DataFrame) -> None:
+    m = as_eval_matcher(load_kb())
+    full = m(rec["findings"], rec["host_facts"], features=rec["features"])
+    assert full.columns == ["host", "window_start", "match_type", "confidence"]
+    assert full.equals(best_matches(matches))
+    # without features the matcher reads only the findings' top factors: fewer signals, still right
+    lite = m(rec["findings"], rec["host_facts"])
+    lab = rec["labels"].row(0, named=True)
+    inside = _inside(lite.with_columns(pl.col("window_start").alias("window_end")), lab)
+    assert inside.height > 0 and set(inside["match_type"].to_list()) == {"gpu_power_throttle"}
+
+
+def test_preconditions_explain_themselves(rec: dict[str, pl.DataFrame]) -> None:
+    kb = load_kb()
+    gpu_host = HostFacts.from_frame(rec["host_facts"], "sim-00")
+    assert all(r.ok for r in check_preconditions(kb.get("gpu_nic_numa_misplacement"), gpu_host))
+    cpu_only = HostFacts("cpu-box", {("numa", "node0", "cpulist"): ("0-7", None), ("cpu", "", "governor"): ("performance", None)})
+    res = check_preconditions(kb.get("gpu_nic_numa_misplacement"), cpu_only)
+    failed = [r.message for r in res if not r.ok]
+    assert any("numa.nodes >= 2 does not hold on host cpu-box: numa.nodes = 1" in m for m in failed), failed
+    assert any("gpu.count >= 1" in m and "no GPU" not in m or "only GPU hosts" in m for m in failed), failed
+    # a match on such a host is refused, with the reason in the explanation
+    keys = rec["findings"].filter(pl.col("host") == "sim-01").head(3)
+    facts = pl.DataFrame({"host": ["sim-01"], "category": ["numa"], "device": ["node0"], "key": ["cpulist"],
+                          "value": ["0-7"], "value_num": [None]}, schema_overrides={"value_num": pl.Float64})
+    got = match_findings(keys, rec["features"], facts, kb)
+    assert not got.filter(pl.col("entry_id") == "gpu_power_throttle")["matched"].any()
+    assert got.filter(pl.col("entry_id") == "gpu_power_throttle")["explanation"].str.contains(
+        "preconditions failed: gpu.count >= 1").all()
+
+
+def test_remediation_params_filled_from_facts(rec: dict[str, pl.DataFrame]) -> None:
+    kb = load_kb()
+    facts = HostFacts.from_frame(rec["host_facts"], "sim-01")
+    power = kb.get("gpu_power_throttle").remediation
+    assert power is not None and power.script is not None
+    params = fill_params(power.params, "gpu5", facts)
+    assert params == {"gpu": 5, "limit_w": 700.0}
+    assert registry.validate_params(power.script, params)["gpu"] == 5
+    irq = kb.get("irq_locality_miss").remediation
+    assert irq is not None and irq.script is not None
+    p = fill_params(irq.params, "ens1np0", facts)  # irq.locality features name the netdev
+    assert p == {"pci": "0000:1a:00.0", "cpus": "0-15"}
+    registry.validate_params(irq.script, p)
+    numa = kb.get("gpu_nic_numa_misplacement").remediation
+    assert numa is not None
+    with pytest.raises(FactError, match="process id"):
+        fill_params(numa.params, "gpu3", facts)
+    assert fill_params(numa.params, "gpu5", facts, {"pid": 4242}) == {"pid": 4242, "node": 1, "cpus": "16-31"}
+
+
+def test_verification_spec_is_accepted_by_remediation() -> None:
+    from remediation.verify import parse_spec
+
+    kb = load_kb()
+    for e in kb:
+        assert e.verification is not None
+        parse_spec(e.verification.spec(["gpu3"]))
+    spec = kb.get("gpu_power_throttle").verification.spec(["gpu3", "gpu5"])  # type: ignore[union-attr]
+    assert [f["name"] for f in spec["features"]] == ["gpu.power_limit_ratio@gpu3", "gpu.power_limit_ratio@gpu5"]
