@@ -1,0 +1,126 @@
+"""``unveil schedule``: periodic sweeps from each host's watermark, then matching, remediation
+queueing and write-back; periodic compaction and retention. ``--once`` runs one cycle (cron)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from jobs import config as config_mod
+from jobs.pipeline import (
+    CycleSummary,
+    SweepConfig,
+    _duration,
+    analytics_from_mapping,
+    maintain,
+    run_cycle,
+)
+from jobs.timeparse import parse_duration, parse_time
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """Options shared with ``unveil postmortem``."""
+    p.add_argument("--lake", metavar="PATH", help="lake root (default: config file or UNVEIL_LAKE)")
+    p.add_argument("--chunk", metavar="DUR", help="data time per commit / analysis step (default 1h)")
+    p.add_argument("--influx-url", metavar="URL", help="InfluxDB URL (default: [influx] url of the config)")
+    p.add_argument("--influx-database", metavar="DB", help="InfluxDB database (default: unveil)")
+    prog = p.add_mutually_exclusive_group()
+    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
+                      help="draw a progress line on stderr (default: only on a terminal)")
+    prog.add_argument("--no-progress", dest="progress", action="store_false", help="never draw progress")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("schedule", help="sweep periodically from each host's watermark (exactly once per window)",
+                       description=__doc__)
+    add_common(p)
+    p.add_argument("--every", default=None, metavar="DUR", help="period between cycles (default 60s)")
+    p.add_argument("--once", action="store_true", help="run one cycle and exit (for cron and tests)")
+    p.add_argument("--maintain", action="store_true", help="with --once: also compact and apply retention")
+    p.add_argument("--lag", metavar="DUR", help="stay this far behind now for late data (default 30s)")
+    p.add_argument("--until", metavar="T", help="process no data after T (ISO or relative; replays, tests)")
+    p.add_argument("--start-at", metavar="T", help="first watermark of hosts never swept (default: their first data)")
+    p.add_argument("--max-chunks", type=int, metavar="N", help="at most N chunks per cycle (bounded catch-up)")
+    p.add_argument("--hosts", nargs="+", metavar="HOST", help="only these hosts (default: every host in the lake)")
+    p.add_argument("--no-remediation", action="store_true", help="do not queue remediations")
+    p.set_defaults(func=run)
+
+
+def sweep_config(args: argparse.Namespace, cfg: config_mod.Config, lake: Path) -> SweepConfig:
+    """SweepConfig from the config file's [scheduler]/[analytics]/[influx]/[remediation] and the flags."""
+    from ingest.influx import InfluxConfig
+
+    influx = None
+    url = getattr(args, "influx_url", None) or cfg.influx.url
+    if url:
+        # a spool in the lake survives a crash of the scheduler (a temp dir would not)
+        spool = Path(cfg.influx.spool_dir) if cfg.influx.spool_dir else lake / "_spool" / "writeback"
+        influx = InfluxConfig(url=url, database=getattr(args, "influx_database", None) or cfg.influx.database,
+                              org=cfg.influx.org, bucket=cfg.influx.bucket, api=cfg.influx.api,  # type: ignore[arg-type]
+                              spool_dir=spool)
+    where = str(cfg.source) if cfg.source else "config"
+    analytics = analytics_from_mapping(cfg.analytics, f"{where} [analytics]")
+    auto = cfg.remediation.get("auto_remediate", False)
+    if not isinstance(auto, bool):
+        raise config_mod.ConfigError(f"{where}: [remediation].auto_remediate must be true or false")
+    sched = {k: v for k, v in cfg.scheduler.items() if k != "every"}
+    sc = SweepConfig.from_mapping(sched, analytics=analytics, influx=influx, auto_remediate=auto,
+                                  where=f"{where} [scheduler]")
+    over: dict[str, object] = {}
+    for flag in ("chunk", "lag"):
+        v = getattr(args, flag, None)
+        if v:
+            over[flag] = _duration(v, f"--{flag}", zero=flag == "lag")
+    if getattr(args, "start_at", None):
+        over["start_at"] = parse_time(args.start_at)
+    if getattr(args, "max_chunks", None) is not None:
+        over["max_chunks"] = args.max_chunks
+    if getattr(args, "no_remediation", False):
+        over["queue_remediations"] = False
+    if over:
+        from dataclasses import replace
+        sc = replace(sc, **over)  # type: ignore[arg-type]
+    return sc
+
+
+def print_summary(s: CycleSummary | None) -> None:
+    if s is None:
+        print("skipped: another scheduler holds this lake's lock", file=sys.stderr)
+        return
+    horizon = s.horizon.isoformat() if s.horizon else "-"
+    state = "caught up" if s.caught_up else "backlog left"
+    print(f"cycle to {horizon}: {len(s.chunks)} chunk(s), {s.windows} windows, {s.findings} findings, "
+          f"{s.incidents} incidents ({state})")
+    if s.recovered:
+        print(f"recovered interrupted sweep(s): {', '.join(s.recovered)}")
+    if s.influx_points:
+        print(f"written to InfluxDB: {s.influx_points} points")
+    for p in s.corrupt:
+        print(f"corrupt file skipped: {p}")
+    sys.stdout.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_mod.load(args.config)
+    lake = config_mod.resolve_lake(args.lake, cfg)
+    if not lake.is_dir():
+        raise config_mod.ConfigError(f"lake {lake} does not exist or is not a directory")
+    sc = sweep_config(args, cfg, lake)
+    until = parse_time(args.until) if args.until else None
+    if args.once:
+        summary = run_cycle(lake, sc, until=until, hosts=args.hosts, progress=args.progress)
+        print_summary(summary)
+        if args.maintain and summary is not None:
+            out = maintain(lake, sc)
+            c = out["compaction"]
+            print(f"compaction: {c['merges']} merge(s), {c['files_before']} -> {c['files_after']} files; "
+                  f"retention: {out['retention'] or 'none configured'}")
+        return 0
+    every_s = args.every or cfg.scheduler.get("every", "60s")
+    every = parse_duration(every_s) if isinstance(every_s, str) else timedelta(seconds=float(every_s))
+    from jobs.scheduler import Scheduler
+
+    return Scheduler(lake, sc, every=every, until=until, hosts=args.hosts, progress=args.progress,
+                     on_cycle=print_summary).run()

@@ -1,0 +1,112 @@
+"""The periodic scheduler: APScheduler 3.x running :func:`jobs.pipeline.run_cycle` every
+``every`` seconds and :func:`jobs.pipeline.maintain` (compaction, retention) every
+``compact_every``.
+
+One worker thread runs the jobs, so a sweep and a compaction never overlap; each job has
+``max_instances=1`` (a run still going when the next is due is not doubled),
+``coalesce=True`` (runs missed while the process was suspended collapse into one) and a
+``misfire_grace_time`` of one period. Exactly-once processing does not depend on any of
+that: the watermarks and the lake's scheduler lock (jobs.watermarks) carry it, even across
+processes. SIGTERM/SIGINT stop the scheduler after the running job finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from jobs.pipeline import CycleSummary, SweepConfig, maintain, run_cycle
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """Owns the APScheduler instance; :meth:`run` blocks until :meth:`stop` (or a signal)."""
+
+    def __init__(self, lake: str | os.PathLike[str], cfg: SweepConfig, *, every: timedelta,
+                 until: datetime | None = None, hosts: Sequence[str] | None = None,
+                 progress: bool | None = None, on_cycle: Callable[[CycleSummary | None], None] | None = None,
+                 max_cycles: int | None = None) -> None:
+        if every <= timedelta(0):
+            raise ValueError(f"--every must be positive, not {every}")
+        self.lake = Path(lake)
+        self.cfg = cfg
+        self.every = every
+        self.until = until
+        self.hosts = hosts
+        self.progress = progress
+        self.on_cycle = on_cycle
+        self.max_cycles = max_cycles
+        self.cycles = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        grace = max(1, int(every.total_seconds()))
+        self._sched = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(1)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": grace},
+            timezone=UTC,
+        )
+
+    def _sweep(self) -> None:
+        if self._stop.is_set():
+            return
+        try:
+            summary = run_cycle(self.lake, self.cfg, until=self.until, hosts=self.hosts, progress=self.progress,
+                                should_stop=self._stop.is_set)
+        except Exception:  # a failed cycle is retried next period; the watermarks did not move
+            self.failures += 1
+            log.exception("sweep cycle failed; retrying in %s", self.every)
+            summary = None
+        self.cycles += 1
+        if self.on_cycle is not None:
+            self.on_cycle(summary)
+        if self.max_cycles is not None and self.cycles >= self.max_cycles:
+            self._stop.set()
+
+    def _maintain(self) -> None:
+        if self._stop.is_set():
+            return
+        try:
+            maintain(self.lake, self.cfg)
+        except Exception:
+            log.exception("maintenance (compaction/retention) failed; retrying next period")
+
+    def stop(self, *_: Any) -> None:
+        self._stop.set()
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Run until stopped; returns 0 (1 when every cycle failed)."""
+        if install_signals:
+            def handler(signum: int, _frame: FrameType | None) -> None:
+                log.warning("signal %s: stopping after the running job", signal.Signals(signum).name)
+                self._stop.set()
+
+            signal.signal(signal.SIGTERM, handler)
+            signal.signal(signal.SIGINT, handler)
+        now = datetime.now(UTC)
+        self._sched.add_job(self._sweep, IntervalTrigger(seconds=self.every.total_seconds(), timezone=UTC),
+                            id="sweep", name="sweep", next_run_time=now)
+        if self.cfg.compact_every is not None:
+            self._sched.add_job(self._maintain,
+                                IntervalTrigger(seconds=self.cfg.compact_every.total_seconds(), timezone=UTC),
+                                id="maintenance", name="compaction and retention")
+        self._sched.start()
+        log.info("scheduler started on %s: sweep every %s", self.lake, self.every)
+        try:
+            while not self._stop.wait(0.5):
+                pass
+        finally:
+            self._sched.shutdown(wait=True)  # lets the running job finish
+            log.info("scheduler stopped after %d cycle(s)", self.cycles)
+        return 1 if self.cycles and self.failures == self.cycles else 0

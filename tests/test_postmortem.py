@@ -1,0 +1,115 @@
+"""`unveil postmortem`: a past interval re-analysed from the lake (or InfluxDB) into its own
+lake under <lake>/_postmortem/<id>/, without touching the scheduled tables."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from ingest import lake
+from ingest.influx import InfluxConfig, InfluxSink
+from tests.servers import InfluxdServer
+from tests.test_watermarks import T0, make_lake, unveil
+
+
+@pytest.fixture(scope="module")
+def lake_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_lake(tmp_path_factory.mktemp("pm-sim") / "lake")
+
+
+@pytest.fixture
+def sim_lake(lake_template: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "lake"
+    shutil.copytree(lake_template, dst)
+    return dst
+
+
+@pytest.mark.slow
+def test_postmortem_of_a_labelled_interval(sim_lake: Path, tmp_path: Path) -> None:
+    label = lake.read(sim_lake, "labels").row(0, named=True)
+    assert label["host"] == "sim-01" and label["type"] == "gpu_power_throttle"
+    out = tmp_path / "pm.html"
+    r = unveil("postmortem", "--lake", str(sim_lake), "--label", label["label_id"], "--margin", "30s",
+               "--no-progress", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "(from lake)" in r.stdout
+    pm_dirs = [p for p in (sim_lake / "_postmortem").iterdir()]
+    assert len(pm_dirs) == 1 and not pm_dirs[0].name.startswith(".")
+    pm = pm_dirs[0]
+    meta = json.loads((pm / "_postmortem.json").read_text())
+    assert meta["hosts"] == ["sim-01"] and meta["source"] == "lake"
+    # the interval is the label's, widened by the margin; windows end inside it
+    feats = lake.read(pm, "features")
+    assert set(feats["host"]) == {"sim-01"}
+    start, end = label["time"] - timedelta(seconds=30), label["end"] + timedelta(seconds=30)
+    assert feats["window_start"].min() == start
+    assert feats["window_end"].max() <= end
+    assert feats.group_by("window_start").len()["len"].max() == 1
+    incidents = lake.read(pm, "incidents")
+    inside = incidents.filter((pl.col("start") < label["end"]) & (pl.col("end") > label["time"]))
+    assert inside.height >= 1
+    assert "gpu_power_throttle" in inside["entry_id"].to_list()
+    assert "gpu_power_throttle" in r.stdout
+    # facts and ground truth travel along; the scheduled tables are untouched
+    assert {"host_facts", "labels"} <= set(lake.tables(pm))
+    assert not {"features", "scores", "findings", "incidents"} & set(lake.tables(sim_lake))
+    assert out.exists() and out.stat().st_size > 0
+    assert f"report: {out}" in r.stdout
+
+
+@pytest.mark.slow
+def test_postmortem_rerun_replaces_the_same_id(sim_lake: Path) -> None:
+    args = ("postmortem", "--lake", str(sim_lake), "--host", "sim-00", "--from", (T0 + timedelta(seconds=20)).isoformat(),
+            "--to", (T0 + timedelta(seconds=50)).isoformat(), "--id", "pm-one", "--no-progress")
+    for _ in range(2):
+        r = unveil(*args)
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in (sim_lake / "_postmortem").iterdir()) == ["pm-one"]
+    feats = lake.read(sim_lake / "_postmortem" / "pm-one", "features")
+    assert feats.height == 28  # windows starting 20 s .. 47 s: 30 s minus one 3 s window, + 1
+    assert feats["window_start"].is_unique().all()
+
+
+def test_postmortem_errors_name_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import main
+
+    empty = tmp_path / "lake"
+    empty.mkdir()
+    assert main(["postmortem", "--lake", str(empty), "--host", "h1", "--from", "2026-01-05T08:00Z",
+                 "--to", "2026-01-05T09:00Z"]) == 2
+    err = capsys.readouterr().err
+    assert f"the lake {empty} holds no telemetry of h1" in err and "--influx-url" in err
+    assert main(["postmortem", "--lake", str(empty), "--label", "nope"]) == 2
+    assert "no labels table" in capsys.readouterr().err
+    assert main(["postmortem", "--lake", str(empty), "--host", "h1"]) == 2
+    assert "--label ID" in capsys.readouterr().err
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_postmortem_reads_influxdb_when_the_lake_lacks_the_interval(tmp_path: Path,
+                                                                    influxd_server: InfluxdServer) -> None:
+    from ingest.simulator import from_dict, simulate
+
+    sc = from_dict({"seed": 5, "duration": "90s", "hosts": 1})
+    cfg = InfluxConfig(url=influxd_server.url, database="pm_src", spool_dir=tmp_path / "spool", batch_size=20000)
+    sink = InfluxSink(cfg)
+    simulate(sc, [sink], tables=["cpu", "gpu", "memory", "net", "host_facts"])
+    sink.close()
+    assert sink.spooled_batches == 0
+    empty = tmp_path / "lake"
+    empty.mkdir()
+    r = unveil("postmortem", "--lake", str(empty), "--host", "sim-00", "--from", T0.isoformat(),
+               "--to", (T0 + timedelta(seconds=60)).isoformat(), "--influx-url", influxd_server.url,
+               "--influx-database", "pm_src", "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "(from influxdb)" in r.stdout
+    pm = next((empty / "_postmortem").iterdir())
+    feats = lake.read(pm, "features")
+    assert feats.height == 58 and set(feats["host"]) == {"sim-00"}
+    assert any(c.startswith("gpu.") for c in feats.columns)

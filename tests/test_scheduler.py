@@ -1,0 +1,172 @@
+"""The periodic scheduler (APScheduler 3.x), its config, SIGTERM handling, and write-back of
+findings, incidents and remediations to a real influxd."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analytics.pipeline import AnalyticsConfig
+from ingest import lake
+from ingest.influx import InfluxConfig, InfluxSource, line_protocol_series
+from jobs import watermarks as wm
+from jobs.pipeline import CycleSummary, SweepConfig, analytics_from_mapping, influx_frame
+from jobs.scheduler import Scheduler
+from tests.servers import InfluxdServer
+from tests.test_watermarks import T0, assert_exactly_once, make_lake, popen, schedule_once
+
+
+@pytest.fixture(scope="module")
+def lake_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_lake(tmp_path_factory.mktemp("sched-sim") / "lake")
+
+
+@pytest.fixture
+def sim_lake(lake_template: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "lake"
+    shutil.copytree(lake_template, dst)
+    return dst
+
+
+def test_sweep_config_rejects_unknown_and_bad_keys() -> None:
+    with pytest.raises(ValueError, match=r"\[scheduler\]: unknown key\(s\) chunck"):
+        SweepConfig.from_mapping({"chunck": "1h"})
+    with pytest.raises(ValueError, match=r"\[scheduler\] chunk: bad duration"):
+        SweepConfig.from_mapping({"chunk": "soon"})
+    with pytest.raises(ValueError, match="analytics.*unknown"):
+        analytics_from_mapping({"detectors": ["zscore", "nope"]})
+    cfg = SweepConfig.from_mapping({"chunk": "10m", "lag": "0s", "history": "5m", "retention": {"scores": "7d"}})
+    assert cfg.chunk == timedelta(minutes=10) and cfg.lag == timedelta(0)
+    assert cfg.analytics.history == timedelta(minutes=5)
+    assert cfg.retention == {"scores": timedelta(days=7)}
+
+
+def test_scheduler_runs_cycles_in_process(tmp_path: Path) -> None:
+    seen: list[CycleSummary | None] = []
+    cfg = SweepConfig(compact_every=timedelta(seconds=0.2))
+    s = Scheduler(tmp_path, cfg, every=timedelta(seconds=0.2), on_cycle=seen.append, max_cycles=3)
+    assert s.run(install_signals=False) == 0
+    assert s.cycles == 3 and s.failures == 0
+    assert all(c is not None and c.chunks == [] for c in seen)  # an empty lake: nothing to do
+    job = s._sched  # shut down, but the job defaults stay as configured
+    assert job._job_defaults == {"coalesce": True, "max_instances": 1, "misfire_grace_time": 1}
+
+
+@pytest.mark.slow
+def test_sigterm_stops_after_the_running_chunk(sim_lake: Path) -> None:
+    until = T0 + timedelta(minutes=2)  # two chunks of backlog
+    p = popen("schedule", "--every", "1s", "--lake", str(sim_lake), "--until", until.isoformat(), "--no-progress",
+              env={wm.PAUSE_ENV: "before_seal:3"})
+    try:
+        deadline = time.monotonic() + 120
+        while not wm.pending(sim_lake):  # the first chunk is being staged
+            assert p.poll() is None, p.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert "stopping after the running job" in err
+    assert "1 chunk(s)" in out and "backlog left" in out  # the running chunk finished and committed
+    assert {m.watermark for m in wm.load(sim_lake).values()} == {T0 + timedelta(minutes=1)}
+    assert wm.pending(sim_lake) == []
+    r = schedule_once(sim_lake, until)  # a restart continues where it stopped
+    assert r.returncode == 0 and "1 chunk(s)" in r.stdout, r.stderr
+    assert_exactly_once(sim_lake, until)
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_write_back_to_influxdb_survives_a_crash_and_matches_the_lake(sim_lake: Path,
+                                                                      influxd_server: InfluxdServer) -> None:
+    until = T0 + timedelta(minutes=3)  # the throttle (1m-2m) closes into a matched incident
+    db = "wb_test"
+    args = ("--influx-url", influxd_server.url, "--influx-database", db)
+    crashed = schedule_once(sim_lake, until, *args, env={wm.CRASH_ENV: "after_publish"})
+    assert crashed.returncode == -signal.SIGKILL
+    r = schedule_once(sim_lake, until, *args)
+    assert r.returncode == 0, r.stderr
+    assert "written to InfluxDB" in r.stdout
+    assert_exactly_once(sim_lake, until)
+    src = InfluxSource(InfluxConfig(url=influxd_server.url, database=db))
+    try:
+        findings = lake.read(sim_lake, "findings")
+        back = src.read("unveil_findings", start=T0, end=until)
+        assert back.height == findings.height > 0
+        assert set(back["host"].unique()) <= {"sim-00", "sim-01"}
+        joined = back.join(findings.select("host", pl.col("window_start").alias("time"), "score"),
+                           on=["host", "time"], how="inner", suffix="_lake")
+        assert joined.height == findings.height
+        assert (joined["score"] - joined["score_lake"]).abs().max() < 1e-9  # type: ignore[operator]
+        incidents = lake.read(sim_lake, "incidents")
+        ib = src.read("unveil_incidents", start=T0 - timedelta(hours=1), end=until)
+        assert ib.height == incidents.height > 0
+        assert sorted(ib["incident_id"].to_list()) == sorted(incidents["incident_id"].to_list())
+        assert "entry_id" in ib.columns  # a tag, so Grafana can group by it
+        throttle = ib.filter(pl.col("entry_id") == "gpu_power_throttle")
+        assert throttle.height >= 1 and set(throttle["host"]) == {"sim-01"}
+        if "remediations" in lake.tables(sim_lake):  # proposals depend on the KB's facts
+            rem = lake.read(sim_lake, "remediations")
+            # InfluxDB keeps ms: widen the range by a second on each side
+            t0, t1 = rem["time"].min(), rem["time"].max()
+            assert isinstance(t0, datetime) and isinstance(t1, datetime)
+            rb = src.read("unveil_remediations", start=t0 - timedelta(seconds=1), end=t1 + timedelta(seconds=1))
+            assert sorted(rb["incident_id"].to_list()) == sorted(rem["incident_id"].to_list())
+            assert set(rb["state"]) == {"proposed"}
+    finally:
+        src.close()
+
+
+def test_influx_frame_flattens_lists_and_factors() -> None:
+    df = pl.DataFrame({
+        "time": [T0], "host": ["h"], "detectors": [["zscore", "iforest"]],
+        "top_factors": [[{"feature": "gpu.power@0", "contribution": 0.7}]], "score": [2.5],
+    }).with_columns(pl.col("time").cast(pl.Datetime("us", "UTC")))
+    out = influx_frame("findings", df)
+    assert out.columns == ["time", "host", "detectors", "top_factor", "score"]
+    line = line_protocol_series("unveil_findings", out, tags=["host"])[0]
+    assert line.startswith('unveil_findings,host=h detectors="zscore,iforest",top_factor="gpu.power@0",score=2.5 ')
+
+
+def test_sweep_config_chunk_must_cover_a_stride() -> None:
+    with pytest.raises(ValueError, match="at least one stride"):
+        SweepConfig(analytics=AnalyticsConfig(), chunk=timedelta(milliseconds=10))
+
+
+def test_matched_incidents_are_queued_once_as_dry_run_proposals(tmp_path: Path) -> None:
+    from jobs.pipeline import queue_remediations
+    from knowledge_base import INCIDENT_SCHEMA, load_kb
+    from remediation.queue import Queue, default_path
+
+    facts = pl.DataFrame({
+        "time": [T0] * 4, "host": ["h1"] * 4, "category": ["nic", "nic", "numa", "numa"],
+        "device": ["ens1np0", "ens1np0", "1", "0"], "key": ["pci", "numa_node", "cpulist", "cpulist"],
+        "value": ["0000:3b:00.0", "1", "16-31", "0-15"], "value_num": [None, 1.0, None, None],
+    }).with_columns(pl.col("time").cast(pl.Datetime("us", "UTC")))
+    base = {c: None for c in INCIDENT_SCHEMA}
+    incidents = pl.DataFrame([
+        {**base, "incident_id": "inc-a", "host": "h1", "start": T0, "end": T0 + timedelta(seconds=30),
+         "n_windows": 28, "status": "matched", "entry_id": "irq_locality_miss", "devices": ["ens1np0"]},
+        {**base, "incident_id": "inc-b", "host": "h1", "start": T0, "end": T0 + timedelta(seconds=9),
+         "n_windows": 7, "status": "unmatched", "devices": []},
+    ], schema=INCIDENT_SCHEMA)
+    kb = load_kb()
+    first = queue_remediations(tmp_path, incidents, facts, kb)
+    again = queue_remediations(tmp_path, incidents, facts, kb)  # a retried sweep
+    assert first.height == 1 and again["action_id"].to_list() == first["action_id"].to_list()
+    row = first.row(0, named=True)
+    assert row["script_id"] == "irq_affinity" and row["state"] == "proposed" and not row["executed"]
+    assert '"cpus": "16-31"' in row["params"] and "0000:3b:00.0" in row["params"]
+    assert row["time"] == row["created"]
+    with Queue(default_path(tmp_path)) as q:
+        assert len(q.actions()) == 1
