@@ -231,8 +231,10 @@ def test_verification_success_and_failure_with_rollback(q: Queue, root: Path) ->
 
 
 def test_two_executor_processes_never_share_a_host(q: Queue, root: Path, tmp_path: Path) -> None:
-    ids = [approved(q, {"enabled": m}, incident=f"i{i}", host=h)
-           for i in range(6) for h, m in (("h1", "always"), ("h2", "never"))]
+    # Both "hosts" share one test root: give them the same target mode, or an apply on h2
+    # would race an apply on h1 over the same file and fail its read-back check.
+    ids = [approved(q, {"enabled": "always"}, incident=f"i{i}", host=h)
+           for i in range(6) for h in ("h1", "h2")]
     go = tmp_path / "go"
     worker = DATA / "worker.py"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
@@ -243,7 +245,7 @@ def test_two_executor_processes_never_share_a_host(q: Queue, root: Path, tmp_pat
     for p in procs:
         assert p.wait(timeout=120) == 0
     actions = [q.get(i) for i in ids]
-    assert all(a.state == "succeeded" for a in actions), [a.state for a in actions]
+    assert all(a.state == "succeeded" for a in actions), [(a.state, [(e.event, e.details) for e in q.audit(a.id)][-1]) for a in actions if a.state != "succeeded"]
     assert {a.claimed_by for a in actions} == {"w0", "w1"}  # both processes really worked
     spans: dict[str, list[tuple[int, int]]] = {"h1": [], "h2": []}
     for a in actions:
