@@ -208,6 +208,13 @@ class Metrics:
     signature_coverage: float | None = None
     detection_signature_agreement: float | None = None
     healthy_contamination: float | None = None
+    # incident level (when the detection provides incidents)
+    top1_identified: int | None = None  # labels whose dominant matched incident names their type
+    top1_rate: float | None = None  # top1_identified / labels
+    unmatched_incidents: int | None = None  # unmatched incidents overlapping no label
+    false_identifications: int | None = None  # matched incidents overlapping no label
+    healthy_host_hours: float | None = None  # healthy windows x stride
+    unmatched_per_host_hour: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -243,10 +250,13 @@ def evaluate(
     windows: pl.DataFrame,
     labels: pl.DataFrame | None,
     matches: pl.DataFrame | None = None,
+    incidents: pl.DataFrame | None = None,
 ) -> tuple[Metrics, dict[str, Metrics]]:
     """Every metric of docs/evaluation.md for one detector combination.
 
     ``matches`` None means "no knowledge base": the four fingerprint figures stay None.
+    ``incidents`` (host, start, end, status, label_type or match_type) adds the incident
+    figures: top-1 identification and unmatched incidents per healthy host-hour.
     Returns (overall metrics, metrics per label type)."""
     lw = label_windows(windows, labels)
     lab = _norm_labels(labels)
@@ -332,7 +342,64 @@ def evaluate(
             mt.signature_hit_rate = ratio(int(fl["correct"].sum()), fl.height)
             mt.signature_coverage = ratio(int(sub["correct"].sum()), sub.height)
         per_type[t] = mt
+    if incidents is not None:
+        _incident_figures(m, per_type, lw, lab, incidents)
     return m, per_type
+
+
+def _stride_s(lw: pl.DataFrame) -> float:
+    """The windows' stride: median step between consecutive window starts of a host."""
+    d = (lw.select("host", "window_start").sort(WINDOW_KEYS)
+         .select((pl.col("window_start").diff().over("host").dt.total_microseconds() / 1e6).alias("d"))["d"]
+         .drop_nulls())
+    d = d.filter(d > 0)
+    return float(d.median()) if d.len() else 0.0  # type: ignore[arg-type]
+
+
+def top1_identification(incidents: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    """Per label (the ``labels`` table, or its normalised form): ``identified`` = the matched
+    incident overlapping it the longest (ties: earliest start) names its type; ``got`` =
+    that incident's type (null: no matched incident overlaps it)."""
+    inc = _norm_incidents(incidents)
+    if "label_row" not in labels.columns:
+        labels = _norm_labels(labels)
+    lab = labels.select("label_row", "host", "type", "label_start", "label_end")
+    ov = (lab.join(inc.filter(pl.col("status") == "matched"), on="host", how="inner")
+          .filter(_overlaps("start", "end", "label_start", "label_end"))
+          .with_columns((pl.min_horizontal("end", "label_end") - pl.max_horizontal("start", "label_start"))
+                        .dt.total_microseconds().alias("overlap"))
+          .sort(["label_row", "overlap", "start"], descending=[False, True, False])
+          .group_by("label_row", maintain_order=True).agg(pl.col("match_type").first().alias("got")))
+    return (lab.join(ov, on="label_row", how="left")
+            .with_columns((pl.col("got") == pl.col("type")).fill_null(False).alias("identified")))
+
+
+def _norm_incidents(incidents: pl.DataFrame) -> pl.DataFrame:
+    kind = "label_type" if "label_type" in incidents.columns else "match_type"
+    missing = [c for c in ("host", "start", "end", "status", kind) if c not in incidents.columns]
+    if missing:
+        raise ValueError(f"incidents frame lacks columns {missing} (has {incidents.columns})")
+    return incidents.select(pl.col("host").cast(pl.String), _utc(pl.col("start")), _utc(pl.col("end")),
+                            pl.col("status").cast(pl.String), pl.col(kind).cast(pl.String).alias("match_type"))
+
+
+def _incident_figures(m: Metrics, per_type: dict[str, Metrics], lw: pl.DataFrame, lab: pl.DataFrame,
+                      incidents: pl.DataFrame) -> None:
+    inc = _norm_incidents(incidents).with_row_index("__n")
+    top = top1_identification(incidents, lab)
+    m.top1_identified = int(top["identified"].sum())
+    m.top1_rate = ratio(m.top1_identified, lab.height)
+    for t, mt in per_type.items():
+        sub = top.filter(pl.col("type") == t)
+        mt.top1_identified = int(sub["identified"].sum())
+        mt.top1_rate = ratio(mt.top1_identified, sub.height)
+    touching = (inc.join(lab.select("host", "label_start", "label_end"), on="host", how="inner")
+                .filter(_overlaps("start", "end", "label_start", "label_end"))["__n"].unique())
+    outside = inc.filter(~pl.col("__n").is_in(touching.implode()))
+    m.unmatched_incidents = int((outside["status"] != "matched").sum())
+    m.false_identifications = int((outside["status"] == "matched").sum())
+    m.healthy_host_hours = m.healthy_windows * _stride_s(lw) / 3600.0
+    m.unmatched_per_host_hour = (m.unmatched_incidents / m.healthy_host_hours) if m.healthy_host_hours else None
 
 
 def _attach_matches(lw: pl.DataFrame, matches: pl.DataFrame | None) -> pl.DataFrame | None:
@@ -374,52 +441,91 @@ DETECTOR_ALIASES: dict[str, str] = {
     "mahalanobis": "mahalanobis",
 }
 SHORT = {"zscore": "Z", "iforest": "IF", "mahalanobis": "Maha"}
-#: the research's ablation rows, then our default (vote 2 of 3)
-DEFAULT_CONFIGS: tuple[str, ...] = ("Z∨IF∨Maha", "IF∨Maha", "Z", "IF", "Maha", "vote2")
+#: names of the knowledge base used as a signature detector in --configs
+SIGNATURE_ALIASES = ("kb", "sig", "signature")
+#: the research's statistical ablation rows, then our statistical default (vote 2 of 3)
+RESEARCH_CONFIGS: tuple[str, ...] = ("Z∨IF∨Maha", "IF∨Maha", "Z", "IF", "Maha", "vote2")
+#: ... then the rows with the knowledge base as a signature detector; "vote2∨KB" is what
+#: the sweep runs by default
+SIGNATURE_CONFIGS: tuple[str, ...] = ("KB", "Z∨IF∨Maha∨KB", "vote2∨KB")
+DEFAULT_CONFIGS: tuple[str, ...] = RESEARCH_CONFIGS + SIGNATURE_CONFIGS
 
 
 @dataclass(frozen=True)
 class ComboSpec:
-    """A detector combination: which detectors and how their flags combine."""
+    """A detector combination: which detectors and how their flags combine; ``signature``:
+    OR'ed with the knowledge base used as a signature detector; ``statistical`` False: the
+    signature detector alone (``KB``)."""
 
     name: str
     detectors: tuple[str, ...]
     combine: Literal["any", "all", "vote"]
     vote_k: int = 2
+    signature: bool = False
+    statistical: bool = True
 
 
 def parse_configs(text: str | None) -> list[ComboSpec]:
-    """``"Z|IF|Maha|Z∨IF∨Maha|IF∨Maha|vote2"`` -> specs. Items are separated by ``|`` or
-    ``,``; inside an item ``∨`` or ``+`` means "any of"; ``&`` means "all of"; ``voteK``
-    means "at least K of Z, IF, Maha". Detector names: Z/zscore, IF/iforest, Maha/mahalanobis."""
+    """``"Z|IF|Maha|Z∨IF∨Maha|IF∨Maha|vote2|vote2∨KB"`` -> specs. Items are separated by
+    ``|`` or ``,``; inside an item ``∨`` or ``+`` means "any of"; ``&`` means "all of";
+    ``voteK`` means "at least K of Z, IF, Maha"; ``KB`` (or ``sig``) is the knowledge base as
+    a signature detector, always OR'ed with the rest (``vote2∨KB``, ``Z∨IF∨Maha∨KB``, or
+    ``KB`` alone). Detector names: Z/zscore, IF/iforest, Maha/mahalanobis."""
     items = DEFAULT_CONFIGS if not text else tuple(x.strip() for x in text.replace(",", "|").split("|") if x.strip())
     if not items:
         raise ValueError(f"--configs {text!r}: no configuration")
     out: list[ComboSpec] = []
     for item in items:
         low = item.lower().replace(" ", "")
-        if low.startswith("vote"):
+        parts = [p for p in low.replace("∨", "+").replace("&", "+").split("+") if p]
+        sig = any(p in SIGNATURE_ALIASES for p in parts)
+        if sig and "&" in low:
+            raise ValueError(f"--configs: bad item {item!r}: the signature detector (KB) can only be OR'ed (∨)")
+        rest = [p for p in parts if p not in SIGNATURE_ALIASES]
+        suffix = "∨KB" if sig else ""
+        if not rest:
+            if not sig:
+                raise ValueError(f"--configs: empty item {item!r}")
+            out.append(ComboSpec("KB", ("zscore", "iforest", "mahalanobis"), "vote", 2, True, False))
+            continue
+        if len(rest) == 1 and rest[0].startswith("vote"):
             try:
-                k = int(low[4:] or 2)
+                k = int(rest[0][4:] or 2)
             except ValueError:
                 raise ValueError(f"--configs: bad item {item!r}: expected voteK, e.g. vote2") from None
             if not 1 <= k <= 3:
                 raise ValueError(f"--configs: bad item {item!r}: K must be 1..3")
-            out.append(ComboSpec(f"vote{k}", ("zscore", "iforest", "mahalanobis"), "vote", k))
+            out.append(ComboSpec(f"vote{k}{suffix}", ("zscore", "iforest", "mahalanobis"), "vote", k, sig))
             continue
         combine: Literal["any", "all"] = "all" if "&" in low else "any"
-        parts = [p for p in low.replace("∨", "+").replace("&", "+").split("+") if p]
         try:
-            dets = tuple(dict.fromkeys(DETECTOR_ALIASES[p] for p in parts))
+            dets = tuple(dict.fromkeys(DETECTOR_ALIASES[p] for p in rest))
         except KeyError as exc:
             raise ValueError(
-                f"--configs: unknown detector {exc.args[0]!r} in {item!r}; use Z, IF, Maha (or zscore, iforest, mahalanobis)"
+                f"--configs: unknown detector {exc.args[0]!r} in {item!r}; use Z, IF, Maha (or zscore, iforest, "
+                "mahalanobis), voteK, KB"
             ) from None
-        if not dets:
-            raise ValueError(f"--configs: empty item {item!r}")
         sep = "∧" if combine == "all" else "∨"
-        out.append(ComboSpec(sep.join(SHORT[d] for d in dets), dets, combine))
+        out.append(ComboSpec(sep.join(SHORT[d] for d in dets) + suffix, dets, combine, 2, sig))
     return out
+
+
+@dataclass
+class Detected:
+    """What a detection hook returns for one combination: the flagged windows (host,
+    window_start: the findings), their matches (host, window_start, match_type,
+    confidence; None = no knowledge base) and incidents (host, start, end, status,
+    label_type; None = not built)."""
+
+    flagged: pl.DataFrame
+    matches: pl.DataFrame | None = None
+    incidents: pl.DataFrame | None = None
+
+
+#: ``(analysis result, host_facts, spec, *, frame_start, score_since) -> Detected``: the production
+#: verdict (warm-up, signature detector, matching, incidents), given by the caller so the
+#: evaluation measures exactly what a sweep reports (jobs.pipeline.eval_detector).
+DetectHook = Callable[..., Detected]
 
 
 # ---------------------------------------------------------------- lake driver
@@ -441,17 +547,30 @@ def evaluate_lake(
     matcher: Matcher | None = None,
     matcher_name: str | None = None,
     base_config: AnalyticsConfig | None = None,
+    detect: DetectHook | None = None,
+    default_signature: bool = True,
 ) -> Evaluation:
     """Analyse ``[start, end)`` once per detector combination and score it against the
     lake's labels. Features are computed once (``base_config.window``, with
     ``base_config.history`` before ``start`` as reference, like a sweep); only
-    detectors/combine/vote_k change per row. ``base_config`` is an AnalyticsConfig."""
+    detectors/combine/vote_k change per row. ``base_config`` is an AnalyticsConfig.
+
+    With ``detect`` (the sweep's verdict) a window is flagged when it is a finding, and
+    ``detect`` gives the matches and incidents (``matcher`` is then unused); without it a
+    window is flagged when the combined detector flags it under any reference and
+    ``matcher`` matches the analytics' findings. Combinations with the signature detector
+    need ``detect``. The default row is the base configuration with (``default_signature``)
+    or without the signature detector."""
     from analytics.features import compute_features  # heavy; only here
     from analytics.pipeline import AnalyticsConfig as _Config
     from analytics.pipeline import analyze, load_frames
     from ingest.lake import scan, tables
 
     specs = list(configs) if configs is not None else parse_configs(None)
+    need = [sp.name for sp in specs if sp.signature]
+    if need and detect is None:
+        raise ValueError(f"configuration(s) {', '.join(need)} use the knowledge base as a signature detector: "
+                         "they need the knowledge base (not --matcher none)")
     base = base_config if base_config is not None else _Config()
     if "labels" not in tables(lake_root):
         raise ValueError(f"lake {lake_root}: no labels table, nothing to evaluate against")
@@ -463,16 +582,37 @@ def evaluate_lake(
     host_facts = facts_lf.collect() if facts_lf is not None else None
     feats = compute_features(frames, base.window, host_facts=host_facts)
     ev = Evaluation(matcher=matcher_name, start=start, end=end)
+    results: dict[tuple[tuple[str, ...], str, int], Any] = {}
     for spec in specs:
         cfg = replace(base, detectors=spec.detectors, combine=spec.combine, vote_k=spec.vote_k)
-        if cfg == base:
+        if cfg == base and spec.statistical and spec.signature == (default_signature and detect is not None):
             ev.default_config = spec.name
         log.info("evaluating %s", spec.name)
-        result = analyze({}, cfg, host_facts=host_facts, score_since=start, features=feats)
+        key = (spec.detectors, spec.combine, spec.vote_k)
+        if key not in results:  # "vote2" and "vote2∨KB" share the analysis
+            results[key] = analyze({}, cfg, host_facts=host_facts, score_since=start, features=feats)
+        result = results[key]
         windows = combined_windows(result.scores)
-        matches = _call_matcher(matcher, result.findings, host_facts, feats) if matcher is not None else None
-        ev.rows[spec.name], ev.per_type[spec.name] = evaluate(windows, labels, matches)
+        incidents = None
+        if detect is not None:
+            det = detect(result, host_facts, spec, frame_start=start - base.history, score_since=start)
+            # every window of the interval, scored by the statistical detectors or not
+            windows = flag_windows(feats.filter(_utc(pl.col("window_start")) >= start), det.flagged)
+            matches, incidents = det.matches, det.incidents
+        else:
+            matches = _call_matcher(matcher, result.findings, host_facts, feats) if matcher is not None else None
+        ev.rows[spec.name], ev.per_type[spec.name] = evaluate(windows, labels, matches, incidents)
     return ev
+
+
+def flag_windows(features: pl.DataFrame, flagged: pl.DataFrame) -> pl.DataFrame:
+    """The windows frame of a detection: every window (host, window_start, window_end) of
+    ``features``, flagged when it is among ``flagged`` (host, window_start)."""
+    f = flagged.select(pl.col("host").cast(pl.String), _utc(pl.col("window_start"))).unique()
+    return (features.select(pl.col("host").cast(pl.String), _utc(pl.col("window_start")), _utc(pl.col("window_end")))
+            .unique(list(WINDOW_KEYS))
+            .join(f.with_columns(pl.lit(True).alias("flagged")), on=list(WINDOW_KEYS), how="left")
+            .with_columns(pl.col("flagged").fill_null(False)))
 
 
 def _call_matcher(matcher: Matcher, findings: pl.DataFrame, host_facts: pl.DataFrame | None,
@@ -511,6 +651,14 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f} %"
 
 
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _top1(m: Metrics) -> str:
+    return "n/a" if m.top1_identified is None else f"{m.top1_identified}/{m.labels}"
+
+
 def _sec(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
@@ -518,7 +666,7 @@ def _sec(x: float | None) -> str:
 def render_table(ev: Evaluation) -> str:
     """The ablation table (rows = combinations) and a per-type table per combination."""
     head = ["config", "win P", "win R", "win F1", "evt P", "evt R", "evt F1", "TTD med s", "TTD p90 s",
-            "hit rate", "coverage", "agreement", "healthy contam."]
+            "hit rate", "coverage", "agreement", "healthy contam.", "top-1", "unmatched/h"]
     rows = []
     for name, m in ev.rows.items():
         w = m.window or PRF(0, 0, 0, None, None, None)
@@ -526,8 +674,15 @@ def render_table(ev: Evaluation) -> str:
         rows.append([label, _pct(w.precision), _pct(w.recall), _pct(w.f1), _pct(m.event_precision),
                      _pct(m.event_recall), _pct(m.event_f1), _sec(m.ttd_median_s), _sec(m.ttd_p90_s),
                      _pct(m.signature_hit_rate), _pct(m.signature_coverage),
-                     _pct(m.detection_signature_agreement), _pct(m.healthy_contamination)])
+                     _pct(m.detection_signature_agreement), _pct(m.healthy_contamination),
+                     _top1(m), _num(m.unmatched_per_host_hour)])
     out = [_grid(head, rows)]
+    dm = ev.rows.get(ev.default_config or "")
+    if dm is not None and dm.top1_identified is not None:
+        out.append(f"{ev.default_config}: top-1 identification of injected incidents {_top1(dm)} "
+                   f"({_pct(dm.top1_rate)}); unmatched incidents outside labels {dm.unmatched_incidents} in "
+                   f"{_num(dm.healthy_host_hours)} healthy host-hours = {_num(dm.unmatched_per_host_hour)} per "
+                   f"host-hour; matched incidents outside labels (false identifications) {dm.false_identifications}")
     any_m = next(iter(ev.rows.values()), None)
     if any_m is not None:
         out.insert(0, f"windows: {any_m.windows}  positive: {any_m.positive_windows}  labels: {any_m.labels}  "
@@ -537,10 +692,11 @@ def render_table(ev: Evaluation) -> str:
     focus = ev.default_config if ev.default_config in ev.per_type else next(iter(ev.per_type), None)
     per = ev.per_type.get(focus, {}) if focus is not None else {}
     if per:
-        th = ["type", "labels", "detected", "evt R", "win R", "TTD med s", "TTD p90 s", "hit rate", "coverage"]
+        th = ["type", "labels", "detected", "evt R", "win R", "TTD med s", "TTD p90 s", "hit rate", "coverage",
+              "top-1"]
         tr = [[t, str(m.labels), str(m.detected_labels), _pct(m.event_recall),
                _pct(m.window.recall if m.window else None), _sec(m.ttd_median_s), _sec(m.ttd_p90_s),
-               _pct(m.signature_hit_rate), _pct(m.signature_coverage)] for t, m in per.items()]
+               _pct(m.signature_hit_rate), _pct(m.signature_coverage), _top1(m)] for t, m in per.items()]
         out += ["", f"per type — {focus}", _grid(th, tr)]
         names = list(ev.per_type)
         types = sorted({t for d in ev.per_type.values() for t in d})

@@ -7,7 +7,7 @@ middle of the run) plus one healthy run; every run goes through the real pipelin
 (simulator -> features -> detectors/attribution -> knowledge-base matching -> incidents)
 with the default analytics configuration, then :func:`analytics.evaluation.evaluate`.
 
-    .venv/bin/python benchmarks/kb_eval.py                       # ~5 min on this VM
+    .venv/bin/python benchmarks/kb_eval.py --seeds 1 2           # ~5 min per seed on this VM
     .venv/bin/python benchmarks/kb_eval.py --cache /tmp/kbc      # keep analysis results: re-runs only match
     .venv/bin/python benchmarks/kb_eval.py --plot docs/img/numa_baselines.svg
 """
@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analytics.evaluation import combined_windows, evaluate
+from analytics.evaluation import evaluate, flag_windows, parse_configs, top1_identification
 from analytics.features import compute_features
-from analytics.pipeline import AnalyticsConfig, analyze
+from analytics.pipeline import AnalysisResult, AnalyticsConfig, analyze
 from ingest import schema
 from ingest.simulator import INEFFICIENCIES, from_dict, simulate_frames
-from knowledge_base import best_matches, build_incidents, load_kb, match_findings, match_windows
+from jobs.pipeline import SweepConfig, eval_detector
+from knowledge_base import load_kb
 
 log = logging.getLogger("kb_eval")
 
@@ -58,6 +59,19 @@ def scenario(name: str, typ: str | None, hosts: int, minutes: int, seed: int, se
         doc["injections"] = [{"type": typ, "host": "sim-01", "start": f"{third}m", "duration": f"{minutes - 2 * third}m",
                               "severity": severity}]
     return doc
+
+
+#: the mixed scenario: several inefficiencies on different hosts at overlapping times,
+#: two hosts left healthy
+MIXED = (("thp_coverage_loss", "sim-01", 3, 4), ("gpu_power_throttle", "sim-02", 2, 3),
+         ("irq_locality_miss", "sim-03", 5, 4), ("cgroup_cpu_throttle", "sim-04", 6, 4),
+         ("memory_bandwidth_contention", "sim-01", 8, 3))
+
+
+def mixed_scenario(seed: int, severity: float) -> dict[str, Any]:
+    return {"seed": seed, "duration": "12m", "hosts": 6, "workload": "mixed",
+            "injections": [{"type": t, "host": h, "start": f"{a}m", "duration": f"{d}m", "severity": severity}
+                           for t, h, a, d in MIXED]}
 
 
 def run_one(name: str, doc: dict[str, Any], cache: Path | None, config: AnalyticsConfig) -> Run:
@@ -113,68 +127,73 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
-def evaluate_runs(runs: list[Run], *, signature_detector: bool = False) -> dict[str, Any]:
-    """``signature_detector``: windows the knowledge base matches on their own
-    (:func:`knowledge_base.matcher.match_windows`) count as flagged too (findings without
-    attribution), i.e. the detection is "vote2 OR known signature"."""
+#: evaluated combinations: the statistical default, the knowledge base alone, and the
+#: sweep's default verdict (vote2 OR signature); all share one analysis per run
+SPECS = ("vote2", "KB", "vote2∨KB")
+
+
+def evaluate_runs(runs: list[Run], spec_name: str = "vote2∨KB", cfg: SweepConfig | None = None) -> dict[str, Any]:
+    """The sweep's verdict (:func:`jobs.pipeline.eval_detector`: warm-up, signature
+    detector, matching, incidents) on every run, evaluated together with
+    :func:`analytics.evaluation.evaluate` (incident figures included)."""
     kb = load_kb()
+    spec = parse_configs(spec_name)[0]
+    hook = eval_detector(kb, cfg or SweepConfig())
     windows, labels, matches, incidents = [], [], [], []
-    healthy_unmatched, healthy_hours = 0, 0.0
     t_match = 0.0
     for r in runs:
         t0 = time.perf_counter()
-        findings, win = r.findings, combined_windows(r.scores)
-        if signature_detector:
-            sig = match_windows(r.features, r.host_facts, kb).filter(pl.col("rank") == 1).select("host", "window_start")
-            extra = (r.features.select("host", "window_start", "window_end").join(sig, on=["host", "window_start"])
-                     .join(findings.select("host", "window_start"), on=["host", "window_start"], how="anti")
-                     .with_columns(pl.lit(0.0).alias("score")))
-            findings = pl.concat([findings, extra], how="diagonal_relaxed").sort("host", "window_start")
-            win = (win.join(sig.with_columns(pl.lit(True).alias("_sig")), on=["host", "window_start"], how="left")
-                   .with_columns((pl.col("flagged") | pl.col("_sig").fill_null(False)).alias("flagged")).drop("_sig"))
-        m = match_findings(findings, r.features, r.host_facts, kb)
-        inc = build_incidents(m, findings, kb)
+        res = AnalysisResult(r.features, r.scores, r.findings)
+        det = hook(res, r.host_facts, spec, frame_start=None)
         t_match += time.perf_counter() - t0
+        win = flag_windows(r.features, det.flagged)  # every window, scored by statistics or not
         windows.append(_prefix(win, r.name))
         labels.append(_prefix(r.labels, r.name))
-        matches.append(_prefix(best_matches(m), r.name))
-        incidents.append(_prefix(inc, r.name))
-        # unmatched incidents on hosts without any label
-        labelled = set(r.labels["host"].to_list())
-        clean_hosts = r.hosts - len(labelled)
-        healthy_unmatched += inc.filter((pl.col("status") == "unmatched") & ~pl.col("host").is_in(sorted(labelled))).height
-        healthy_hours += clean_hosts * r.duration_s / 3600.0
+        assert det.matches is not None and det.incidents is not None
+        matches.append(_prefix(det.matches, r.name))
+        incidents.append(_prefix(det.incidents, r.name))
     w, lab, mt, inc = pl.concat(windows), pl.concat(labels), pl.concat(matches), pl.concat(incidents)
-    overall, per_type = evaluate(w, lab, mt)
-    ok, n, misses = top1(inc, lab)
-    healthy_matched = inc.filter((pl.col("status") == "matched")
-                                 & ~pl.col("host").is_in(sorted(set(lab["host"].to_list())))).height
+    overall, per_type = evaluate(w, lab, mt, inc)
+    top = top1_identification(inc, lab)
+    misses = [f"{h} {t}: {g or 'no matched incident'}" for h, t, g in
+              top.filter(~pl.col("identified")).select("host", "type", "got").iter_rows()]
+    # unmatched incidents on hosts without any label (whole healthy hosts)
+    labelled = sorted(set(lab["host"].to_list()))
+    clean = inc.filter(~pl.col("host").is_in(labelled))
+    clean_hours = sum((r.hosts - r.labels["host"].n_unique()) * r.duration_s for r in runs) / 3600.0
     return {
-        "overall": overall, "per_type": per_type, "top1": (ok, n), "top1_misses": misses,
-        "unmatched_per_host_hour": healthy_unmatched / healthy_hours if healthy_hours else None,
-        "matched_incidents_on_healthy_hosts": healthy_matched, "healthy_host_hours": healthy_hours,
-        "match_seconds": t_match, "incidents": inc,
+        "spec": spec.name, "overall": overall, "per_type": per_type, "top1_misses": misses,
+        "unmatched_clean_hosts": clean.filter(pl.col("status") == "unmatched").height,
+        "matched_clean_hosts": clean.filter(pl.col("status") == "matched").height,
+        "clean_host_hours": clean_hours, "match_seconds": t_match, "incidents": inc,
     }
 
 
 def render(res: dict[str, Any]) -> str:
     o = res["overall"]
-    lines = ["| type | labels | flagged win. recall | hit rate | coverage |", "|---|---|---|---|---|"]
+    lines = ["| type | labels | flagged win. recall | hit rate | coverage | top-1 |", "|---|---|---|---|---|---|"]
     for t, m in res["per_type"].items():
         lines.append(f"| {t} | {m.labels} | {_pct(m.window.recall if m.window else None)} | "
-                     f"{_pct(m.signature_hit_rate)} | {_pct(m.signature_coverage)} |")
-    ok, n = res["top1"]
+                     f"{_pct(m.signature_hit_rate)} | {_pct(m.signature_coverage)} | {m.top1_identified}/{m.labels} |")
+    lines.append(f"| **overall** | {o.labels} | {_pct(o.window.recall if o.window else None)} | "
+                 f"**{_pct(o.signature_hit_rate)}** | **{_pct(o.signature_coverage)}** | "
+                 f"**{o.top1_identified}/{o.labels}** |")
+    upph = o.unmatched_per_host_hour
+    clean = res["clean_host_hours"]
     lines += [
         "",
         f"overall: hit rate {_pct(o.signature_hit_rate)}, coverage {_pct(o.signature_coverage)}, "
         f"agreement {_pct(o.detection_signature_agreement)}, healthy contamination {_pct(o.healthy_contamination)}",
         f"windows {o.windows}, positive {o.positive_windows}, flagged {o.flagged}; detection window recall "
         f"{_pct(o.window.recall if o.window else None)}, precision {_pct(o.window.precision if o.window else None)}",
-        f"top-1 identification: {ok}/{n} = {_pct(ok / n if n else None)}",
-        f"unmatched incidents on healthy hosts: {res['unmatched_per_host_hour']:.2f} per host-hour "
-        f"({res['healthy_host_hours']:.2f} host-hours); matched incidents on healthy hosts: "
-        f"{res['matched_incidents_on_healthy_hosts']}",
-        f"matching + incidents: {res['match_seconds']:.1f} s",
+        f"top-1 identification: {o.top1_identified}/{o.labels} = {_pct(o.top1_rate)}",
+        f"unmatched incidents outside labels: {o.unmatched_incidents} in {o.healthy_host_hours:.2f} healthy "
+        f"host-hours = {'n/a' if upph is None else f'{upph:.2f}'} per host-hour; on label-free hosts: "
+        f"{res['unmatched_clean_hosts']} in {clean:.2f} host-hours = "
+        f"{res['unmatched_clean_hosts'] / clean if clean else float('nan'):.2f} per host-hour",
+        f"matched incidents outside labels (false identifications): {o.false_identifications}; on label-free "
+        f"hosts: {res['matched_clean_hosts']}",
+        f"verdict + matching + incidents: {res['match_seconds']:.1f} s",
     ]
     if res["top1_misses"]:
         lines.append("top-1 misses: " + "; ".join(res["top1_misses"]))
@@ -259,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--minutes", type=int, default=9)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1])
+    p.add_argument("--no-mixed", dest="mixed", action="store_false", help="skip the mixed scenario")
     p.add_argument("--severity", type=float, default=0.5)
     p.add_argument("--types", nargs="*", default=list(INEFFICIENCIES), help="injection types (default: all)")
     p.add_argument("--cache", type=Path, help="directory keeping each run's analysis (re-runs only re-match)")
@@ -270,23 +290,36 @@ def main(argv: list[str] | None = None) -> int:
     config = AnalyticsConfig()
     runs = []
     t0 = time.perf_counter()
-    for typ in [None, *args.types]:
-        name = typ or "healthy"
-        doc = scenario(name, typ, args.hosts, args.minutes, args.seed, args.severity)
-        runs.append(run_one(f"{name}-s{args.seed}-h{args.hosts}-m{args.minutes}-v{args.severity}", doc, args.cache, config))
-        log.info("%s: %d findings (%.0f s)", name, runs[-1].findings.height, time.perf_counter() - t0)
-    res = evaluate_runs(runs)
-    print("## detection: vote2 (the default analytics configuration)\n" + render(res))
-    sig = evaluate_runs(runs, signature_detector=True)
-    print("\n## detection: vote2 OR knowledge-base signature (match_windows)\n" + render(sig))
+    for seed in args.seeds:
+        docs = [("healthy", scenario("healthy", None, args.hosts, args.minutes, seed, args.severity))]
+        docs += [(typ, scenario(typ, typ, args.hosts, args.minutes, seed, args.severity)) for typ in args.types]
+        if args.mixed:
+            docs.append(("mixed", mixed_scenario(seed, args.severity)))
+        for name, doc in docs:
+            hosts, minutes = int(doc["hosts"]), int(str(doc["duration"]).rstrip("m"))
+            runs.append(run_one(f"{name}-s{seed}-h{hosts}-m{minutes}-v{args.severity}", doc, args.cache, config))
+            log.info("%s seed %d: %d findings (%.0f s)", name, seed, runs[-1].findings.height,
+                     time.perf_counter() - t0)
+    out: dict[str, Any] = {}
+    for spec in SPECS:
+        res = evaluate_runs(runs, spec)
+        out[spec] = res
+        title = {"vote2": "statistical only (vote 2 of Z, IF, Maha), with warm-up",
+                 "KB": "knowledge-base signature detector alone",
+                 "vote2∨KB": "the sweep's default: vote2 (with warm-up) OR knowledge-base signature"}[spec]
+        print(f"\n## {spec}: {title}; seeds {' '.join(map(str, args.seeds))}\n" + render(res))
     if args.json:
-        o = res["overall"]
-        args.json.write_text(json.dumps({
-            "overall": {k: getattr(o, k) for k in ("signature_hit_rate", "signature_coverage",
-                                                   "detection_signature_agreement", "healthy_contamination")},
-            "per_type": {t: {"hit_rate": m.signature_hit_rate, "coverage": m.signature_coverage}
-                         for t, m in res["per_type"].items()},
-            "top1": res["top1"], "unmatched_per_host_hour": res["unmatched_per_host_hour"]}, indent=2))
+        def fig(res: dict[str, Any]) -> dict[str, Any]:
+            o = res["overall"]
+            return {"overall": {k: getattr(o, k) for k in (
+                "signature_hit_rate", "signature_coverage", "detection_signature_agreement", "healthy_contamination",
+                "top1_identified", "labels", "top1_rate", "unmatched_incidents", "healthy_host_hours",
+                "unmatched_per_host_hour", "false_identifications")},
+                "per_type": {t: {"hit_rate": m.signature_hit_rate, "coverage": m.signature_coverage,
+                                 "top1": m.top1_identified, "labels": m.labels}
+                             for t, m in res["per_type"].items()},
+                "unmatched_clean_hosts": res["unmatched_clean_hosts"], "clean_host_hours": res["clean_host_hours"]}
+        args.json.write_text(json.dumps({k: fig(v) for k, v in out.items()}, indent=2))
     if args.plot:
         numa = next((r for r in runs if r.name.startswith("gpu_nic_numa_misplacement")), None)
         if numa is None:

@@ -10,6 +10,10 @@ Per chunk ``[s, e)`` of a group of hosts sharing the watermark ``s``:
 * telemetry ``[s - L + 1us - history, e)`` is read from the lake (corrupt files skipped
   and reported), the windows ending in ``(s, e]`` are scored (``L`` = window length:
   a window straddling ``s`` was incomplete in the previous chunk and is scored now);
+* the knowledge base also runs as a *signature detector* on every window: a window is a
+  finding when the statistical detectors flag it (outside the host's warm-up) or a
+  signature matches it (:mod:`knowledge_base.detector`; scores get a ``kb`` row per
+  window, findings' ``detectors`` a ``kb:<entry>`` tag);
 * findings are matched against the knowledge base (rank-1 matched candidate stored on the
   finding: ``entry_id``, ``match_confidence``, ``match_devices``, ``match_explanation``);
 * findings are grouped into incidents (gap <= ``incident_gap_s``, at most
@@ -44,15 +48,18 @@ from typing import Any
 import polars as pl
 
 from analytics.attribution import SHARE_COLUMNS
+from analytics.evaluation import DetectHook
 from analytics.features import SKIPPED
-from analytics.pipeline import FINDINGS_SCHEMA, AnalysisResult, AnalyticsConfig, analyze
+from analytics.pipeline import AnalysisResult, AnalyticsConfig, analyze
 from ingest import lake as lake_mod
 from ingest import schema
 from ingest.influx import InfluxConfig, InfluxSink, InfluxSource
 from jobs import watermarks as wm
 from jobs.progress import Progress
 from jobs.sweep import with_time
-from knowledge_base import INCIDENT_SCHEMA, build_incidents, load_kb, match_findings
+from knowledge_base import INCIDENT_SCHEMA, build_incidents, load_kb
+from knowledge_base.detector import MATCH_COLUMNS, DetectionConfig, detect, empty_findings
+from knowledge_base.detector import attach_matches as _attach
 from knowledge_base.facts import FactError, HostFacts, fill_params
 from knowledge_base.loader import KnowledgeBase
 from knowledge_base.matcher import MATCH_SCHEMA
@@ -64,10 +71,6 @@ TS = schema.TIME_DTYPE
 US = timedelta(microseconds=1)
 #: downstream tables this module writes (never read as telemetry)
 NOT_TELEMETRY = frozenset(SKIPPED | {"audit", "matches"})
-MATCH_COLUMNS: dict[str, pl.DataType] = {
-    "entry_id": pl.String(), "match_confidence": pl.Float64(), "match_devices": pl.List(pl.String()),
-    "match_explanation": pl.String(),
-}
 INFLUX_MEASUREMENTS = {"findings": "unveil_findings", "incidents": "unveil_incidents",
                        "remediations": "unveil_remediations"}
 INFLUX_TAGS = {"findings": ("host", "reference", "entry_id"), "incidents": ("host", "status", "entry_id"),
@@ -135,6 +138,7 @@ class SweepConfig:
     kb_path: str | None = None
     compact_every: timedelta | None = timedelta(minutes=10)
     retention: Mapping[str, timedelta] = field(default_factory=dict)
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
 
     def __post_init__(self) -> None:
         if self.chunk <= timedelta(0) or self.lag < timedelta(0):
@@ -153,7 +157,8 @@ class SweepConfig:
                      where: str = "[scheduler]") -> SweepConfig:
         """From the config file's ``[scheduler]`` table; unknown keys are an error naming them."""
         known = {"every", "chunk", "lag", "max_chunks", "incident_gap_s", "max_incident", "queue_remediations",
-                 "compact_every", "retention", "kb_path", "history"}
+                 "compact_every", "retention", "kb_path", "history", "signature_detector",
+                 "signature_min_confidence", "warmup", "restart_gap"}
         bad = sorted(set(d) - known)
         if bad:
             raise ValueError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
@@ -182,7 +187,31 @@ class SweepConfig:
         a = analytics or AnalyticsConfig()
         if "history" in d:
             a = replace(a, history=_duration(d["history"], f"{where} history"))
+        kw["detection"] = detection_from_mapping(d, where)
         return cls(analytics=a, influx=influx, auto_remediate=auto_remediate, **kw)
+
+
+def detection_from_mapping(d: Mapping[str, Any], where: str = "[scheduler]") -> DetectionConfig:
+    """DetectionConfig from ``signature_detector`` (bool), ``signature_min_confidence``
+    (0..1), ``warmup`` and ``restart_gap`` (durations; warmup may be 0) of a config table."""
+    kw: dict[str, Any] = {}
+    if "signature_detector" in d:
+        if not isinstance(d["signature_detector"], bool):
+            raise ValueError(f"{where} signature_detector: expected true or false, got {d['signature_detector']!r}")
+        kw["signature"] = d["signature_detector"]
+    if "signature_min_confidence" in d:
+        v = d["signature_min_confidence"]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
+            raise ValueError(f"{where} signature_min_confidence: expected a number in [0, 1], got {v!r}")
+        kw["min_confidence"] = float(v)
+    if "warmup" in d:
+        kw["warmup_s"] = _duration(d["warmup"], f"{where} warmup", zero=True).total_seconds()
+    if "restart_gap" in d:
+        kw["restart_gap_s"] = _duration(d["restart_gap"], f"{where} restart_gap").total_seconds()
+    try:
+        return DetectionConfig(**kw)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 # ------------------------------------------------------------------------ times
@@ -293,18 +322,25 @@ def load_influx(config: InfluxConfig, start: datetime, end: datetime, hosts: Seq
 @dataclass
 class ChunkOutput:
     features: pl.DataFrame
-    scores: pl.DataFrame
+    scores: pl.DataFrame  # with one detector="kb" row per window when the signature detector is on
     findings: pl.DataFrame  # with the MATCH_COLUMNS
     corrupt: list[Path]
+    suppressed: int = 0  # statistical findings dropped by the warm-up
 
 
 def _empty_findings() -> pl.DataFrame:
-    return pl.DataFrame(schema={**FINDINGS_SCHEMA, **MATCH_COLUMNS})
+    return empty_findings()
 
 
 def analyze_chunk(loaded: Loaded, s: datetime, e: datetime, config: AnalyticsConfig, kb: KnowledgeBase,
-                  hosts: Sequence[str] | None) -> ChunkOutput:
-    """Score the windows ending in (s, e] of ``hosts`` (None: all) and match their findings."""
+                  hosts: Sequence[str] | None, *, detection: DetectionConfig | None = None,
+                  read_start: datetime | None = None,
+                  history_known: Mapping[str, datetime] | None = None) -> ChunkOutput:
+    """Score the windows ending in (s, e] of ``hosts`` (None: all), run the knowledge base
+    as a signature detector on each of them, and match the findings (statistical flags out
+    of warm-up, or signature matches; see :mod:`knowledge_base.detector`). ``read_start``:
+    when ``loaded`` starts (None: the hosts' whole data is loaded); ``history_known``: host
+    -> its first telemetry time in the lake (warm-up of hosts whose start is not loaded)."""
     length = timedelta(seconds=config.window.length_s)
     if not loaded.frames:
         return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
@@ -312,23 +348,14 @@ def analyze_chunk(loaded: Loaded, s: datetime, e: datetime, config: AnalyticsCon
     keep = (pl.col(WE) > s) & (pl.col(WE) <= e)
     if hosts is not None:
         keep = keep & pl.col(HOST).is_in(list(hosts))
-    feats = res.features.filter(keep)
-    scores = res.scores.filter(keep)
-    findings = res.findings.filter(keep)
-    if findings.height:
-        # references for the matcher: every window analysed (history included)
-        matches = match_findings(findings, res.features, loaded.facts, kb)
-        findings = attach_matches(findings, matches)
-    else:
-        findings = findings.with_columns(pl.lit(None, dtype=t).alias(c) for c, t in MATCH_COLUMNS.items())
-    return ChunkOutput(feats, scores, findings, loaded.corrupt)
+    det = detect(res, loaded.facts, kb, detection or DetectionConfig(), keep=keep, frame_start=read_start,
+                 history_known=history_known, window_length_s=config.window.length_s, min_cohort=config.min_cohort)
+    return ChunkOutput(det.features, det.scores, det.findings, loaded.corrupt, det.suppressed)
 
 
 def attach_matches(findings: pl.DataFrame, matches: pl.DataFrame) -> pl.DataFrame:
-    best = (matches.filter(pl.col("matched") & (pl.col("rank") == 1))
-            .select(HOST, pl.col(WS).cast(TS), "entry_id", pl.col("confidence").alias("match_confidence"),
-                    pl.col("devices").alias("match_devices"), pl.col("explanation").alias("match_explanation")))
-    return findings.with_columns(pl.col(WS).cast(TS)).join(best, on=[HOST, WS], how="left")
+    """``findings`` with the rank-1 matched candidate of ``matches`` in MATCH_COLUMNS."""
+    return _attach(findings, matches)
 
 
 def matches_of(findings: pl.DataFrame) -> pl.DataFrame:
@@ -416,6 +443,9 @@ def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, fa
                 continue
             devices = list(inc["devices"] or [])
             hf = HostFacts.from_frame(facts, inc[HOST], inc["start"])
+            # {fact_before:...}: what a fact was before its last change up to the incident's
+            # end (a change observed a few seconds after the first anomalous window counts)
+            hf = replace(hf, before=HostFacts.from_frame(facts, inc[HOST], inc["end"]).before)
             try:
                 params = fill_params(entry.remediation.params, devices[0] if devices else "", hf)
                 verification = entry.verification.spec(devices) if entry.verification is not None else None
@@ -559,8 +589,10 @@ def _read_open_findings(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Seq
 
 def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],
                   s: datetime, e: datetime, marks: Mapping[str, wm.HostMark], hook: wm.PublishHook | None,
-                  queue_path: Path | None = None) -> tuple[ChunkSummary, dict[str, wm.HostMark], list[Path]]:
-    """Analyse, stage, seal and publish one chunk; returns its summary and the new marks."""
+                  queue_path: Path | None = None,
+                  history_known: dict[str, datetime] | None = None) -> tuple[ChunkSummary, dict[str, wm.HostMark], list[Path]]:
+    """Analyse, stage, seal and publish one chunk; returns its summary and the new marks.
+    ``history_known`` caches each host's first telemetry time (warm-up); filled here."""
     lake_p = Path(lake)
     a = cfg.analytics
     length, stride = timedelta(seconds=a.window.length_s), timedelta(seconds=a.window.stride_s)
@@ -570,7 +602,9 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         loaded = load_lake(lake, first - a.history, e, hosts)
     else:
         loaded = Loaded({}, None)
-    out = analyze_chunk(loaded, s, e, a, kb, hosts)
+    known = _first_times(lake, hosts, history_known)
+    out = analyze_chunk(loaded, s, e, a, kb, hosts, detection=cfg.detection, read_start=first - a.history,
+                        history_known=known)
     prior = _read_open_findings(lake_p, marks, hosts, s)
     all_findings = pl.concat([prior, out.findings], how="diagonal_relaxed") if prior.height else out.findings
     incidents, open_since = incidents_of(all_findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident,
@@ -600,6 +634,18 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
              s.isoformat(), e.isoformat(), len(hosts), summary.windows, summary.findings, summary.incidents,
              summary.remediations)
     return summary, new, out.corrupt
+
+
+def _first_times(lake: str | os.PathLike[str], hosts: Sequence[str] | None,
+                 cache: dict[str, datetime] | None = None) -> dict[str, datetime]:
+    """host -> its first telemetry time in the lake (cached: it never moves later)."""
+    cache = {} if cache is None else cache
+    for h in hosts or fleet_hosts(lake):
+        if h not in cache:
+            t = earliest(lake, h)
+            if t is not None:
+                cache[h] = t
+    return cache
 
 
 def initial_marks(lake: str | os.PathLike[str], cfg: SweepConfig, hosts: Sequence[str],
@@ -654,6 +700,7 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
             wanted = list(hosts) if hosts is not None else fleet_hosts(lake_p)
             marks = initial_marks(lake_p, cfg, wanted, wm.load(lake_p))
             marks = {h: m for h, m in marks.items() if h in wanted}
+            first_times: dict[str, datetime] = {}
             total = _chunks_left(marks, horizon, cfg.chunk)
             if cfg.max_chunks is not None:
                 total = min(total, cfg.max_chunks)
@@ -667,7 +714,8 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                     if should_stop is not None and should_stop():
                         summary.caught_up = False
                         break
-                    chunk, new, corrupt = process_chunk(lake_p, cfg, kb, group, s, e, marks, hook, queue_path)
+                    chunk, new, corrupt = process_chunk(lake_p, cfg, kb, group, s, e, marks, hook, queue_path,
+                                                        first_times)
                     marks.update(new)
                     summary.chunks.append(chunk)
                     summary.corrupt.extend(p for p in corrupt if p not in summary.corrupt)
@@ -717,6 +765,49 @@ def maintain(lake: str | os.PathLike[str], cfg: SweepConfig) -> dict[str, Any]:
     out["retention"] = removed
     log.info("maintenance: %s", out)
     return out
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+def eval_detector(kb: KnowledgeBase, cfg: SweepConfig | None = None,
+                  lake: str | os.PathLike[str] | None = None) -> DetectHook:
+    """The sweep's verdict as an :data:`analytics.evaluation.DetectHook`: warm-up, the
+    signature detector when the combination has it (``KB`` alone: statistical findings
+    dropped), matching, and incidents as a post-mortem builds them, so ``unveil eval``
+    measures what sweeps report: windows starting at or after ``score_since`` (None: all of
+    ``result.features``). ``lake``: read each host's first telemetry time there."""
+    from analytics.evaluation import Detected
+
+    cfg = cfg or SweepConfig()
+    a = cfg.analytics
+    label_of = {e.id: e.label_type for e in kb}
+    known = _first_times(lake, None) if lake is not None else None
+    cache: dict[int, pl.DataFrame] = {}
+
+    def hook(result: AnalysisResult, host_facts: pl.DataFrame | None, spec: Any, *,
+             frame_start: datetime | None = None, score_since: datetime | None = None) -> Detected:
+        det_cfg = replace(cfg.detection, signature=bool(spec.signature))
+        if not spec.statistical:
+            result = AnalysisResult(result.features, result.scores, result.findings.clear())
+        keep = None if score_since is None else pl.col(WS) >= score_since
+        det = detect(result, host_facts, kb, det_cfg, keep=keep, frame_start=frame_start, history_known=known,
+                     window_length_s=a.window.length_s, min_cohort=a.min_cohort,
+                     signature=cache.get(id(result.features)))
+        if det_cfg.signature:
+            cache.clear()
+            cache[id(result.features)] = det.signature
+        incidents, _ = incidents_of(det.findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident,
+                                    horizon=None, window_length=timedelta(seconds=a.window.length_s),
+                                    stride=timedelta(seconds=a.window.stride_s))
+        f = det.findings
+        matches = f.filter(pl.col("entry_id").is_not_null()).select(
+            HOST, pl.col(WS).cast(TS),
+            pl.col("entry_id").replace_strict(label_of, default=pl.col("entry_id"), return_dtype=pl.String)
+            .alias("match_type"), pl.col("match_confidence").alias("confidence"))
+        return Detected(f.select(HOST, pl.col(WS).cast(TS)), matches, incidents)
+
+    return hook
 
 
 # ------------------------------------------------------------------- post-mortem
@@ -801,6 +892,7 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
     # memory); only the findings are kept to build the incidents at the end
     finds: list[pl.DataFrame] = []
     corrupt: list[Path] = []
+    first_times = _first_times(lake_p, load_hosts) if source == "lake" else {}
     windows = 0
     facts: pl.DataFrame | None = None
     with Progress(len(bounds), f"post-mortem {', '.join(hosts)}", unit="chunks", enabled=progress) as bar:
@@ -808,7 +900,8 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
             lo = s - length + US - a.history
             loaded = (load_lake(lake_p, lo, e, load_hosts) if source == "lake"
                       else load_influx(influx, lo, e, load_hosts))  # type: ignore[arg-type]
-            out = analyze_chunk(loaded, s, e, a, kb, hosts)
+            out = analyze_chunk(loaded, s, e, a, kb, hosts, detection=cfg.detection, read_start=lo,
+                                history_known=first_times)
             if facts is None and loaded.facts is not None:
                 facts = loaded.facts.filter(pl.col(HOST).is_in(list(hosts)))
             if out.features.height:
@@ -853,6 +946,6 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
 
 
 __all__ = [
-    "SHARE_COLUMNS", "ChunkSummary", "CycleSummary", "PostmortemResult", "SweepConfig", "WriteBack", "analyze_chunk",
-    "incidents_of", "label_interval", "maintain", "postmortem", "process_chunk", "run_cycle", "segment",
+    "MATCH_COLUMNS", "SHARE_COLUMNS", "ChunkSummary", "CycleSummary", "PostmortemResult", "SweepConfig", "WriteBack",
+    "analyze_chunk", "detection_from_mapping", "eval_detector", "incidents_of", "label_interval", "maintain", "postmortem", "process_chunk", "run_cycle", "segment",
 ]

@@ -7,11 +7,13 @@ Public API::
     incidents = build_incidents(cands, findings, kb)      # lake table ``incidents``
     report = audit(host_facts, kb)                        # lake table ``audit``
     matcher = as_eval_matcher(kb)                         # for analytics.evaluation
+    det = detect(analysis_result, host_facts, kb)         # statistical OR signature verdict
 """
 
 from __future__ import annotations
 
 from knowledge_base.audit import AUDIT_SCHEMA, audit
+from knowledge_base.detector import DetectionConfig, detect
 from knowledge_base.draft import draft_entry
 from knowledge_base.facts import HostFacts, check_preconditions, fill_params
 from knowledge_base.incidents import INCIDENT_SCHEMA, build_incidents, incident_id
@@ -28,6 +30,7 @@ from knowledge_base.matcher import (
 
 __all__ = [
     "AUDIT_SCHEMA",
+    "DetectionConfig",
     "INCIDENT_SCHEMA",
     "MATCH_SCHEMA",
     "Entry",
@@ -40,6 +43,7 @@ __all__ = [
     "best_matches",
     "build_incidents",
     "check_preconditions",
+    "detect",
     "draft_entry",
     "eval_matcher",
     "fill_params",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -38,16 +38,21 @@ class FactError(ValueError):
 
 @dataclass(frozen=True)
 class HostFacts:
-    """The facts of one host: (category, device, key) -> (value, value_num)."""
+    """The facts of one host: (category, device, key) -> (value, value_num); ``before``:
+    for facts that changed up to the moment asked for, the value in force before their
+    latest change (e.g. THP ``madvise`` before it was switched to ``never``)."""
 
     host: str
     facts: Mapping[tuple[str, str, str], tuple[str | None, float | None]]
+    before: Mapping[tuple[str, str, str], tuple[str | None, float | None]] = field(default_factory=dict)
 
     @classmethod
-    def from_frame(cls, host_facts: pl.DataFrame | None, host: str, at: datetime | None = None) -> HostFacts:
+    def from_frame(cls, host_facts: pl.DataFrame | None, host: str, at: datetime | None = None, *,
+                   with_before: bool = True) -> HostFacts:
         if host_facts is None or host_facts.is_empty() or "host" not in host_facts.columns:
             return cls(host, {})
         df = host_facts.filter(pl.col("host") == host)
+        before = _before(df, at) if with_before else {}
         if "time" in df.columns and df.height:
             df = df.sort("time")
             if at is not None:
@@ -56,12 +61,15 @@ class HostFacts:
                 newer = df.filter(pl.col("time") > at).unique(["category", "device", "key"], keep="first",
                                                                 maintain_order=True)
                 df = pl.concat([newer, older]) if older.height else newer
-        facts: dict[tuple[str, str, str], tuple[str | None, float | None]] = {}
-        num = "value_num" in df.columns
-        for r in df.iter_rows(named=True):
-            k = (str(r.get("category") or ""), str(r.get("device") or ""), str(r.get("key") or ""))
-            facts[k] = (r.get("value"), r.get("value_num") if num else None)  # later rows win
-        return cls(host, facts)
+        # later rows win: one row per fact (the frame repeats every fact each snapshot)
+        cols = [pl.col(c).cast(pl.String).fill_null("") if c in df.columns else pl.lit("").alias(c)
+                for c in ("category", "device", "key")]
+        val = pl.col("value").cast(pl.String) if "value" in df.columns else pl.lit(None, pl.String).alias("value")
+        num = (pl.col("value_num").cast(pl.Float64) if "value_num" in df.columns
+               else pl.lit(None, pl.Float64).alias("value_num"))
+        last = df.select(*cols, val, num).unique(["category", "device", "key"], keep="last", maintain_order=True)
+        facts = {(c, d, k): (v, n) for c, d, k, v, n in last.rows()}
+        return cls(host, facts, before)
 
     def get(self, category: str, key: str, device: str = "") -> tuple[str | None, float | None] | None:
         return self.facts.get((category, device, key))
@@ -147,6 +155,25 @@ class HostFacts:
         return str(v) if v is not None else None
 
 
+def _before(df: pl.DataFrame, at: datetime | None) -> dict[tuple[str, str, str], tuple[str | None, float | None]]:
+    """Per fact, the value before its latest change at or before ``at`` (None: the end)."""
+    if "time" not in df.columns or df.height < 2:
+        return {}
+    rows = df.sort("time")
+    if at is not None:
+        rows = rows.filter(pl.col("time") <= at)
+    out: dict[tuple[str, str, str], tuple[str | None, float | None]] = {}
+    current: dict[tuple[str, str, str], tuple[str | None, float | None]] = {}
+    num = "value_num" in rows.columns
+    for r in rows.iter_rows(named=True):
+        k = (str(r.get("category") or ""), str(r.get("device") or ""), str(r.get("key") or ""))
+        v = (r.get("value"), r.get("value_num") if num else None)
+        if k in current and current[k][0] != v[0]:
+            out[k] = current[k]
+        current[k] = v
+    return out
+
+
 def _norm_pci(addr: str) -> str:
     """NVML writes 00000000:18:00.0, sysfs 0000:18:00.0: keep a 4-digit domain, lower case."""
     a = addr.strip().lower()
@@ -177,7 +204,7 @@ class FactsIndex:
             snap = times[max(i, 0)]
         key = (host, snap)
         if key not in self._cache:
-            self._cache[key] = HostFacts.from_frame(self._by_host.get(host), host, snap)
+            self._cache[key] = HostFacts.from_frame(self._by_host.get(host), host, snap, with_before=False)
         return self._cache[key]
 
 
@@ -243,6 +270,20 @@ def preconditions_hold(entry: Entry, facts: HostFacts) -> tuple[bool, list[str]]
 def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, Any]) -> Any:
     if placeholder in extra:
         return extra[placeholder]
+    if placeholder.startswith("fact_before:"):
+        # the value the fact had before its latest change (e.g. the THP mode before it was
+        # switched off), else the entry's fallback
+        name, _, fallback = placeholder[12:].partition("|")
+        category, _, key = name.partition(".")
+        fd = facts.fact_device(device) if device else None
+        got = facts.before.get((category, fd[1], key)) if fd is not None else None
+        got = got or facts.before.get((category, "", key))
+        if got is not None:
+            text, num = got
+            return num if num is not None and text is None else text
+        if fallback:
+            return fallback
+        raise FactError(f"{{{placeholder}}}: {category}.{key} never changed on {facts.host} and there is no fallback")
     if placeholder == "pid":
         raise FactError("needs {pid}: the workload's process id is not a host fact; give it when approving")
     if placeholder == "cgroup":

@@ -69,7 +69,7 @@ AUDIT_CHECKS = ("fact", "fact_ratio", "gpu_nic_numa", "irq_off_node")
 SEVERITIES = ("info", "warning", "critical")
 #: placeholders a remediation parameter template may use (see knowledge_base.facts.fill_template)
 TEMPLATE_RE = re.compile(r"\{(device|device_index|device_node|device_node_cpus|device_pci|netdev|cgroup"
-                         r"|pid|fact:[a-z_]+\.[a-z0-9_]+)\}")
+                         r"|pid|fact:[a-z_]+\.[a-z0-9_]+|fact_before:[a-z_]+\.[a-z0-9_]+(?:\|[A-Za-z0-9_.-]+)?)\}")
 
 
 class KBError(ValueError):
@@ -439,7 +439,15 @@ def _remediation(ctx: _Ctx, d: Any) -> Remediation:
             if "{" in rest or "}" in rest:
                 raise ctx.err(pw, f"bad template {value!r}; placeholders: {{device}}, {{device_index}}, "
                               "{device_node}, {device_node_cpus}, {device_pci}, {netdev}, {cgroup}, {pid}, "
-                              "{fact:<category>.<key>}")
+                              "{fact:<category>.<key>}, {fact_before:<category>.<key>[|fallback]}")
+            for m in TEMPLATE_RE.finditer(value):
+                # a fact_before fallback is a literal value: it must suit the parameter
+                _, bar, fallback = m.group(1).partition("|")
+                if bar and TEMPLATE_RE.fullmatch(value):
+                    try:
+                        spec.param_index[name].validate(script, fallback)
+                    except ParamError as exc:
+                        raise ctx.err(pw, f"bad fallback {fallback!r} in {value!r}: {exc}") from None
             if not TEMPLATE_RE.fullmatch(value):
                 # text around placeholders must itself be valid: try it with a dummy value
                 try:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -91,6 +91,7 @@ class MatchConfig:
     attribution_weight: float = 0.25
     excludes_penalty: float = 0.3
     max_reference_rows: int = 20000
+    min_pre_windows: int = 10  # windows before a fact change needed for the "before" reference
 
     def __post_init__(self) -> None:
         if self.min_cohort < 2:
@@ -114,6 +115,16 @@ class _Refs:
     s_self: np.ndarray
     c_coh: np.ndarray
     s_coh: np.ndarray
+    # per watched fact: center/scale of the host's windows before that fact's last change
+    # (nan where the window follows no change); used by the entries that read the fact
+    pre: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, cols: list[str], n: int) -> _Refs:
+        def nan() -> np.ndarray:
+            return np.full((n, len(cols)), np.nan)
+
+        return cls(cols, nan(), nan(), nan(), nan(), nan())
 
 
 def _fit_ref(X: np.ndarray, floors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -131,16 +142,47 @@ def _thin(rows: np.ndarray, limit: int) -> np.ndarray:
     return rows[np.linspace(0, rows.size - 1, limit).astype(np.int64)]
 
 
-def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.DataFrame | None,
-                families: frozenset[str], cfg: MatchConfig) -> _Refs:
-    from analytics.pipeline import cohorts
+def hardware_cohorts(features: pl.DataFrame, host_facts: pl.DataFrame | None) -> dict[str, str]:
+    """host -> hardware cohort (GPU count and model): the matcher's peers. Hardware, not
+    behaviour: a signature asks "is this value normal for this kind of machine", and the
+    signatures were calibrated with peers running other workloads of the same hardware."""
+    from analytics import pipeline
 
+    if hasattr(pipeline, "hardware_cohorts"):
+        return pipeline.hardware_cohorts(features, host_facts)
+    return pipeline.cohorts(features, host_facts)
+
+
+def fact_changes(host_facts: pl.DataFrame | None, facts: frozenset[str]) -> dict[str, list[Any]]:
+    """host -> sorted times at which one of ``facts`` (``category.key``, any device) took a
+    new value (its first reading is not a change)."""
+    out: dict[str, list[Any]] = {}
+    if (host_facts is None or host_facts.is_empty() or not facts
+            or not {"time", "category", "key", HOST} <= set(host_facts.columns)):
+        return out
+    cat_key = pl.concat_str(pl.col("category"), pl.lit("."), pl.col("key"))
+    df = host_facts.filter(cat_key.is_in(sorted(facts))).with_columns(
+        pl.col("device").fill_null("") if "device" in host_facts.columns else pl.lit("").alias("device"))
+    if df.is_empty():
+        return out
+    grp = [HOST, "category", "device", "key"]
+    ch = (df.sort([*grp, "time"])
+          .with_columns(pl.col("value").cast(pl.String).fill_null("").alias("_v"))
+          .filter((pl.col("_v") != pl.col("_v").shift(1).over(grp)).fill_null(False))
+          .select(HOST, pl.col("time").cast(TS)).unique().sort(HOST, "time"))
+    for h, t in ch.iter_rows():
+        out.setdefault(h, []).append(t)
+    return out
+
+
+def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.DataFrame | None,
+                families: frozenset[str], cfg: MatchConfig, watched: frozenset[str] = frozenset()) -> _Refs:
     cols = [c for c in features.columns if c not in (HOST, WS, WE) and split_feature(c)[0] in families]
     n, p = findings.height, len(cols)
-    out = _Refs(cols, *(np.full((n, p), np.nan) for _ in range(5)))
+    out = _Refs.empty(cols, n)
     if not p or not n:
         return out
-    feats = features.select(HOST, WS, *cols).with_row_index("_r")
+    feats = features.select(HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), *cols).with_row_index("_r")
     X = feats.select(cols).to_numpy().astype(np.float64)
     X[~np.isfinite(X)] = np.nan
     floors = np.array([lookup(c).floor for c in cols], dtype=np.float64)
@@ -153,7 +195,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     ridx_i = np.where(has, np.nan_to_num(ridx.astype(np.float64)), 0).astype(np.int64)
     out.value[fidx[has]] = X[ridx_i[has]]
     groups: dict[str, list[str]] = {}
-    for h, label in sorted(cohorts(features, host_facts).items()):
+    for h, label in sorted(hardware_cohorts(features, host_facts).items()):
         groups.setdefault(label, []).append(h)
     cohort_of = {h: members for members in groups.values() for h in members}
     fhosts = findings[HOST].to_numpy()
@@ -169,7 +211,45 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
             if peers.size:
                 c, s = _fit_ref(X[_thin(peers, cfg.max_reference_rows)], floors)
                 out.c_coh[target], out.s_coh[target] = c, s
+    for fact in sorted(watched):
+        _pre_change(out, findings, feats, X, floors, host_facts, fact, cfg)
     return out
+
+
+def _pre_change(out: _Refs, findings: pl.DataFrame, feats: pl.DataFrame, X: np.ndarray, floors: np.ndarray,
+                host_facts: pl.DataFrame | None, fact: str, cfg: MatchConfig) -> None:
+    """The ``before`` reference of a watched fact (one a signature reads, e.g. THP
+    switched to ``never``): for a window after a change of that fact, the host's windows
+    between the previous change and that one. A single host whose history is mostly after
+    the change (no cohort, self-reference contaminated) still sees the change's effect."""
+    changes = fact_changes(host_facts, frozenset({fact}))
+    if not changes:
+        return
+    n, p = out.value.shape
+    c_pre, s_pre = np.full((n, p), np.nan), np.full((n, p), np.nan)
+    out.pre[fact] = (c_pre, s_pre)
+    hosts = feats[HOST].to_numpy()
+    wstart = feats[WS].to_numpy()
+    wend = feats[WE].to_numpy()
+    fhosts = findings[HOST].to_numpy()
+    fstart = findings[WS].cast(TS).to_numpy()
+    for h, times in changes.items():
+        target_h = np.flatnonzero(fhosts == h)
+        own = np.flatnonzero(hosts == h)
+        if not target_h.size or not own.size:
+            continue
+        bounds = [np.datetime64(t.replace(tzinfo=None), "us") for t in times]
+        for k, t in enumerate(bounds):
+            nxt = bounds[k + 1] if k + 1 < len(bounds) else None
+            tgt = target_h[(fstart[target_h] >= t) & ((fstart[target_h] < nxt) if nxt is not None else True)]
+            if not tgt.size:
+                continue
+            lo = bounds[k - 1] if k else None
+            before = own[(wend[own] <= t) & ((wstart[own] >= lo) if lo is not None else True)]
+            if before.size < cfg.min_pre_windows:
+                continue
+            c, s = _fit_ref(X[_thin(before, cfg.max_reference_rows)], floors)
+            c_pre[tgt], s_pre[tgt] = c, s
 
 
 def _references_from_factors(findings: pl.DataFrame, families: frozenset[str]) -> _Refs:
@@ -178,8 +258,8 @@ def _references_from_factors(findings: pl.DataFrame, families: frozenset[str]) -
     rows = findings.select(pl.col("top_factors")).with_row_index("_f").explode("top_factors").unnest("top_factors")
     rows = rows.filter(pl.col("family").is_in(sorted(families)))
     cols = sorted(set(rows["feature"].to_list())) if rows.height else []
-    n, p = findings.height, len(cols)
-    out = _Refs(cols, *(np.full((n, p), np.nan) for _ in range(5)))
+    n = findings.height
+    out = _Refs.empty(cols, n)
     pos = {c: j for j, c in enumerate(cols)}
     for f, feat, v, ref in rows.select("_f", "feature", "value", "reference").iter_rows():
         j = pos[feat]
@@ -207,7 +287,10 @@ class _SigEval:
         return [self.devs[k] for k in np.flatnonzero(self.sat[i]) if self.devs[k]]
 
 
-def _eval_signal(sig: Signal, refs: _Refs, col_family: list[str], col_device: list[str]) -> _SigEval:
+def _eval_signal(sig: Signal, refs: _Refs, col_family: list[str], col_device: list[str],
+                 facts: Sequence[str] = ()) -> _SigEval:
+    """``facts``: the facts the signal's entry reads; their "before the change" references
+    count as the host's own history."""
     n = refs.value.shape[0]
     fam, dev = sig.family, sig.device
     idx = [j for j, (f, d) in enumerate(zip(col_family, col_device, strict=True)) if f == fam and (not dev or d == dev)]
@@ -223,6 +306,15 @@ def _eval_signal(sig: Signal, refs: _Refs, col_family: list[str], col_device: li
         z_c = ch_c / refs.s_coh[:, idx]
         ok_s = (z_s >= sig.min_z) & (ch_s >= sig.min_change)
         ok_c = (z_c >= sig.min_z) & (ch_c >= sig.min_change)
+        for fact in facts:
+            if fact not in refs.pre:
+                continue
+            # the windows before the entry's fact changed are the host's own history too
+            c_p, s_p = refs.pre[fact]
+            ch_p = d * (V - c_p[:, idx])
+            z_p = ch_p / s_p[:, idx]
+            ok_s = ok_s | ((z_p >= sig.min_z) & (ch_p >= sig.min_change))
+            z_s = np.fmax(z_s, z_p)  # shown in explanations
         opp_s = (z_s <= -sig.min_z) & (-ch_s >= sig.min_change)
         opp_c = (z_c <= -sig.min_z) & (-ch_c >= sig.min_change)
         # self-only evidence is vetoed where the cohort sees the value as normal: the host's
@@ -341,8 +433,9 @@ def _evaluate_entry(entry: Entry, findings: pl.DataFrame, refs: _Refs, col_famil
                     col_device: list[str], pre_ok: np.ndarray, pre_msgs: list[list[str]],
                     cfg: MatchConfig, facts: Sequence[HostFacts]) -> _Cand:
     n = findings.height
-    evals = [_eval_fact_signal(s, facts) if s.fact is not None else _eval_signal(s, refs, col_family, col_device)
-             for s in entry.signals]
+    reads = tuple(s.fact for s in entry.signals if s.fact is not None)
+    evals = [_eval_fact_signal(s, facts) if s.fact is not None
+             else _eval_signal(s, refs, col_family, col_device, reads) for s in entry.signals]
     # required signals grouped: a group is satisfied when any alternative matches
     groups: dict[str, list[_SigEval]] = {}
     units: list[list[_SigEval]] = []
@@ -445,7 +538,8 @@ def match_findings(
     findings = findings.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS)).sort(HOST, WS)
     families = frozenset(f for e in kb for s in e.signals if s.fact is None
                          for f in (s.family, s.gate.feature if s.gate else s.family))
-    refs = (_references(findings, features, host_facts, families, cfg) if features is not None
+    watched = frozenset(s.fact for e in kb for s in e.signals if s.fact is not None)
+    refs = (_references(findings, features, host_facts, families, cfg, watched) if features is not None
             else _references_from_factors(findings, families))
     col_family = [split_feature(c)[0] for c in refs.cols]
     col_device = [split_feature(c)[1] for c in refs.cols]
@@ -455,27 +549,30 @@ def match_findings(
     # facts per (host, window): preconditions at the window's time (facts can change)
     index = FactsIndex(host_facts)
 
-    def facts_for(i: int) -> HostFacts:
-        return index.at(hosts[i], starts[i])
-
-    win_facts = [facts_for(i) for i in range(n)]
+    win_facts = [index.at(h, t) for h, t in zip(hosts, starts, strict=True)]
+    # windows sharing a facts snapshot share their precondition verdicts
+    snap_ids = np.array([id(hf) for hf in win_facts], dtype=np.int64)
+    snaps = {id(hf): hf for hf in win_facts}
     cands: list[_Cand] = []
     for entry in kb:
         pre_ok = np.ones(n, bool)
-        pre_msgs: list[list[str]] = [[] for _ in range(n)]
+        none: list[str] = []
+        pre_msgs: list[list[str]] = [none] * n  # replaced per window below, never mutated
         if entry.preconditions:
-            memo: dict[int, tuple[bool, list[str]]] = {}
-            for i in range(n):
-                hf = facts_for(i)
-                k = id(hf)
-                if k not in memo:
-                    memo[k] = preconditions_hold(entry, hf)
-                pre_ok[i], pre_msgs[i] = memo[k]
+            for k, hf in snaps.items():
+                ok, msgs = preconditions_hold(entry, hf)
+                rows = np.flatnonzero(snap_ids == k)
+                pre_ok[rows] = ok
+                for i in rows.tolist():
+                    pre_msgs[i] = msgs
         cands.append(_evaluate_entry(entry, findings, refs, col_family, col_device, pre_ok, pre_msgs, cfg, win_facts))
 
     recs: list[dict[str, Any]] = []
     ends = findings[WE].to_list()
-    for i in range(n):
+    is_match = np.array([c.valid & (c.confidence >= c.entry.min_confidence) for c in cands]).reshape(len(cands), n)
+    listed = is_match if only_matched else is_match | np.array(
+        [c.valid | c.evidence for c in cands]).reshape(len(cands), n)
+    for i in np.flatnonzero(listed.any(axis=0)).tolist():
         shown = [c for c in cands if (c.valid[i] and c.confidence[i] >= c.entry.min_confidence)
                  or (not only_matched and (c.valid[i] or c.evidence[i]))]
         shown.sort(key=lambda c: (not (c.valid[i] and c.confidence[i] >= c.entry.min_confidence),

@@ -216,7 +216,14 @@ def test_parse_configs() -> None:
     assert specs[3].detectors == ("zscore", "iforest", "mahalanobis") and specs[3].combine == "any"
     assert specs[5].combine == "vote" and specs[5].vote_k == 2
     assert parse_configs("iforest&mahalanobis")[0].combine == "all"
-    assert len(parse_configs(None)) == 6
+    assert [s.name for s in parse_configs(None)] == [
+        "Z∨IF∨Maha", "IF∨Maha", "Z", "IF", "Maha", "vote2", "KB", "Z∨IF∨Maha∨KB", "vote2∨KB"]
+    sig = parse_configs("vote2+kb|KB|IF∨sig")
+    assert [s.name for s in sig] == ["vote2∨KB", "KB", "IF∨KB"]
+    assert all(s.signature for s in sig) and [s.statistical for s in sig] == [True, False, True]
+    assert sig[0].vote_k == 2 and sig[2].detectors == ("iforest",)
+    with pytest.raises(ValueError, match="only be OR'ed"):
+        parse_configs("Z&KB")
     with pytest.raises(ValueError, match="unknown detector 'pca'"):
         parse_configs("Z|pca")
     with pytest.raises(ValueError, match="K must be"):
@@ -308,3 +315,74 @@ def test_repeated_label_ids_are_separate_events() -> None:
     lab = labels([("h", "A", 10, 20), ("h", "A", 60, 70)]).with_columns(pl.lit("same").alias("label_id"))
     m, _ = evaluate(windows("h", 10, {1}), lab)
     assert m.labels == 2 and m.detected_labels == 1 and m.event_recall == 0.5
+
+
+def test_incident_figures_top1_and_unmatched_per_host_hour() -> None:
+    from analytics.evaluation import top1_identification
+
+    lab = labels([("h", "A", 100, 200), ("h", "B", 300, 400), ("g", "A", 100, 200)])
+    inc = pl.DataFrame({
+        "host": ["h", "h", "h", "h", "g", "k"],
+        "start": [t(90), t(180), t(310), t(500), t(120), t(50)],
+        "end": [t(190), t(205), t(320), t(510), t(130), t(60)],
+        "status": ["matched", "matched", "unmatched", "unmatched", "matched", "matched"],
+        "label_type": ["A", "B", None, None, "B", "A"],
+    })
+    top = top1_identification(inc, lab)
+    # h/A: the longest-overlapping matched incident says A; h/B: only an unmatched one;
+    # g/A: the only matched incident says B
+    assert top.sort("label_row")["identified"].to_list() == [True, False, False]
+    assert top.sort("label_row")["got"].to_list() == ["A", None, "B"]
+    # 10 s windows every 10 s on h, g and k over [0, 600)
+    w = pl.concat([windows(h, 60, set()) for h in ("h", "g", "k")])
+    m, per = evaluate(w, lab, None, inc)
+    assert m.top1_identified == 1 and m.top1_rate == pytest.approx(1 / 3)
+    assert per["A"].top1_identified == 1 and per["A"].top1_rate == 0.5 and per["B"].top1_rate == 0.0
+    # outside every label: h 500-510 (unmatched) and k 50-60 (matched: a false identification)
+    assert m.unmatched_incidents == 1 and m.false_identifications == 1
+    assert m.healthy_host_hours == pytest.approx(m.healthy_windows * 10 / 3600)
+    assert m.healthy_host_hours is not None and m.unmatched_per_host_hour == pytest.approx(1 / m.healthy_host_hours)
+    with pytest.raises(ValueError, match="incidents frame lacks columns"):
+        evaluate(w, lab, None, inc.drop("status"))
+
+
+def test_cli_eval_default_has_signature_rows_and_sweep_respects_watermarks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from ingest.lake import scan, tables
+    from jobs import watermarks as wm
+    from jobs.cli import main
+
+    lake = _lake(tmp_path)
+    assert main(["eval", "--lake", str(lake), "--format", "json", "--configs", "vote2|vote2∨KB|KB"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["default_config"] == "vote2∨KB"
+    for name in ("vote2", "vote2∨KB", "KB"):
+        c = doc["configs"][name]
+        assert c["top1_identified"] == 0 and c["labels"] == 1  # no entry knows an imported queue
+        assert c["unmatched_per_host_hour"] is not None and c["false_identifications"] == 0
+    assert doc["configs"]["KB"]["flagged"] == 0  # imported metrics match no signature
+    assert doc["configs"]["vote2∨KB"]["detected_labels"] == 1
+    assert main(["eval", "--lake", str(lake), "--matcher", "none", "--configs", "vote2∨KB"]) == 2
+    assert "need the knowledge base" in capsys.readouterr().err
+    # the default table prints the incident figures of the default row
+    assert main(["eval", "--lake", str(lake), "--configs", "vote2|vote2∨KB"]) == 0
+    out = capsys.readouterr().out
+    assert "vote2∨KB (default)" in out and "top-1 identification of injected incidents 0/1" in out
+
+    # a lake the scheduler manages: a by-hand sweep below the watermark is refused
+    mark = datetime(2026, 11, 30, 1, 5, tzinfo=UTC)
+    wm.save(lake, {"h1": wm.HostMark(mark)})
+    args = ["sweep", "--lake", str(lake), "--since", "2026-11-30T01:00Z", "--until", "2026-11-30T01:10Z"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "managed by the scheduler" in err and "h1 up to 2026-11-30T01:05:00+00:00" in err
+    assert "--since 2026-11-30T01:05:00+00:00" in err and "--force" in err
+    assert "features" not in tables(lake)
+    assert main([*args, "--dry-run"]) == 0 and "features" not in tables(lake)
+    capsys.readouterr()
+    assert main(["sweep", "--lake", str(lake), "--since", "2026-11-30T01:05Z", "--until", "2026-11-30T01:10Z"]) == 0
+    assert main([*args, "--force"]) == 0
+    scores = scan(lake, "scores").collect()
+    assert "kb" in set(scores["detector"])  # the signature detector's row per window

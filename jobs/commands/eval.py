@@ -8,12 +8,13 @@ from datetime import datetime, timedelta
 
 from analytics.evaluation import (
     DEFAULT_CONFIGS,
+    RESEARCH_CONFIGS,
+    Matcher,
     evaluate_lake,
     load_matcher,
     parse_configs,
     render_table,
 )
-from analytics.pipeline import AnalyticsConfig
 from ingest.lake import LakeError
 from jobs.timeparse import parse_range, parse_time
 
@@ -33,12 +34,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--until", metavar="T", help="end: ISO-8601 or relative; default: just after the last sample")
     p.add_argument("--hosts", nargs="+", metavar="HOST", help="only these hosts")
     p.add_argument("--format", choices=["table", "json"], default="table")
-    p.add_argument("--configs", metavar="LIST", default="|".join(DEFAULT_CONFIGS),
-                   help="detector combinations separated by | (default: %(default)s)")
+    p.add_argument("--configs", metavar="LIST",
+                   help="detector combinations separated by |; KB = the knowledge base as a signature detector "
+                   f"(default: {'|'.join(DEFAULT_CONFIGS)}; with --matcher other than kb: "
+                   f"{'|'.join(RESEARCH_CONFIGS)})")
     p.add_argument("--matcher", metavar="MODULE:FUNC", default="kb",
-                   help="fingerprint matcher (findings, host_facts[, features]) -> matches: 'kb' (default) "
-                   f"is the shipped knowledge base ({KB_MATCHER}), 'none' prints the four fingerprint "
-                   "figures as n/a")
+                   help="fingerprint matcher: 'kb' (default) is the shipped knowledge base, evaluated exactly as "
+                   "a sweep runs it (warm-up, signature detector, matching, incidents); MODULE:FUNC a matcher "
+                   "(findings, host_facts[, features]) -> matches on the statistical findings "
+                   f"(e.g. {KB_MATCHER}); 'none' prints the fingerprint figures as n/a")
     p.set_defaults(func=run)
 
 
@@ -70,18 +74,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from exc
 
 
-def _settings(args: argparse.Namespace) -> tuple[str, AnalyticsConfig]:
-    """The lake path and the analytics settings ([analytics] of --config, else defaults)."""
-    from jobs import config as config_mod
-    from jobs.pipeline import analytics_from_mapping
-
-    cfg = config_mod.load(getattr(args, "config", None))
-    where = f"{cfg.source} [analytics]" if cfg.source else "[analytics]"
-    return str(config_mod.resolve_lake(args.lake, cfg)), analytics_from_mapping(cfg.analytics, where)
-
-
 def _run(args: argparse.Namespace) -> int:
-    lake, analytics = _settings(args)
+    from jobs.commands.sweep import _settings
+
+    lake, analytics, detection = _settings(args)
     if args.since is None or args.until is None:
         lo, hi = _telemetry_span(lake)
         start = parse_time(args.since) if args.since else lo
@@ -90,11 +86,23 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"empty interval {start.isoformat()} .. {end.isoformat()}")
     else:
         start, end = parse_range(args.since, args.until)
-    name = KB_MATCHER if args.matcher == "kb" else args.matcher
-    matcher = None if name in ("none", "") else load_matcher(name)
-    ev = evaluate_lake(lake, start, end, configs=parse_configs(args.configs), hosts=args.hosts,
+    detect = None
+    matcher: Matcher | None
+    if args.matcher == "kb":
+        from jobs.pipeline import SweepConfig, eval_detector
+        from knowledge_base import load_kb
+
+        name = "knowledge base (sweep verdict: vote∨KB signature, warm-up, incidents)"
+        configs = parse_configs(args.configs)
+        matcher = load_matcher(KB_MATCHER)
+        detect = eval_detector(load_kb(), SweepConfig(analytics=analytics, detection=detection), lake)
+    else:
+        name = args.matcher
+        configs = parse_configs(args.configs or "|".join(RESEARCH_CONFIGS))
+        matcher = None if name in ("none", "") else load_matcher(name)
+    ev = evaluate_lake(lake, start, end, configs=configs, hosts=args.hosts,
                        matcher=matcher, matcher_name=name if matcher is not None else None,
-                       base_config=analytics)
+                       base_config=analytics, detect=detect, default_signature=detection.signature)
     if args.format == "json":
         print(json.dumps(ev.to_json(), indent=2, sort_keys=True))
     else:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 from analytics.pipeline import AnalyticsConfig
 from ingest.lake import LakeError
 from jobs.sweep import run_sweep
 from jobs.timeparse import parse_range
+
+if TYPE_CHECKING:
+    from knowledge_base.detector import DetectionConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,6 +22,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--until", metavar="T", help="end: ISO-8601 or relative; default now")
     p.add_argument("--hosts", nargs="+", metavar="HOST", help="only these hosts (default: all)")
     p.add_argument("--dry-run", action="store_true", help="analyse and print, write nothing")
+    p.add_argument("--force", action="store_true",
+                   help="sweep windows the scheduler already processed (below a host's watermark): "
+                   "their rows are appended a second time")
+    p.add_argument("--no-signature", action="store_true",
+                   help="statistical detectors only (the knowledge base still matches their findings)")
     p.set_defaults(func=run)
 
 
@@ -27,27 +37,56 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from exc
 
 
-def _settings(args: argparse.Namespace) -> tuple[str, AnalyticsConfig]:
-    """The lake path and the analytics settings ([analytics] of --config, else defaults)."""
+def _settings(args: argparse.Namespace) -> tuple[str, AnalyticsConfig, DetectionConfig]:
+    """The lake path, the analytics settings ([analytics] of --config, else defaults) and the
+    detection settings (signature_detector, signature_min_confidence, warmup, restart_gap of
+    its [scheduler] table)."""
+    from dataclasses import replace
+
     from jobs import config as config_mod
-    from jobs.pipeline import analytics_from_mapping
+    from jobs.pipeline import analytics_from_mapping, detection_from_mapping
 
     cfg = config_mod.load(getattr(args, "config", None))
     where = f"{cfg.source} [analytics]" if cfg.source else "[analytics]"
-    return str(config_mod.resolve_lake(args.lake, cfg)), analytics_from_mapping(cfg.analytics, where)
+    swhere = f"{cfg.source} [scheduler]" if cfg.source else "[scheduler]"
+    det = detection_from_mapping(cfg.scheduler, swhere)
+    if getattr(args, "no_signature", False):
+        det = replace(det, signature=False)
+    return str(config_mod.resolve_lake(args.lake, cfg)), analytics_from_mapping(cfg.analytics, where), det
+
+
+def check_watermarks(lake: str, start: datetime, hosts: list[str] | None) -> None:
+    """Refuse (ValueError) to re-sweep windows below a host's scheduler watermark: the
+    scheduler already wrote them, a second sweep would duplicate their rows."""
+    from jobs import watermarks as wm
+
+    marks = wm.load(lake)
+    behind = sorted((h, m.watermark) for h, m in marks.items() if (hosts is None or h in hosts) and start < m.watermark)
+    if not behind:
+        return
+    shown = ", ".join(f"{h} up to {w.isoformat()}" for h, w in behind[:5]) + (" ..." if len(behind) > 5 else "")
+    latest = max(w for _, w in behind)
+    raise ValueError(
+        f"lake {lake} is managed by the scheduler ({wm.STATE_DIR}/{wm.WATERMARKS}): already swept {shown}. "
+        f"Sweeping from {start.isoformat()} would write those windows' features, scores and findings a second "
+        f"time. Use --since {latest.isoformat()} (or later), --dry-run to look without writing, or --force "
+        f"to append anyway.")
 
 
 def _run(args: argparse.Namespace) -> int:
-    lake, analytics = _settings(args)
+    lake, analytics, detection = _settings(args)
     start, end = parse_range(args.since, args.until, default_since="1h")
-    summary = run_sweep(lake, start, end, args.hosts, analytics, write=not args.dry_run)
+    if not (args.dry_run or args.force):
+        check_watermarks(lake, start, args.hosts)
+    summary = run_sweep(lake, start, end, args.hosts, analytics, write=not args.dry_run, detection=detection)
     print(f"sweep {start.isoformat()} .. {end.isoformat()}: {len(summary.hosts)} hosts, "
-          f"{summary.windows} windows, {summary.flagged} flagged, {summary.findings} findings")
+          f"{summary.windows} windows, {summary.flagged} flagged, {summary.signature} signature matches, "
+          f"{summary.findings} findings")
     if summary.hosts:
         width = max(len(h) for h in summary.hosts)
-        print(f"{'host'.ljust(width)}  {'windows':>8}  {'flagged':>8}  {'findings':>8}")
+        print(f"{'host'.ljust(width)}  {'windows':>8}  {'flagged':>8}  {'kb':>8}  {'findings':>8}")
         for h, s in sorted(summary.hosts.items()):
-            print(f"{h.ljust(width)}  {s.windows:>8}  {s.flagged:>8}  {s.findings:>8}")
+            print(f"{h.ljust(width)}  {s.windows:>8}  {s.flagged:>8}  {s.signature:>8}  {s.findings:>8}")
     if summary.rows_written:
         print("written: " + ", ".join(f"{t} {n} rows" for t, n in summary.rows_written.items()))
     return 0
