@@ -28,7 +28,16 @@ def all_detectors():
     ]
 
 
-@parametrize_with_checks([RobustStandardizer(), *all_detectors()])
+def _checks_that_apply() -> pytest.MarkDecorator:
+    """sklearn's estimator checks minus the array-API ones: those only run with SCIPY_ARRAY_API
+    set and array-api-strict installed, and our detectors are NumPy-only by design."""
+    mark = parametrize_with_checks([RobustStandardizer(), *all_detectors()])
+    argnames, params = mark.args
+    keep = [p for p in params if "array_api" not in getattr(p[1], "func", p[1]).__name__]
+    return pytest.mark.parametrize(argnames, keep, **mark.kwargs)
+
+
+@_checks_that_apply()
 def test_sklearn_estimator_checks(estimator, check) -> None:
     check(estimator)
 
@@ -140,3 +149,51 @@ def test_mahalanobis_mcd_option_agrees_on_a_clear_outlier() -> None:
         det = MahalanobisDetector(method=method, random_state=0).fit(X)
         flags = det.predict(Y)
         assert flags[0] and flags[1:].sum() <= 1, method
+
+
+def test_numpy_isolation_forest_matches_the_algorithm_and_sklearn() -> None:
+    from sklearn.ensemble._iforest import _average_path_length
+
+    from analytics.detectors import average_path_length
+
+    n = np.array([1, 2, 3, 10, 256, 4096])
+    np.testing.assert_allclose(average_path_length(n), _average_path_length(n))
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 12))
+    Y = rng.normal(size=(200, 12))
+    Y[:100, 3:5] += 6.0  # outliers along two varying channels
+    for backend in ("numpy", "sklearn"):
+        det = IsolationForestDetector(random_state=0, backend=backend).fit(X)
+        s = det.score_samples(Y)
+        assert ((s > 0) & (s <= 1)).all()
+        auc = (s[:100, None] > s[None, 100:]).mean()
+        assert auc > 0.9, backend
+    # same seed, same forest
+    a = IsolationForestDetector(random_state=3).fit(X).score_samples(Y)
+    b = IsolationForestDetector(random_state=3).fit(X).score_samples(Y)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="backend"):
+        IsolationForestDetector(backend="gpu").fit(X)  # type: ignore[arg-type]
+
+
+def test_threshold_survives_a_mostly_anomalous_reference() -> None:
+    rng = np.random.default_rng(1)
+    clean = np.exp(rng.normal(0, 0.2, 400))
+    t = calibrate_threshold(clean, 4.0)
+    mostly_bad = np.r_[clean, np.full(600, 50.0)]  # 60 %: beyond any median rule
+    assert calibrate_threshold(mostly_bad, 4.0) < min(5 * t, 50.0)
+
+
+def test_zscore_threshold_is_bounded() -> None:
+    # two incidents in different channels cover 85 % of a short self history: each is a
+    # minority of its channel (so the z-scores are right), yet most windows are anomalous
+    X = np.random.default_rng(0).normal(0, 1, (100, 3))
+    X[:40, 0] += 40.0
+    X[40:85, 1] += 50.0
+    assert RobustZScore(floors=[1.0, 1.0, 1.0]).fit(X).threshold_ > 8.0  # uncapped by default
+    det = RobustZScore(floors=[1.0, 1.0, 1.0], max_threshold=8.0).fit(X)  # the pipeline's cap on telemetry
+    assert det.threshold_ == 8.0 and det.predict(X)[:85].all()
+    # ... and a reference with almost no spread does not flag the slightest wobble
+    det = RobustZScore(floors=[1.0, 1.0, 1.0]).fit(np.zeros((100, 3)))
+    assert det.threshold_ >= 3.0
+    assert not det.predict(np.full((5, 3), 2.5)).any()

@@ -15,7 +15,7 @@ import time as _time
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import numpy as np
 import polars as pl
@@ -125,19 +125,28 @@ def facts_frame(sc: Scenario, hr: HostRun) -> pl.DataFrame:
         if inj_mod.TYPES[i.type].facts is not None:
             times.update(x for x in (i.start_s, i.end_s) if x < sc.duration_s)
     base = healthy_facts(hr.spec)
-    recs: list[tuple[datetime, str, str, str, str, float | None]] = []
-    for t in sorted(times):
-        ts = sc.start + timedelta(seconds=float(t))
-        state = inj_mod.facts_at(base, hr.injections, hr.spec, float(t))
-        recs.extend((ts, c, d, k, v, n) for c, d, k, v, n in fact_rows(hr.spec, state))
-    cols = list(zip(*recs, strict=True)) if recs else [()] * 6
+    # facts only change where an injection starts or ends: build each distinct state's rows
+    # once and repeat them for every snapshot time in its span
+    changes = sorted({x for i in hr.injections if inj_mod.TYPES[i.type].facts is not None
+                      for x in (i.start_s, i.end_s)})
     sch = schema.get("host_facts").polars_schema()
-    df = pl.DataFrame({
-        "time": pl.Series(cols[0], dtype=pl.Datetime("us", "UTC")),
-        "host": pl.Series([hr.spec.name] * len(recs), dtype=pl.String),
-        **{name: pl.Series(cols[i + 1], dtype=sch[name])
-           for i, name in enumerate(("category", "device", "key", "value", "value_num"))},
-    })
+    names = ("category", "device", "key", "value", "value_num")
+    frames: list[pl.DataFrame] = []
+    ordered = sorted(times)
+    for lo, hi in zip([0.0, *changes], [*changes, float("inf")], strict=True):
+        span = [t for t in ordered if lo <= t < hi]
+        if not span:
+            continue
+        rows = fact_rows(hr.spec, inj_mod.facts_at(base, hr.injections, hr.spec, float(span[0])))
+        if not rows:
+            continue
+        block = pl.DataFrame(list(zip(*rows, strict=True)), schema={n: sch[n] for n in names}, orient="col")
+        stamps = pl.DataFrame({"time": pl.Series([sc.start + timedelta(seconds=float(t)) for t in span],
+                                                 dtype=pl.Datetime("us", "UTC"))})
+        frames.append(stamps.join(block, how="cross"))
+    if not frames:
+        return pl.DataFrame(schema=sch)
+    df = pl.concat(frames).with_columns(pl.lit(hr.spec.name, dtype=pl.String).alias("host"))
     return df.select(list(sch))
 
 
