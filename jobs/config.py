@@ -37,6 +37,7 @@ class AgentSection:
     tiers: dict[str, str] = field(default_factory=dict)
     compact_every_s: float = 600.0
     cgroup_paths: list[str] = field(default_factory=list)
+    durable: bool = False
 
 
 @dataclass
@@ -60,6 +61,7 @@ _TYPES: dict[str, dict[str, tuple[type, ...]]] = {
         "tiers": (dict,),
         "compact_every_s": (int, float),
         "cgroup_paths": (list,),
+        "durable": (bool,),
     },
     "influx": {
         "url": (str,),
@@ -78,7 +80,7 @@ def _section(path: Path, name: str, raw: dict[str, Any], cls: type) -> Any:
     for key, value in raw.items():
         if key not in types:
             raise ConfigError(f"{path}: unknown key [{name}].{key} (known: {', '.join(types)})")
-        if not isinstance(value, types[key]) or isinstance(value, bool):
+        if not isinstance(value, types[key]) or (isinstance(value, bool) and bool not in types[key]):
             want = " or ".join(t.__name__ for t in types[key])
             raise ConfigError(f"{path}: [{name}].{key} must be {want}, got {value!r}")
         values[key] = value

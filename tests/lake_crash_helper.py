@@ -40,7 +40,8 @@ def main(mode: str, root: str, first: int) -> None:
     deadline = time.monotonic() + 30
     next_id = first
     if mode == "sink":
-        sink = lake.LakeSink(root, max_buffer_rows=10**9, max_buffer_age_s=1e9)
+        # the agent's setting: no fsync; a killed process must still never expose a partial file
+        sink = lake.LakeSink(root, max_buffer_rows=10**9, max_buffer_age_s=1e9, durable=False)
         print("ready", flush=True)
         while time.monotonic() < deadline:
             for _ in range(2):

@@ -32,6 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--flush-interval", type=float, metavar="SECONDS", help="buffer flush period")
     p.add_argument("--collectors", metavar="A,B", help="comma-separated collectors (default all)")
     p.add_argument("--all-fast", action="store_true", help="sample every source at the fast interval")
+    p.add_argument("--durable", action="store_true",
+                   help="fsync every lake file (survives power loss; costs CPU at each flush)")
     p.add_argument("--quiet", action="store_true", help="no summary at the end")
     p.set_defaults(func=run)
 
@@ -57,7 +59,7 @@ def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], Path]:
         acfg.collector_options["cgroup"] = {"paths": list(a.cgroup_paths)}
     from ingest.lake import LakeSink
 
-    sinks: list[Sink] = [LakeSink(lake)]
+    sinks: list[Sink] = [LakeSink(lake, durable=args.durable or a.durable)]
     urls = args.influx_url or ([cfg.influx.url] if cfg.influx.url else [])
     if urls:
         from ingest.influx import InfluxConfig, InfluxSink
