@@ -145,11 +145,12 @@ def _write_parquet_atomic(df: pl.DataFrame, path: Path, *, compression: str, com
         _fsync_path(path.parent)
 
 
-def _write_json_atomic(obj: dict[str, Any], path: Path) -> None:
+def write_json_atomic(path: Path, obj: Any, *, pretty: bool = False) -> None:
+    """Temp file, fsync, rename, fsync the directory: readers see the old or the new file."""
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh)
+            json.dump(obj, fh, indent=1 if pretty else None, sort_keys=pretty)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -158,6 +159,10 @@ def _write_json_atomic(obj: dict[str, Any], path: Path) -> None:
             tmp.unlink()
         raise
     _fsync_path(path.parent)
+
+
+def _write_json_atomic(obj: dict[str, Any], path: Path) -> None:
+    write_json_atomic(path, obj)
 
 
 def _root(root: str | os.PathLike[str]) -> Path:

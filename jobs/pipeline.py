@@ -102,11 +102,17 @@ def analytics_from_mapping(d: Mapping[str, Any], where: str = "[analytics]") -> 
     from analytics.features import WindowSpec
 
     known = {"window_s", "stride_s", "detectors", "combine", "vote_k", "reference", "history", "threshold_k",
-             "top_k", "min_windows", "min_cohort", "random_state", "max_reference_rows"}
+             "top_k", "min_windows", "min_cohort", "random_state", "max_reference_rows", "one_sided",
+             "activity_weight", "min_run", "cohort_by", "cohort_tolerance", "warmup", "smooth"}
     bad = sorted(set(d) - known)
     if bad:
         raise ValueError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
-    kw: dict[str, Any] = {k: v for k, v in d.items() if k not in ("window_s", "stride_s", "history", "detectors")}
+    durations = ("history", "warmup", "smooth")
+    kw: dict[str, Any] = {k: v for k, v in d.items()
+                          if k not in ("window_s", "stride_s", "detectors", *durations)}
+    for k in ("warmup", "smooth"):
+        if k in d:
+            kw[k] = _duration(d[k], f"{where} {k}", zero=True)
     if "detectors" in d:
         if not isinstance(d["detectors"], list):
             raise ValueError(f"{where} detectors: expected a list of names, got {d['detectors']!r}")

@@ -106,18 +106,7 @@ def _fsync_dir(path: Path) -> None:
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Temp file, fsync, rename, fsync the directory: readers see the old or the new file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
+    lake_mod.write_json_atomic(path, obj, pretty=True)
 
 
 # ------------------------------------------------------------------- watermarks

@@ -231,10 +231,15 @@ def test_verification_success_and_failure_with_rollback(q: Queue, root: Path) ->
 
 
 def test_two_executor_processes_never_share_a_host(q: Queue, root: Path, tmp_path: Path) -> None:
-    # Both "hosts" share one test root: give them the same target mode, or an apply on h2
-    # would race an apply on h1 over the same file and fail its read-back check.
-    ids = [approved(q, {"enabled": "always"}, incident=f"i{i}", host=h)
-           for i in range(6) for h in ("h1", "h2")]
+    # Both "hosts" share one test root, so each must touch its own files (THP on h1, cpufreq
+    # on h2): two hosts writing one file would race each other's read-back check.
+    ids = []
+    for i in range(6):
+        ids.append(approved(q, {"enabled": "always" if i % 2 else "never"}, incident=f"i{i}", host="h1"))
+        a = q.propose(host="h2", entry_id="governor", incident_id=f"i{i}", script_id="cpu_governor",
+                      params={"governor": "performance" if i % 2 else "powersave"})
+        q.approve(a.id, by="alice")
+        ids.append(a.id)
     go = tmp_path / "go"
     worker = DATA / "worker.py"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
