@@ -72,7 +72,7 @@ _FAMILIES: list[FeatureFamily] = [
     _fam("cpu.procs_running", "cpu", "tasks", "up", 1.0, "mean runnable tasks"),
     _fam("cpu.procs_blocked", "cpu", "tasks", "up", 1.0, "mean tasks blocked on I/O"),
     _fam("cpu.load1", "cpu", "tasks", "up", 1.0, "mean 1-minute load average"),
-    _fam("softirq.rate", "cpu", "1/s", "up", 100.0, "softirqs of one type (device = type, e.g. NET_RX) per second"),
+    _fam("softirq.rate", "cpu", "1/s", "both", 100.0, "softirqs of one type (device = type, e.g. NET_RX) per second"),
     _fam("psi.cpu_some_share", "cpu", "fraction", "up", 0.01, "share of time some tasks stalled on CPU (PSI some_total)"),
     _fam("psi.cpu_some_avg10", "cpu", "fraction", "up", 0.01, "PSI cpu some avg10 / 100 (kernel's 10-s average)"),
     _fam("psi.memory_some_share", "memory", "fraction", "up", 0.01, "share of time some tasks stalled on memory"),
@@ -151,7 +151,7 @@ _FAMILIES: list[FeatureFamily] = [
     _fam("net.active_open_rate", "network", "1/s", "up", 5.0, "TCP active connection openings per second"),
     # ------------------------------------------------------------------ storage (device = disk)
     _fam("disk.latency_ms", "storage", "ms", "up", 0.5, "(read_time + write_time) / (reads + writes): mean I/O latency"),
-    _fam("disk.util", "storage", "fraction", "up", 0.02, "time with I/O in flight / window length"),
+    _fam("disk.util", "storage", "fraction", "both", 0.02, "time with I/O in flight / window length"),
     _fam("disk.queue_depth", "storage", "requests", "up", 0.5, "weighted I/O time / window length: mean queue depth"),
     _fam("disk.read_iops", "storage", "1/s", "both", 20.0, "reads completed per second"),
     _fam("disk.write_iops", "storage", "1/s", "both", 20.0, "writes completed per second"),

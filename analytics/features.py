@@ -2,12 +2,17 @@
 
 The same code serves sweeps, post-mortems and evaluation. Two stages keep it cheap:
 
-1. **buckets** — one ``group_by`` per measurement on ``(host, device, time truncated to
-   the bucket)`` (default bucket = stride = 1 s): counter deltas summed, gauges as bucket means
-   (window mean = mean of bucket means), min/max where a feature needs
-   them, throttle-reason bits as counts of samples with the bit set;
-2. **windows** — ``group_by_dynamic`` over the buckets (period = window length, every =
-   stride), then the derived ratios as plain expressions.
+1. **buckets** (lazy, :func:`bucket_frame`) — ONE ``group_by`` per measurement on
+   ``(host, tag columns, integer bucket)`` (default bucket = stride = 1 s) with every
+   aggregation at once, all measurements collected together: counter deltas summed,
+   gauges as bucket means (window mean = mean of bucket means), min/max where a feature
+   needs them, throttle-reason bits as counts of samples with the bit set;
+2. **windows** (eager, on the small bucket frames) — every host gets one grid of
+   buckets from its first to its last (over all tables); each table's devices x that
+   grid, trailing rolling sums/means/max/min over the buckets of a window (a window is
+   evaluated at the row of its last bucket), the kept window rows, then the derived
+   ratios as plain expressions. All tables share the grid's row order, so the wide frame
+   is a horizontal stack, without joins.
 
 Counters are stored as deltas (see :mod:`ingest.schema`), so "sum of deltas / window
 duration" is a rate. A window that runs past the end of a host's data is normalised
@@ -29,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import polars as pl
 
 from analytics.catalog import DEVICE_SEP, feature_name
@@ -467,41 +473,6 @@ def _safe(e: pl.Expr) -> pl.Expr:
     return pl.when(e.is_finite()).then(e)
 
 
-def _windows(lf: pl.LazyFrame, plan: _Plan, spec: WindowSpec) -> pl.LazyFrame:
-    """Long frame: host, _dev, window_start, window_end, one column per family."""
-    b_us = round(spec.bucket * 1e6)
-    # group on the raw tag columns and an integer bucket (cheaper than dt.truncate and
-    # string work per sample); the device name is derived on the few aggregated rows
-    tags = list(dict.fromkeys(plan.device.meta.root_names())) if plan.device is not None else []
-    bucket = (pl.col(TIME).cast(pl.Int64) // b_us * b_us).alias(_B)
-    # row expressions first, then plain aggregations (the fast path of group_by)
-    how_b = {"sum": pl.Expr.sum, "count": pl.Expr.count, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
-    rows = lf.select(HOST, *tags, bucket, *[e.alias(n) for n, (e, _) in plan.buckets.items()])
-    bk = rows.group_by(HOST, *tags, _B).agg([how_b[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
-    dev = plan.device if plan.device is not None else pl.lit("")
-    dev = dev.cast(pl.String).fill_null("").str.replace_all(DEVICE_SEP, ":", literal=True)
-    bk = bk.with_columns(dev.alias(_DEV), pl.col(_B).cast(schema.TIME_DTYPE))
-    bk = bk.with_columns(
-        pl.col(_B).min().over(HOST).alias(_FIRST),
-        (pl.col(_B).max().over(HOST) + pl.duration(microseconds=b_us)).alias(_LAST),
-    ).sort(HOST, _DEV, _B)
-    how = {"sum": pl.Expr.sum, "count": pl.Expr.sum, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
-    w = bk.group_by_dynamic(
-        _B, every=spec.stride, period=spec.length, group_by=[HOST, _DEV, _FIRST, _LAST],
-        closed="left", label="left", start_by="window",
-    ).agg([how[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
-    length_us = round(spec.length_s * 1e6)
-    start = pl.col(_B)
-    end = start + pl.duration(microseconds=length_us)
-    covered = (pl.min_horizontal(end, pl.col(_LAST)) - pl.max_horizontal(start, pl.col(_FIRST))).dt.total_microseconds()
-    extent = (pl.col(_LAST) - pl.col(_FIRST)).dt.total_microseconds()
-    w = w.with_columns((covered / 1e6).alias(_DUR)).filter(
-        covered >= pl.min_horizontal(pl.lit(length_us), extent)
-    )
-    feats = [_safe(e).alias(fam) for fam, e in plan.features.items()]
-    return w.select(pl.col(HOST), pl.col(_DEV), start.alias(WINDOW_START), end.alias(WINDOW_END), *feats)
-
-
 def _facts_nodes(host_facts: pl.DataFrame | None) -> pl.DataFrame:
     """(host, device, pci, node) of every device with a numa_node fact."""
     empty = pl.DataFrame(schema={HOST: pl.String, "device": pl.String, "pci": pl.String, "node": pl.Int64})
@@ -565,15 +536,11 @@ def _attach_irq_devices(lf: pl.LazyFrame, host_facts: pl.DataFrame | None) -> pl
     return lf.with_columns(pl.col("device").cast(pl.String)).join(mapping.lazy(), on=[HOST, "device"], how="inner")
 
 
-def feature_frames(
-    frames: Mapping[str, pl.LazyFrame],
-    spec: WindowSpec = WindowSpec(),
-    *,
-    host_facts: pl.DataFrame | None = None,
-) -> dict[str, tuple[pl.LazyFrame, bool, tuple[str, ...]]]:
-    """The lazy per-measurement window frames: name -> (long frame, has devices, zero-fill
-    families). Pure LazyFrame -> LazyFrame except for the tiny IRQ-device lookup."""
-    out: dict[str, tuple[pl.LazyFrame, bool, tuple[str, ...]]] = {}
+def _tables(
+    frames: Mapping[str, pl.LazyFrame], host_facts: pl.DataFrame | None
+) -> dict[str, tuple[pl.LazyFrame, _Plan]]:
+    """The measurements that give features, each with its plan (validated)."""
+    out: dict[str, tuple[pl.LazyFrame, _Plan]] = {}
     for name, lf in frames.items():
         if name in SKIPPED:
             continue
@@ -594,10 +561,110 @@ def feature_frames(
             tag_cols = plan.device.meta.root_names()
             if not set(tag_cols) <= cols | {_DEV}:
                 raise ValueError(f"measurement {name!r}: missing tag column(s) {sorted(set(tag_cols) - cols)}")
-        if not plan.features:
-            continue
-        out[name] = (_windows(lf, plan, spec), plan.device is not None, plan.zero_fill)
+        if plan.features:
+            out[name] = (lf, plan)
     return out
+
+
+def _tags(plan: _Plan) -> list[str]:
+    return list(dict.fromkeys(plan.device.meta.root_names())) if plan.device is not None else []
+
+
+def bucket_frame(lf: pl.LazyFrame, plan: _Plan, spec: WindowSpec) -> pl.LazyFrame:
+    """Stage 1, lazy: ONE ``group_by`` of the raw rows on (host, tag columns, bucket) with
+    every bucket aggregation of the plan at once. The bucket ``_b`` is an integer
+    (µs since the epoch, a multiple of the bucket length): cheaper than datetime
+    truncation, and string work on device names is left to the few aggregated rows."""
+    b_us = round(spec.bucket * 1e6)
+    tags = _tags(plan)
+    bucket = (pl.col(TIME).cast(pl.Int64) // b_us * b_us).alias(_B)
+    rows = lf.select(pl.col(HOST).cast(pl.String), *tags, bucket,
+                     *[e.alias(n) for n, (e, _) in plan.buckets.items()])
+    how = {"sum": pl.Expr.sum, "count": pl.Expr.count, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
+    return rows.group_by(HOST, *tags, _B).agg([how[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
+
+
+def _with_device(bk: pl.DataFrame, plan: _Plan) -> pl.DataFrame:
+    """(host, _dev, _b, aggregations): the device named from the tags, on bucket rows."""
+    dev = plan.device if plan.device is not None else pl.lit("")
+    dev = dev.cast(pl.String).fill_null("").str.replace_all(DEVICE_SEP, ":", literal=True)
+    tags = _tags(plan)
+    out = bk.with_columns(dev.alias(_DEV)).drop([t for t in tags if t != _DEV])
+    if len(tags) > 1 or (tags and tags != [_DEV] and out.select(HOST, _DEV, _B).is_duplicated().any()):
+        # several tag values name one device (e.g. '1' and 'node1'): merge their buckets
+        # with the window semantics (sums add; a mean of means is close enough here)
+        agg = {"sum": pl.Expr.sum, "count": pl.Expr.sum, "mean": pl.Expr.mean, "max": pl.Expr.max,
+               "min": pl.Expr.min}
+        out = out.group_by(HOST, _DEV, _B).agg([agg[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
+    return out
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """Every host's buckets from its first to its last (over all tables), and which
+    grid rows end a window that is kept. Windows are evaluated at the row of their LAST
+    bucket as trailing sums over ``m`` buckets, so all tables share one row order."""
+
+    frame: pl.DataFrame  # host, _b (sorted)
+    keep: np.ndarray  # bool per grid row: a window ends here
+    index: pl.DataFrame  # host, window_start, window_end of the kept rows
+    dur: np.ndarray  # covered seconds of each kept window
+    m: int  # buckets per window
+
+
+def _grid(bks: Sequence[pl.DataFrame], spec: WindowSpec) -> _Grid:
+    b_us = round(spec.bucket * 1e6)
+    s_us = round(spec.stride_s * 1e6)
+    m = round(spec.length_s / spec.bucket)
+    ext = (
+        pl.concat([bk.group_by(HOST).agg(pl.col(_B).min().alias(_FIRST), pl.col(_B).max().alias(_LAST)) for bk in bks])
+        .group_by(HOST).agg(pl.col(_FIRST).min(), pl.col(_LAST).max()).sort(HOST)
+    )
+    hosts, firsts, lasts = ext[HOST].to_list(), ext[_FIRST].to_numpy(), ext[_LAST].to_numpy()
+    # a host with less than one window of data still gets its grid extended to one window
+    nbs = np.maximum((lasts - firsts) // b_us + 1, m).astype(np.int64)
+    off = np.concatenate([[0], np.cumsum(nbs)])
+    local = np.arange(off[-1], dtype=np.int64) - np.repeat(off[:-1], nbs)
+    first = np.repeat(firsts, nbs)
+    last = np.repeat(lasts, nbs)
+    b = first + local * b_us
+    ws = b - (m - 1) * b_us
+    # full windows aligned to the stride inside the host's data; a host shorter than one
+    # window keeps the one window starting at its first bucket (normalised by coverage)
+    keep = (ws >= first) & (((b <= last) & (ws % s_us == 0)) | ((ws == first) & (last < b)))
+    frame = pl.DataFrame({HOST: pl.Series(np.repeat(np.array(hosts, dtype=object), nbs), dtype=pl.String),
+                          _B: b})
+    dur = (np.minimum(b, last)[keep] + b_us - ws[keep]) / 1e6
+    start = pl.Series(WINDOW_START, ws[keep]).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+    index = pl.DataFrame({HOST: frame[HOST].filter(pl.Series(keep)), WINDOW_START: start}).with_columns(
+        (pl.col(WINDOW_START) + pl.duration(microseconds=round(spec.length_s * 1e6))).alias(WINDOW_END))
+    return _Grid(frame, keep, index, dur, m)
+
+
+def _table_windows(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[list[str], pl.DataFrame]:
+    """Stage 2, eager on the small bucket frame: the table's devices x the host grid,
+    trailing rolling aggregations over ``m`` buckets (sum/count -> sum, mean -> mean of
+    the bucket means, max/min), the kept window rows, then the plan's features. Returns
+    the devices and a frame of ``len(devices) * n_windows`` rows, device-major, each
+    device's rows in the grid's window order."""
+    devs = bk[_DEV].unique().sort()
+    n_dev, n_grid = devs.len(), grid.frame.height
+    g = pl.DataFrame({_DEV: devs.gather(np.repeat(np.arange(n_dev), n_grid))}).hstack(
+        pl.concat([grid.frame] * n_dev) if n_dev > 1 else grid.frame)
+    g = g.join(bk, on=[_DEV, HOST, _B], how="left", maintain_order="left")
+    m = grid.m
+    if m > 1:
+        # rows whose window would reach into the previous (device, host) group are never
+        # kept (their window starts before the host's first bucket), so no .over() needed
+        roll = {"sum": pl.Expr.rolling_sum, "count": pl.Expr.rolling_sum, "mean": pl.Expr.rolling_mean,
+                "max": pl.Expr.rolling_max, "min": pl.Expr.rolling_min}
+        g = g.select(*[roll[a](pl.col(n), m, min_samples=1) for n, (_, a) in plan.buckets.items()])
+    else:
+        g = g.select(list(plan.buckets))
+    keep = np.tile(grid.keep, n_dev)
+    w = g.filter(pl.Series(keep)).with_columns(pl.Series(_DUR, np.tile(grid.dur, n_dev)))
+    feats = w.select([_safe(e).alias(fam) for fam, e in plan.features.items()])
+    return [str(d) for d in devs.to_list()], feats
 
 
 def compute_features(
@@ -608,51 +675,33 @@ def compute_features(
 ) -> pl.DataFrame:
     """The wide feature frame: host, window_start, window_end, one Float64 column per
     feature (see :mod:`analytics.catalog` for names). Missing tables/columns simply give
-    fewer columns; an empty input gives an empty frame with the key columns."""
-    plans = feature_frames(frames, spec, host_facts=host_facts)
-    names = list(plans)
-    collected = pl.collect_all([plans[n][0] for n in names]) if names else []
-    # one block per (measurement, device), its columns renamed family@device
-    blocks: list[tuple[pl.DataFrame, tuple[str, ...]]] = []
-    seen: set[str] = set()
-    for name, df in zip(names, collected, strict=True):
-        _, has_dev, zero_fill = plans[name]
-        if df.is_empty():
-            continue
-        fams = [c for c in df.columns if c not in (HOST, _DEV, WINDOW_START, WINDOW_END)]
-        parts = df.partition_by(_DEV, as_dict=True) if has_dev else {("",): df}
-        for (dev,), part in parts.items():
-            ren = {f: feature_name(f, str(dev)) for f in fams}
-            dup = [n for n in ren.values() if n in seen]
-            if dup:  # e.g. an imported table named like a built-in family
-                log.warning("measurement %r: features %s already computed from another table; dropped", name, dup)
-                ren = {f: n for f, n in ren.items() if n not in seen}
-                fams = [f for f in fams if f in ren]
-            seen.update(ren.values())
-            zf = tuple(ren[f] for f in fams if f in zero_fill)
-            blocks.append((part.select(*KEYS, *[pl.col(f).alias(ren[f]) for f in fams]), zf))
-    if not blocks:
+    fewer columns; an empty input gives an empty frame with the key columns.
+
+    Cost: the raw rows are touched once, by one lazy ``group_by`` per table, all tables
+    collected together (``collect_all``); everything after works on 1-s buckets."""
+    tables = _tables(frames, host_facts)
+    names = list(tables)
+    collected = pl.collect_all([bucket_frame(lf, plan, spec) for lf, plan in tables.values()]) if names else []
+    bks = {n: _with_device(df, tables[n][1]) for n, df in zip(names, collected, strict=True) if df.height}
+    if not bks:
         return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
-    # align every block on the union of windows: hstack when a block already has exactly
-    # those rows in order (the usual case), else a left join (cheaper than chained full joins)
-    index = pl.concat([b.select(KEYS) for b, _ in blocks]).unique().sort(list(KEYS))
-    cols: list[pl.DataFrame] = [index]
-    for block, zf in blocks:
-        block = block.sort(list(KEYS))
-        if block.height != index.height or not block.select(KEYS).equals(index):
-            block = index.join(block, on=list(KEYS), how="left", maintain_order="left")
-        vals = block.drop(KEYS)
-        if zf:  # sparse tables: a device without rows in a window had no events
-            vals = vals.with_columns(pl.col(list(zf)).fill_null(0.0))
-        cols.append(vals)
-    out = pl.concat(cols, how="horizontal")
-    feats = sorted(c for c in out.columns if c not in KEYS)
-    return out.select(
-        pl.col(HOST).cast(pl.String),
-        pl.col(WINDOW_START).cast(schema.TIME_DTYPE),
-        pl.col(WINDOW_END).cast(schema.TIME_DTYPE),
-        *[pl.col(c).cast(pl.Float64) for c in feats],
-    ).sort(HOST, WINDOW_START)
+    grid = _grid(list(bks.values()), spec)
+    n_win = grid.index.height
+    cols: dict[str, pl.Series] = {}
+    for name, bk in bks.items():
+        plan = tables[name][1]
+        devs, feats = _table_windows(bk, plan, grid)
+        if plan.zero_fill:  # sparse tables: a device without rows in a window had no events
+            feats = feats.with_columns(pl.col(list(plan.zero_fill)).fill_null(0.0))
+        for i, dev in enumerate(devs):
+            part = feats.slice(i * n_win, n_win)
+            for fam in feats.columns:
+                col = feature_name(fam, dev)
+                if col in cols:  # e.g. an imported table named like a built-in family
+                    log.warning("measurement %r: feature %s already computed from another table; dropped", name, col)
+                    continue
+                cols[col] = part[fam].alias(col)
+    return grid.index.hstack([cols[c] for c in sorted(cols)])
 
 
 def feature_columns(features: pl.DataFrame) -> list[str]:

@@ -16,8 +16,9 @@ docs/analytics.md):
   ``combined``), reference (``self`` / ``cohort``), score (Float64, higher = worse),
   threshold, flagged (bool). ``combined`` scores are margins: each detector's score is
   rescaled so its reference median is 0 and its threshold 1; ``any`` takes the largest
-  margin, ``all`` the smallest, ``vote`` the k-th largest, so combined flagged <=>
-  combined score > 1 (threshold 1.0).
+  margin, ``all`` the smallest, ``vote`` the k-th largest (threshold 1.0); combined
+  flagged <=> combined score > 1, in a run of at least ``min_run`` consecutive such
+  windows, and the host past its ``warmup``.
 * ``findings``: one row per window whose combined score is flagged under the judging
   reference: the cohort when the host has one, else its own history (with
   ``reference="self"`` or ``"cohort"`` only, that one). Columns: host, window_start,
@@ -30,16 +31,24 @@ References (the same standardisation and detectors, only the reference rows diff
 * ``self``: the host's own windows of the interval plus ``history`` before it (loaded
   by :func:`analyze_lake`; only windows from ``start`` on are scored). Robust statistics
   (median/MAD, trimmed covariance) tolerate an anomaly covering less than half of it.
-* ``cohort``: the windows of the host's peers — other hosts of the same cohort (same
-  GPU count and model from host_facts, or from the GPUs seen in the features) in the
-  same interval — so a host misconfigured since boot is still caught. Needs at least
-  ``min_cohort`` hosts in the cohort (the host included).
+* ``cohort``: the windows of the host's peers — other hosts of the same cohort
+  (:func:`cohorts`: same hardware, then the same *workload behaviour*) in the same
+  interval — so a host misconfigured since boot is still caught. Needs at least
+  ``min_cohort`` hosts in the cohort (the host included); else the host is judged by
+  its own history.
+
+What the detectors see (docs/analytics.md, "Verdicts"): robust z-scores, one-sided for
+features with a direction of trouble, log-compressed and down-weighted for workload
+activity (:func:`evidence_weights`), as centred 120-s running medians
+(:func:`_detection_matrix`), so benign phases shorter than a minute (checkpoints,
+bursts) are not anomalies and sustained inefficiencies are from their first windows.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -50,13 +59,14 @@ import polars as pl
 
 from analytics import attribution
 from analytics.baselines import GaussianMixtureNLL, PCAReconstruction
-from analytics.catalog import lookup
+from analytics.catalog import FAMILIES, lookup
 from analytics.detectors import (
     IsolationForestDetector,
     MahalanobisDetector,
     RobustStandardizer,
     RobustZScore,
     _Detector,
+    calibrate_threshold,
     scores_to_labels,
 )
 from analytics.features import (
@@ -127,6 +137,13 @@ class AnalyticsConfig:
     min_windows: int = 10
     min_cohort: int = 3
     max_reference_rows: int = 20000
+    one_sided: bool = True
+    activity_weight: float = 0.25
+    min_run: int = 3
+    cohort_by: Literal["behaviour", "hardware"] = "behaviour"
+    cohort_tolerance: float = 2.0
+    warmup: timedelta = timedelta(minutes=5)
+    smooth: timedelta = timedelta(seconds=120)
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, WindowSpec):
@@ -147,9 +164,19 @@ class AnalyticsConfig:
                              f"not {self.vote_k!r}")
         if self.reference not in ("self", "cohort", "both"):
             raise ValueError(f"analytics.reference must be self, cohort or both, not {self.reference!r}")
+        if not isinstance(self.warmup, timedelta) or self.warmup < timedelta(0):
+            raise ValueError(f"analytics.warmup must be a non-negative timedelta, not {self.warmup!r}")
         if not isinstance(self.history, timedelta) or self.history < timedelta(0):
             raise ValueError(f"analytics.history must be a non-negative timedelta, not {self.history!r}")
-        for key in ("top_k", "min_windows", "min_cohort", "max_reference_rows"):
+        if not (isinstance(self.activity_weight, int | float) and 0.0 < self.activity_weight <= 1.0):
+            raise ValueError(f"analytics.activity_weight must be in (0, 1], not {self.activity_weight!r}")
+        if not isinstance(self.one_sided, bool):
+            raise ValueError(f"analytics.one_sided must be true or false, not {self.one_sided!r}")
+        if self.cohort_by not in ("behaviour", "hardware"):
+            raise ValueError(f"analytics.cohort_by must be behaviour or hardware, not {self.cohort_by!r}")
+        if not (isinstance(self.cohort_tolerance, int | float) and self.cohort_tolerance > 1.0):
+            raise ValueError(f"analytics.cohort_tolerance must be a factor > 1, not {self.cohort_tolerance!r}")
+        for key in ("top_k", "min_windows", "min_cohort", "max_reference_rows", "min_run"):
             v = getattr(self, key)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"analytics.{key} must be a positive integer, not {v!r}")
@@ -169,12 +196,17 @@ class AnalyticsConfig:
         n = len(self.detectors)
         return {"any": 1, "all": n, "vote": self.vote_k}[self.combine]
 
-    def make_detector(self, name: str) -> _Detector:
+    def make_detector(self, name: str, *, capped: bool = False) -> _Detector:
+        """The configured detector; ``capped``: set its ``max_threshold`` (if it has one)
+        to the detector's cap for telemetry with catalog floors (see detectors._cap)."""
         params: dict[str, Any] = {"standardize": False}
         if self.threshold_k is not None:
             params["threshold_k"] = self.threshold_k
-        if "random_state" in DETECTORS[name]().get_params():
+        defaults = DETECTORS[name]().get_params()
+        if "random_state" in defaults:
             params["random_state"] = self.random_state
+        if capped and "max_threshold" in defaults:
+            params["max_threshold"] = DETECTORS[name]._cap
         params.update(self.detector_params.get(name, {}))
         return DETECTORS[name](**params)
 
@@ -209,17 +241,28 @@ def analyze_lake(lake_root: str | os.PathLike[str], start: datetime, end: dateti
     """Load [start - history, end) from the lake and analyze it; only windows starting
     at or after ``start`` are scored (the history is reference only)."""
     config = config or AnalyticsConfig()
-    frames = load_frames(lake_root, start - config.history, end, hosts)
+    # at least `warmup` before start, so a running host's first scored windows are judged
+    frames = load_frames(lake_root, start - max(config.history, config.warmup), end, hosts)
     facts_lf = frames.pop("host_facts", None)
     facts = facts_lf.collect() if facts_lf is not None else None
     return analyze(frames, config, host_facts=facts, score_since=start)
 
 
 # ------------------------------------------------------------------------- cohorts
-def cohorts(features: pl.DataFrame, host_facts: pl.DataFrame | None = None) -> dict[str, str]:
-    """host -> cohort label: ``<gpu count>x<gpu model>`` from host_facts (category gpu,
-    key name), else the GPU count seen in the features (``<n>xgpu``); hosts without
-    GPUs: ``0xgpu``."""
+#: families that describe what a host's ML workload is doing, not how well: the
+#: behavioural cohort compares hosts on these (GPU, GPU interconnect and NIC traffic).
+#: Ratios where inefficiencies show (power limit, IRQ locality, clocks ...) and host-side
+#: activity that noisy neighbours and contention change (disk I/O, CPU busy) are left
+#: out, so a host with an inefficiency still lands in its peers' cohort.
+BEHAVIOUR_FAMILIES: tuple[str, ...] = (
+    "gpu.util", "gpu.mem_util", "gpu.mem_used_share", "nvlink.tx_rate", "nvlink.rx_rate", "pcie.tx_rate",
+    "pcie.rx_rate", "net.rx_bytes_rate", "net.tx_bytes_rate",
+)
+
+
+def hardware_cohorts(features: pl.DataFrame, host_facts: pl.DataFrame | None = None) -> dict[str, str]:
+    """host -> ``<gpu count>x<gpu model>`` from host_facts (category gpu, key name), else
+    the GPU count seen in the features (``<n>xgpu``); hosts without GPUs: ``0xgpu``."""
     hosts = features[HOST].unique().to_list()
     out: dict[str, str] = {}
     if host_facts is not None and not host_facts.is_empty() and {"category", "key", "device"} <= set(host_facts.columns):
@@ -231,34 +274,140 @@ def cohorts(features: pl.DataFrame, host_facts: pl.DataFrame | None = None) -> d
         for h, n, model in g.iter_rows():
             out[h] = f"{n}x{model}"
     gpu_cols = [c for c in feature_columns(features) if lookup(c).family.startswith("gpu.") and "@" in c]
-    for h in hosts:
-        if h in out:
+    missing = [h for h in hosts if h not in out]
+    if missing:
+        seen = features.filter(pl.col(HOST).is_in(missing)).group_by(HOST).agg(
+            [pl.col(c).is_not_null().any().alias(c) for c in gpu_cols])
+        for row in seen.iter_rows(named=True):
+            devs = {c.partition("@")[2] for c in gpu_cols if row[c]}
+            out[row[HOST]] = f"{len(devs)}xgpu"
+    return out
+
+
+def behaviour_profiles(features: pl.DataFrame) -> pl.DataFrame:
+    """One row per host: the median over its windows of each behaviour family (the mean
+    over the family's devices in each window)."""
+    fams: dict[str, list[str]] = {}
+    for c in feature_columns(features):
+        fam = lookup(c).family
+        if fam in BEHAVIOUR_FAMILIES:
+            fams.setdefault(fam, []).append(c)
+    if not fams:
+        return features.select(HOST).unique().sort(HOST)
+    per_window = features.select(HOST, *[pl.mean_horizontal(cs).alias(f) for f, cs in fams.items()])
+    return per_window.group_by(HOST).agg(pl.col(list(fams)).median()).sort(HOST)
+
+
+def cohorts(features: pl.DataFrame, host_facts: pl.DataFrame | None = None, *,
+            by: Literal["behaviour", "hardware"] = "behaviour", tolerance: float = 2.0) -> dict[str, str]:
+    """host -> cohort label. Hosts are first grouped by hardware (:func:`hardware_cohorts`);
+    with ``by="behaviour"`` (default) each group is split by workload: two hosts are
+    alike when, for every behaviour family (:data:`BEHAVIOUR_FAMILIES`), their interval
+    medians differ by less than a factor ``tolerance`` or by less than 5 catalog floors
+    (noise); cohorts are the complete-linkage clusters of that relation (every pair in a
+    cohort is alike), labelled ``<hardware>/<n>``. An LLM-serving host and a training
+    host of the same model are thus different cohorts (NVLink all-reduce traffic, disk
+    checkpoints, GPU utilisation differ by far more than 2x)."""
+    hw = hardware_cohorts(features, host_facts)
+    if by == "hardware" or features.is_empty():
+        return hw
+    prof = behaviour_profiles(features)
+    fams = [c for c in prof.columns if c != HOST]
+    if not fams:
+        return hw
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    floors = np.array([5.0 * lookup(f).floor for f in fams])
+    log_tol = float(np.log(tolerance))
+    out: dict[str, str] = {}
+    groups: dict[str, list[str]] = {}
+    for h, label in hw.items():
+        groups.setdefault(label, []).append(h)
+    for label, members in groups.items():
+        members = sorted(members)
+        if len(members) == 1:
+            out[members[0]] = f"{label}/0"
             continue
-        sub = features.filter(pl.col(HOST) == h).select(gpu_cols)
-        devs = {c.partition("@")[2] for c in gpu_cols if sub[c].null_count() < sub.height}
-        out[h] = f"{len(devs)}xgpu"
+        P = prof.filter(pl.col(HOST).is_in(members)).sort(HOST).select(fams).to_numpy().astype(np.float64)
+        # pairwise distance in units of the tolerance: a pair is alike when it is <= 1
+        a, b = P[:, None, :], P[None, :, :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.abs(np.log(np.maximum(np.abs(a), floors) / np.maximum(np.abs(b), floors))) / log_tol
+        ratio = np.where(np.isfinite(ratio), ratio, 0.0)  # a family missing on one host: no evidence
+        dist = ratio.max(axis=2)
+        iu = np.triu_indices(len(members), 1)
+        clusters = fcluster(linkage(dist[iu], method="complete"), t=1.0, criterion="distance")
+        for h, c in zip(members, clusters.tolist(), strict=True):
+            out[h] = f"{label}/{c - 1}"
     return out
 
 
 # ------------------------------------------------------------------------- scoring
 @dataclass
 class _Fit:
+    """A reference: its standardiser, the evidence transform and the fitted detectors."""
+
     scaler: RobustStandardizer
     models: dict[str, _Detector]
+    sign: np.ndarray  # +1: only increases count (trouble "up"), -1: only decreases, 0: both
+    weight: np.ndarray  # per-feature weight of the evidence
+
+    def evidence(self, X: np.ndarray) -> np.ndarray:
+        """Standardised deviations as the detectors see them: one-sided for features
+        with a direction of trouble, down-weighted for workload-activity features."""
+        return _evidence(self.scaler.transform(X), self.sign, self.weight)
 
 
-def _fit(config: AnalyticsConfig, ref: np.ndarray, floors: np.ndarray) -> _Fit:
+def _evidence(z: np.ndarray, sign: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    if sign.any():  # one pass: up-features clipped below at 0, down-features above
+        np.clip(z, np.where(sign > 0, 0.0, -np.inf), np.where(sign < 0, 0.0, np.inf), out=z)
+    act = weight < 1.0
+    if act.any():  # activity: log-compressed, so a 1000x burst is ~7 scales, not 1000
+        za = z[:, act]
+        z[:, act] = np.sign(za) * np.log1p(np.abs(za)) * weight[act]
+    return z
+
+
+def evidence_weights(cols: Sequence[str], config: AnalyticsConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(sign, weight) per feature from the catalog: the direction of trouble decides
+    which side of the reference counts (``one_sided``); families that only describe
+    workload activity (direction ``both``: utilisation, traffic, I/O rates) get
+    ``activity_weight`` on a log-compressed deviation (``w·sign(z)·log1p(|z|)``): a
+    workload phase (model load, checkpoint, evaluation) moves them by orders of
+    magnitude without being an inefficiency; with the default 0.25 no activity feature
+    reaches the Z-score's minimum threshold (3) alone below a 10^5-fold deviation, yet
+    they still shape the multivariate detectors and the fingerprints. Imported metrics
+    (unknown families) keep weight 1, linear, both sides."""
+    sign = np.zeros(len(cols))
+    weight = np.ones(len(cols))
+    for j, c in enumerate(cols):
+        info = lookup(c)
+        if info.family not in FAMILIES:
+            continue
+        if info.direction == "both":
+            weight[j] = config.activity_weight
+        elif config.one_sided:
+            sign[j] = 1.0 if info.direction == "up" else -1.0
+    return sign, weight
+
+
+def _fit(config: AnalyticsConfig, ref: np.ndarray, floors: np.ndarray, sign: np.ndarray,
+         weight: np.ndarray, capped: bool = False) -> tuple[_Fit, np.ndarray]:
     scaler = RobustStandardizer(floors=floors).fit(ref)
-    z = scaler.transform(ref)
-    return _Fit(scaler, {d: config.make_detector(d).fit(z) for d in config.detectors})
+    z = _evidence(scaler.transform(ref), sign, weight)
+    models = {d: config.make_detector(d, capped=capped).fit(z) for d in config.detectors}
+    return _Fit(scaler, models, sign, weight), z
 
 
 def _fit_and_score(config: AnalyticsConfig, X: np.ndarray, ref_rows: np.ndarray, target: np.ndarray,
-                   floors: np.ndarray) -> tuple[_Fit, dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    fit = _fit(config, X[ref_rows], floors)
-    if np.array_equal(ref_rows, target):  # self reference without history: reuse the fit's scores
-        return fit, *_score(config, fit, None)
-    return fit, *_score(config, fit, fit.scaler.transform(X[target]))
+                   floors: np.ndarray, sign: np.ndarray, weight: np.ndarray, capped: bool = False
+                   ) -> tuple[_Fit, dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    fit, _ = _fit(config, X[ref_rows], floors, sign, weight, capped)
+    pos = np.searchsorted(ref_rows, target)
+    if target.size and pos.max() < ref_rows.size and np.array_equal(ref_rows[pos], target):
+        # the targets are reference rows (self reference): reuse the fit's scores
+        return fit, *_score(config, fit, None, pos)
+    return fit, *_score(config, fit, fit.evidence(X[target]))
 
 
 def _combine(margins: np.ndarray, rank: int) -> np.ndarray:
@@ -279,6 +428,9 @@ class _Block:
     flags: dict[str, np.ndarray]
     combined: np.ndarray
     thresholds: dict[str, float] = field(default_factory=dict)
+    combined_flags: np.ndarray | None = None  # combined > 1, persistent (see persistent()), judged
+    judged: np.ndarray | None = None  # per row: out of warm-up (may be flagged)
+    medians: dict[str, float] = field(default_factory=dict)  # cohort: score medians of the margins
 
     def __post_init__(self) -> None:
         if not self.thresholds:
@@ -294,49 +446,159 @@ def _margin(s: np.ndarray, median: float, threshold: float) -> np.ndarray:
 
 def _recalibrate_cohort(config: AnalyticsConfig, blocks: Sequence[_Block]) -> None:
     """One threshold per detector for a cohort, from the *out-of-sample* scores of its
-    hosts (each scored against its peers): median over hosts of each host's median, plus
-    k times the median over hosts of each host's MAD (log scale where the detector
-    calibrates on it). In-sample thresholds are too low for a host never seen in its
-    reference: host-specific offsets of many features add up."""
+    hosts (each scored against its peers): the median over hosts of each host's own
+    label-free threshold (:func:`calibrate_threshold` of its scores). In-sample
+    thresholds are too low for a host never seen in its reference (host-specific
+    offsets of many features add up); the median over hosts keeps a minority of
+    anomalous hosts (or one anomalous all along) from moving it."""
     if not blocks:
         return
     margins: dict[int, list[np.ndarray]] = {id(b): [] for b in blocks}
     for d, det in blocks[0].fit.models.items():
-        # per host: median and MAD of its out-of-sample scores; across hosts: their medians,
-        # so a minority of anomalous hosts (or a host anomalous all along) cannot move them
-        stats = []
+        thrs, meds = [], []
         for b in blocks:
-            v = b.scores[d][np.isfinite(b.scores[d])]
+            v = b.scores[d] if b.judged is None else b.scores[d][b.judged]
+            v = v[np.isfinite(v)]
             if v.size:
-                v = np.log(np.maximum(v, 1e-12)) if det._log_scale else v
-                m = float(np.median(v))
-                stats.append((m, 1.4826 * float(np.median(np.abs(v - m)))))
-        if not stats:
+                t = calibrate_threshold(v, det.threshold_k, log_scale=det._log_scale)
+                thrs.append(np.log(max(t, 1e-12)) if det._log_scale else t)
+                meds.append(float(np.median(np.log(np.maximum(v, 1e-12)) if det._log_scale else v)))
+        if not thrs:
             continue
-        med_l = float(np.median([m for m, _ in stats]))
-        mad_l = float(np.median([a for _, a in stats]))
-        floor = 0.05 if det._log_scale else 0.05 * max(abs(med_l), 1.0)
-        thr = med_l + det.threshold_k * max(mad_l, floor)
-        med = med_l
+        thr, med = float(np.median(thrs)), float(np.median(meds))
         if det._log_scale:
-            thr, med = float(np.exp(thr)), float(np.exp(med_l))
+            thr, med = float(np.exp(thr)), float(np.exp(med))
+        thr = det._bounded(thr)
         for b in blocks:
             b.thresholds[d] = thr
+            b.medians[d] = med
             b.flags[d] = scores_to_labels(b.scores[d], thr)
             margins[id(b)].append(_margin(b.scores[d], med, thr))
     for b in blocks:
         b.combined = _combine(np.vstack(margins[id(b)]), config.combine_rank)
 
 
-def _score(config: AnalyticsConfig, fit: _Fit, z: np.ndarray | None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    """Scores, flags and combined margins of z (None: the reference rows themselves)."""
+def _score(config: AnalyticsConfig, fit: _Fit, z: np.ndarray | None, ref_pos: np.ndarray | None = None
+           ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """Scores, flags and combined margins of z (None: the reference rows at ``ref_pos``)."""
     scores, flags, margins = {}, {}, []
     for name, det in fit.models.items():
-        s = det.reference_scores_ if z is None else det._score_z(z)
+        s = det.reference_scores_[ref_pos] if z is None else det._score_z(z)
         scores[name] = s
         flags[name] = scores_to_labels(s, det.threshold_)
         margins.append(det.margin(s))
     return scores, flags, _combine(np.vstack(margins), config.combine_rank)
+
+
+def persistent(flags: np.ndarray, starts_us: np.ndarray, stride_us: int, min_run: int) -> np.ndarray:
+    """Flags kept only inside runs of at least ``min_run`` consecutive flagged windows
+    (consecutive = window starts one stride apart). A one- or two-window blip (a burst
+    of interrupts, a short stall) is not reported; a sustained inefficiency loses only
+    its first ``min_run - 1`` windows' worth of delay, not its windows."""
+    flags = np.asarray(flags, dtype=bool)
+    if min_run <= 1 or not flags.any():
+        return flags
+    n = flags.size
+    contiguous = np.ones(n, dtype=bool)
+    contiguous[1:] = np.diff(starts_us) == stride_us
+    # a new run starts at every flagged window whose predecessor is unflagged or not adjacent
+    prev = np.r_[False, flags[:-1]]
+    start = flags & ~(prev & contiguous)
+    run_id = np.cumsum(start) * flags  # 0 for unflagged windows
+    lengths = np.bincount(run_id, minlength=1)
+    keep = lengths >= min_run
+    keep[0] = False
+    return np.asarray(keep[run_id])
+
+
+def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: AnalyticsConfig
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """The matrix the detectors see: each feature's centred running median over
+    ``config.smooth`` of the host's windows (``smooth`` <= one stride: the raw
+    features). Workload phases shorter than half of it (a checkpoint, an evaluation
+    pass, a burst of I/O) leave the median alone; a step that lasts longer moves it at
+    once (a centred median follows a step without delay), so a sustained inefficiency
+    is found from its first windows and a benign phase is not.
+
+    Cost: a running median of 120 windows over every feature is ~0.4 s per host-hour;
+    this is a median of block means instead: means of blocks of ``smooth/12`` (10 s),
+    then a centred running median over 12 blocks, mapped back to the windows (~50 ms).
+    A burst inflates the mean of the one or few blocks it touches, which the median of
+    12 ignores as long as it touches fewer than half of them. Time resolution: a block.
+
+    At the ends of a host's data the window of 12 blocks is shifted inward (a truncated
+    window would let a final checkpoint be half of it), so there the smoothed value is
+    not centred on the window: the second result marks those *edge* rows, whose verdict
+    must also hold on the raw window (see :func:`analyze`): a fault that stopped 30 s
+    before the end is not extended to the end, a checkpoint at the end is not flagged."""
+    no_edge = np.zeros(feats.height, dtype=bool)
+    if not cols:
+        return np.zeros((feats.height, 0)), no_edge
+    stride_us = round(config.window.stride_s * 1e6)
+    w = round(config.smooth.total_seconds() * 1e6 / stride_us)
+    if w <= 1:
+        return feats.select(cols).to_numpy().astype(np.float64, copy=False), no_edge
+    k = min(w, 12)
+    block_us = max(1, w // k) * stride_us
+    bid = (pl.col(WINDOW_START).dt.epoch("us") // block_us).alias("_blk")
+    blocks = feats.group_by(HOST, bid).agg(pl.col(cols).cast(pl.Float64).mean()).sort(HOST, "_blk")
+    hosts_b = blocks[HOST].to_numpy()
+    if k > 1:
+        # trailing medians over k blocks, then each block takes the window of k blocks
+        # centred on it, shifted inward at the ends of the host's data (a truncated window
+        # at the end of an interval would let a final checkpoint be half of it)
+        trail = blocks.select(pl.col(cols).rolling_median(k, min_samples=1).over(HOST)).to_numpy()
+        starts = np.flatnonzero(np.r_[True, hosts_b[1:] != hosts_b[:-1]])
+        lengths = np.diff(np.r_[starts, hosts_b.size])
+        first = np.repeat(starts, lengths)
+        length = np.repeat(lengths, lengths)
+        local = np.arange(hosts_b.size) - first
+        end = np.clip(local + k // 2, np.minimum(k - 1, length - 1), length - 1)
+        values, shifted = trail[first + end], end != local + k // 2
+    else:
+        values, shifted = blocks.select(cols).to_numpy(), np.zeros(hosts_b.size, dtype=bool)
+    # each window's block, by a join of the keys only
+    at = feats.select(HOST, bid).join(blocks.select(HOST, "_blk").with_row_index("_i"), on=[HOST, "_blk"],
+                                      how="left", maintain_order="left")["_i"].to_numpy()
+    return np.asarray(values[at], dtype=np.float64), shifted[at]
+
+
+def _confirm_edges(feats: pl.DataFrame, cols: Sequence[str], config: AnalyticsConfig, blocks: Sequence[_Block],
+                   edge: np.ndarray) -> None:
+    """Windows whose smoothed value is not centred on them (the ends of a host's data)
+    keep the smaller of their smoothed and raw combined margins: flagged only when both
+    say so."""
+    for b in blocks:
+        sel = np.flatnonzero(edge[b.rows])
+        if not sel.size:
+            continue
+        raw = feats[b.rows[sel].tolist()].select(cols).to_numpy().astype(np.float64)
+        z = b.fit.evidence(raw)
+        margins = []
+        for d, det in b.fit.models.items():
+            med = det.score_median_ if b.reference == "self" else b.medians.get(d, det.score_median_)
+            margins.append(_margin(det._score_z(z), med, b.thresholds[d]))
+        b.combined[sel] = np.minimum(b.combined[sel], _combine(np.vstack(margins), config.combine_rank))
+
+
+def _host_level(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per-feature median of a host's windows (NaN where it has no value)."""
+    if not rows.size:
+        return np.full(X.shape[1], np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+        return np.asarray(np.nanmedian(X[rows], axis=0))
+
+
+def _peer_spread(levels: np.ndarray) -> np.ndarray:
+    """Largest absolute offset of one peer's level from the peers' median level (0 where
+    fewer than two peers have a value)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(levels, axis=0)
+        spread = np.nanmax(np.abs(levels - med), axis=0)
+    ok = np.isfinite(levels).sum(axis=0) >= 2
+    return np.where(ok & np.isfinite(spread), spread, 0.0)
 
 
 def _subsample(rows: np.ndarray, limit: int, rng: np.random.Generator) -> np.ndarray:
@@ -363,8 +625,12 @@ def analyze(
     frames.pop("host_facts", None)
     feats = features if features is not None else compute_features(frames, config.window, host_facts=host_facts)
     cols = feature_columns(feats)
-    X = feats.select(cols).to_numpy().astype(np.float64, copy=False) if cols else np.zeros((feats.height, 0))
+    X, edge = _detection_matrix(feats, cols, config)
     floors = np.array([lookup(c).floor for c in cols], dtype=np.float64)
+    sign, weight = evidence_weights(cols, config)
+    # thresholds are capped (detectors' max_threshold) only on catalog telemetry, whose
+    # scales have floors; imported metrics have none
+    capped = bool(cols) and all(lookup(c).family in FAMILIES for c in cols)
     host_arr = feats[HOST].to_numpy()
     scored = np.ones(feats.height, dtype=bool)
     if score_since is not None:
@@ -374,6 +640,13 @@ def analyze(
     hosts = list(dict.fromkeys(host_arr.tolist()))
     host_rows = {h: np.flatnonzero(host_arr == h) for h in hosts}
 
+    starts_us = feats[WINDOW_START].dt.epoch("us").to_numpy()
+    # a host's first `warmup` of data is not judged: no history to compare it with, and
+    # start-up (a model load after boot) is unlike everything after it, yet benign
+    first_us = feats.select(pl.col(WINDOW_START).dt.epoch("us").min().over(HOST)).to_series().to_numpy()
+    # (its windows are scored, but never flagged: `combined` and findings stay quiet)
+    warm = starts_us >= first_us + round(config.warmup.total_seconds() * 1e6)
+    judged = scored & warm
     blocks: list[_Block] = []
     if "self" in config.references:
         for h in hosts:
@@ -383,33 +656,48 @@ def analyze(
                 log.info("host %s: %d windows < min_windows=%d, no self reference", h, rows.size, config.min_windows)
                 continue
             ref = _subsample(rows, config.max_reference_rows, rng)
-            blocks.append(_Block(h, "self", target, *_fit_and_score(config, X, ref, target, floors)))
+            blocks.append(_Block(h, "self", target, *_fit_and_score(config, X, ref, target, floors, sign, weight, capped),
+                                 judged=warm[target]))
     if "cohort" in config.references and len(hosts) >= config.min_cohort:
         groups: dict[str, list[str]] = {}
-        for h, c in cohorts(feats, host_facts).items():
+        for h, c in cohorts(feats, host_facts, by=config.cohort_by, tolerance=config.cohort_tolerance).items():
             groups.setdefault(c, []).append(h)
         for label, members in groups.items():
             if len(members) < config.min_cohort:
                 log.info("cohort %s has %d host(s) < min_cohort=%d", label, len(members), config.min_cohort)
                 continue
             cohort_blocks: list[_Block] = []
+            level = {h: _host_level(X, host_rows[h][judged[host_rows[h]]]) for h in members}
             for h in members:
-                peers = np.concatenate([host_rows[p][scored[host_rows[p]]] for p in members if p != h])
+                # start-up windows are no reference: every peer loads its model at boot
+                peers = np.concatenate([host_rows[p][judged[host_rows[p]]] for p in members if p != h])
                 target = host_rows[h][scored[host_rows[h]]]
                 if peers.size < config.min_windows or target.size == 0:
                     continue
                 ref = _subsample(peers, config.max_reference_rows, rng)
-                cohort_blocks.append(_Block(h, "cohort", target, *_fit_and_score(config, X, ref, target, floors)))
+                # no two healthy hosts are identical: a feature's scale is at least the
+                # largest offset of one peer's median from the peers' median, so the host
+                # is judged on deviations larger than any healthy peer shows
+                spread = _peer_spread(np.vstack([level[p] for p in members if p != h]))
+                cohort_blocks.append(_Block(h, "cohort", target,
+                                            *_fit_and_score(config, X, ref, target, np.fmax(floors, spread),
+                                                            sign, weight, capped), judged=warm[target]))
             _recalibrate_cohort(config, cohort_blocks)
             blocks += cohort_blocks
 
+    if edge.any():
+        _confirm_edges(feats, cols, config, blocks, edge)
+    stride_us = round(config.window.stride_s * 1e6)
+    for b in blocks:
+        flags = persistent(scores_to_labels(b.combined, 1.0), starts_us[b.rows], stride_us, config.min_run)
+        b.combined_flags = flags & b.judged if b.judged is not None else flags
     scores = _scores_table(feats, blocks)
     # "both": a host's findings come from its cohort when it has one (peers doing the same
     # thing at the same time cancel workload phases that self-history would flag), else
     # from its own history; the scores table keeps both
     with_cohort = {b.host for b in blocks if b.reference == "cohort"}
-    judged = [b for b in blocks if b.reference == "cohort" or b.host not in with_cohort]
-    findings = _findings_table(feats, X, cols, judged, config)
+    verdict = [b for b in blocks if b.reference == "cohort" or b.host not in with_cohort]
+    findings = _findings_table(feats, X, cols, verdict, config)
     return AnalysisResult(features=feats, scores=scores, findings=findings)
 
 
@@ -419,7 +707,7 @@ def _scores_table(feats: pl.DataFrame, blocks: Sequence[_Block]) -> pl.DataFrame
         keys = feats[b.rows.tolist()].select(KEYS) if b.rows.size else feats.clear().select(KEYS)
         for name in [*b.scores, COMBINED]:
             if name == COMBINED:
-                s, thr, fl = b.combined, 1.0, scores_to_labels(b.combined, 1.0)
+                s, thr, fl = b.combined, 1.0, b.combined_flags
             else:
                 s, thr, fl = b.scores[name], b.thresholds[name], b.flags[name]
             parts.append(keys.with_columns(
@@ -437,7 +725,8 @@ def _findings_table(feats: pl.DataFrame, X: np.ndarray, cols: Sequence[str], blo
     # best reference per window: the flagged block with the largest combined score
     best: dict[int, tuple[float, _Block, int]] = {}
     for b in blocks:
-        for i in np.flatnonzero(scores_to_labels(b.combined, 1.0)).tolist():
+        assert b.combined_flags is not None
+        for i in np.flatnonzero(b.combined_flags).tolist():
             row, s = int(b.rows[i]), float(b.combined[i])
             if row not in best or s > best[row][0]:
                 best[row] = (s, b, i)
@@ -454,13 +743,15 @@ def _findings_table(feats: pl.DataFrame, X: np.ndarray, cols: Sequence[str], blo
         b = block_of[bid]
         rows = np.array([r for r, _ in items], dtype=np.int64)
         local = np.array([i for _, i in items], dtype=np.int64)
-        z = b.fit.scaler.transform(X[rows])
+        z = b.fit.evidence(X[rows])
         flagged_by = [tuple(d for d in b.flags if b.flags[d][i]) or tuple(b.fit.models) for i in local]
         # one vectorised explanation per set of flagging detectors
         for dets in dict.fromkeys(flagged_by):
             sel = np.array([n for n, f in enumerate(flagged_by) if f == dets], dtype=np.int64)
             contrib = {d: b.fit.models[d].contributions(z[sel]) for d in dets}
-            t, prof = attribution.explain(contrib, X[rows[sel]], b.fit.scaler.center_, cols, config.top_k)
+            # the window's own (unsmoothed) values; the reference is the smoothed median
+            raw = feats[rows[sel].tolist()].select(cols).to_numpy().astype(np.float64) if cols else X[rows[sel]]
+            t, prof = attribution.explain(contrib, raw, b.fit.scaler.center_, cols, config.top_k)
             tops += t
             profiles.append(prof)
             recs += [{"_row": int(rows[n]), "reference": b.reference, "score": float(b.combined[local[n]]),

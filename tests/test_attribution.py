@@ -93,7 +93,8 @@ def fleet(seconds: int = 240):
 @pytest.fixture(scope="module")
 def result():
     frames, facts, cut = fleet()
-    return analyze(frames, AnalyticsConfig(), host_facts=facts), cut
+    # 4-minute synthetic fleet without a start-up phase: judge it from its first window
+    return analyze(frames, AnalyticsConfig(warmup=timedelta(0)), host_facts=facts), cut
 
 
 def test_pipeline_tables_follow_the_contract(result) -> None:
@@ -113,7 +114,9 @@ def test_power_cap_mid_run_is_found_and_attributed(result) -> None:
     after = f.filter(pl.col("window_start") >= cut)
     windows_after = res.features.filter((pl.col("host") == "a") & (pl.col("window_start") >= cut)).height
     assert after.height >= 0.9 * windows_after
-    assert f.filter(pl.col("window_end") <= cut).height <= 2
+    # the detectors see 120-s running medians of 10-s block means: a step is found from
+    # its own block on, at most one block (10 windows) + the window length early
+    assert f.filter(pl.col("window_end") <= cut).height <= 13
     top = after["top_factors"].list.first().struct.field("feature")
     assert (top == "gpu.power_limit_ratio@gpu3").mean() > 0.9
     assert after["share_gpu"].median() > 0.5
@@ -166,10 +169,90 @@ def test_single_window_and_empty_input_give_empty_scores() -> None:
 def test_baselines_run_in_the_pipeline_and_any_all_combinations() -> None:
     frames, facts, _ = fleet(seconds=60)
     for combine in ("any", "all"):
-        cfg = AnalyticsConfig(detectors=("pca", "gmm", "zscore"), combine=combine, reference="self")
+        cfg = AnalyticsConfig(detectors=("pca", "gmm", "zscore"), combine=combine, reference="self", min_run=1,
+                              warmup=timedelta(0))
         res = analyze(frames, cfg, host_facts=facts)
         assert set(res.scores["detector"]) == {"pca", "gmm", "zscore", "combined"}
         per = res.scores.pivot(on="detector", index=["host", "window_start"], values="flagged")
         agg = per.select(pl.any_horizontal("pca", "gmm", "zscore") if combine == "any"
                          else pl.all_horizontal("pca", "gmm", "zscore")).to_series()
         assert agg.to_list() == per["combined"].to_list()
+
+
+# ------------------------------------------------------------- references and verdicts
+def window_frame(host_cols: dict[str, dict[str, np.ndarray]], start=None) -> pl.DataFrame:
+    """A wide features frame: per host, one row per 1-s window."""
+    synth = load_synth()
+    t0 = start or synth.T0
+    parts = []
+    for h, cols in host_cols.items():
+        n = len(next(iter(cols.values())))
+        ws = pl.datetime_range(t0, t0 + timedelta(seconds=n - 1), "1s", time_zone="UTC", eager=True)
+        parts.append(pl.DataFrame({"host": [h] * n, "window_start": ws, "window_end": ws + timedelta(seconds=3),
+                                   **{c: v.astype(np.float64) for c, v in cols.items()}}))
+    return pl.concat(parts, how="diagonal").with_columns(pl.col("window_start", "window_end").cast(pl.Datetime("us", "UTC")))
+
+
+def test_persistent_keeps_only_runs_of_consecutive_windows() -> None:
+    from analytics.pipeline import persistent
+
+    flags = np.array([1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1], dtype=bool)
+    starts = np.arange(11) * 1_000_000
+    starts[9:] += 5_000_000  # a gap: windows 8 and 9 are not consecutive
+    assert persistent(flags, starts, 1_000_000, 3).astype(int).tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0]
+    assert persistent(flags, starts, 1_000_000, 1).tolist() == flags.tolist()
+
+
+def test_evidence_is_one_sided_and_activity_is_down_weighted() -> None:
+    from analytics.pipeline import evidence_weights
+
+    cols = ["irq.locality@mlx5_0", "disk.latency_ms@nvme0n1", "gpu.util@gpu0", "smd.x"]
+    sign, weight = evidence_weights(cols, AnalyticsConfig())
+    assert sign.tolist() == [-1.0, 1.0, 0.0, 0.0]
+    assert weight.tolist() == [1.0, 1.0, 0.25, 1.0]
+    sign, _ = evidence_weights(cols, AnalyticsConfig(one_sided=False))
+    assert sign.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_behaviour_cohorts_split_serving_from_training_but_keep_a_faulty_host() -> None:
+    from analytics.pipeline import cohorts
+
+    rng = np.random.default_rng(0)
+    n = 300
+    hosts = {}
+    for i in range(6):
+        training = i >= 3
+        hosts[f"h{i}"] = {
+            "gpu.util@gpu0": rng.normal(0.95 if training else 0.6, 0.02, n),
+            "nvlink.tx_rate@gpu0": rng.normal(5e8 if training else 2e6, 1e5, n),
+            # an inefficiency (lowered power cap) is no behaviour: h5 stays with its peers
+            "gpu.power_limit_ratio@gpu0": np.full(n, 0.6 if i == 5 else 1.0),
+        }
+    c = cohorts(window_frame(hosts))
+    assert c["h0"] == c["h1"] == c["h2"] != c["h3"] == c["h4"] == c["h5"]
+    assert len(set(cohorts(window_frame(hosts), by="hardware").values())) == 1
+
+
+def test_a_short_phase_is_not_flagged_but_a_sustained_step_is() -> None:
+    rng = np.random.default_rng(1)
+    n = 1200  # 20 minutes of 1-s windows
+    cols = {f"disk.latency_ms@nvme{i}n1": rng.normal(1.0, 0.1, n) for i in range(4)}
+    cols["gpu.power_limit_ratio@gpu0"] = np.ones(n)
+    cols["mem.hugepage_coverage"] = rng.normal(0.9, 0.005, n)
+    cols["disk.latency_ms@nvme0n1"][400:430] += 20.0  # a 30-s burst (a checkpoint)
+    cols["gpu.power_limit_ratio@gpu0"][720:960] = 0.6  # a 4-minute lowered power cap
+    feats = window_frame({"h": cols})
+    res = analyze({}, AnalyticsConfig(reference="self"), features=feats)
+    found = set(res.findings["window_start"].to_list())
+    ws = feats["window_start"].to_list()
+    assert not found & set(ws[390:440])  # the burst
+    assert len(found & set(ws[720:960])) >= 0.95 * 240  # the step, from its first windows
+    assert len(found - set(ws[700:980])) == 0  # nothing else
+    # the first 5 minutes are warm-up: scored, never flagged
+    warmup = res.scores.filter(pl.col("window_start") < ws[300])
+    assert warmup.height and not warmup.filter(pl.col("detector") == "combined")["flagged"].any()
+    top = res.findings["top_factors"].list.first().struct.field("feature")
+    assert (top == "gpu.power_limit_ratio@gpu0").all()
+    # without smoothing and persistence the burst is flagged: the mechanism, not luck
+    raw = analyze({}, AnalyticsConfig(reference="self", smooth=timedelta(0), min_run=1), features=feats)
+    assert set(raw.findings["window_start"].to_list()) & set(ws[400:430])

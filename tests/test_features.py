@@ -204,3 +204,22 @@ def test_full_host_features_are_all_in_the_catalog() -> None:
     assert {"gpu.power_ratio@gpu3", "irq.locality@mlx5_0", "mem.hugepage_coverage", "numa.remote_share",
             "cpu.softirq_share@node1", "net.drop_rate@ib0", "cgroup.throttled_share@kubepods"} <= set(cols)
     assert f["irq.locality@mlx5_0"].min() > 0.9  # the synthetic NICs are serviced locally
+
+
+def test_stride_longer_than_bucket_gaps_and_hosts_share_one_grid() -> None:
+    # host a: 12 s of 100-ms samples with a 2-s gap (no rows in [5 s, 7 s)); host b: 6 s
+    ta = [t for t in times(120) if not (T0 + timedelta(seconds=5) <= t < T0 + timedelta(seconds=7))]
+    tb = times(60, start=T0 + timedelta(seconds=1))
+    n_a, n_b = len(ta), len(tb)
+    sys_ = frame("system", time=ta + tb, host=["a"] * n_a + ["b"] * n_b, ctxt=[10] * (n_a + n_b))
+    f = compute_features({"system": sys_}, WindowSpec(length_s=4, stride_s=2, bucket_s=1))
+    a = f.filter(pl.col("host") == "a")
+    # windows start at multiples of the stride, are 4 s long and lie inside the host's data
+    assert a["window_start"].to_list() == [T0 + timedelta(seconds=s) for s in (0, 2, 4, 6, 8)]
+    rates = a["cpu.ctxt_rate"].to_list()
+    assert rates[0] == pytest.approx(100.0) and rates[4] == pytest.approx(100.0)
+    assert rates[2] == pytest.approx(50.0)  # [4 s, 8 s) lost 2 s of samples to the gap
+    b = f.filter(pl.col("host") == "b")
+    # b has data in [1 s, 7 s): the one full window aligned to the stride is [2 s, 6 s)
+    assert b["window_start"].to_list() == [T0 + timedelta(seconds=2)]
+    assert b["cpu.ctxt_rate"][0] == pytest.approx(100.0)
