@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,15 +175,19 @@ class VictoriaServer(ServerProcess):
             pass
 
 
-@pytest.fixture(scope="session")
-def _influxd_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxdServer]:
-    binary = _binary("influxd", "influxdb")
-    server = InfluxdServer(tmp_path_factory.mktemp("influxd"), binary)
+def _serve(server: Any) -> Iterator[Any]:
+    """Start a server for a session fixture and stop it afterwards, whatever the tests did."""
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def _influxd_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxdServer]:
+    binary = _binary("influxd", "influxdb")
+    yield from _serve(InfluxdServer(tmp_path_factory.mktemp("influxd"), binary))
 
 
 @pytest.fixture
@@ -196,12 +201,7 @@ def influxd_server(_influxd_session: InfluxdServer) -> Iterator[InfluxdServer]:
 @pytest.fixture(scope="session")
 def _victoria_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VictoriaServer]:
     binary = _binary("victoria-metrics", "victoria-metrics")
-    server = VictoriaServer(tmp_path_factory.mktemp("victoria"), binary)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serve(VictoriaServer(tmp_path_factory.mktemp("victoria"), binary))
 
 
 @pytest.fixture

@@ -172,15 +172,20 @@ def test_interval_validated() -> None:
         PerfCollector(interval_ms=5)
 
 
+def _require_perf() -> None:
+    # scripts/bootstrap.sh installs Debian's linux-perf; a missing binary is a set-up error
+    assert shutil.which("perf"), "perf is not installed: run scripts/bootstrap.sh (installs linux-perf)"
+
+
 def _has_hw_pmu() -> bool:
     devs = Path("/sys/bus/event_source/devices")
     return any((devs / n).exists() for n in ("cpu", "cpu_core", "armv8_pmuv3", "armv8_pmuv3_0"))
 
 
 @pytest.mark.host
-@pytest.mark.skipif(shutil.which("perf") is None, reason="perf not installed")
 def test_live_host_pmu_or_clear_reason() -> None:
     """Real: where the host has no hardware PMU (this VM) the collector says why, once."""
+    _require_perf()
     if _has_hw_pmu():
         c = PerfCollector(interval_ms=100)
         c.close()
@@ -193,11 +198,11 @@ def test_live_host_pmu_or_clear_reason() -> None:
 
 
 @pytest.mark.host
-@pytest.mark.skipif(shutil.which("perf") is None, reason="perf not installed")
 def test_live_child_process_with_software_events() -> None:
     """The live pipeline (child start, non-blocking drain, interval grouping, totals, close)
     against a real `perf stat -I`, with software events standing in for hardware ones so it
     runs on hosts without a PMU. Their values land in the named fields only for this test."""
+    _require_perf()
     c = PerfCollector(
         interval_ms=50, events={"context-switches": "instructions", "page-faults": "cycles"}
     )

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.collectors.base import Reading, Value, proc_path
+from ingest.collectors.base import Reading, proc_path
 from ingest.collectors.procfs import (
     NodeReducer,
     ProcFile,
     cpu_node_map,
     fixed_width_counts,
+    node_reading,
     parse_cpu_header,
     parse_error,
 )
@@ -65,21 +66,7 @@ class InterruptsCollector:
         parsed = self._parse_grid(lines, len(cpus)) or self._parse_split(lines, len(cpus))
         irqs, devices, values = parsed
         keys: list[object] = list(zip(irqs, devices, strict=True))
-        sums = self._reducer.reduce(keys, values)
-        nodes = self._reducer.nodes
-        nn = len(nodes)
-        counts: list[Value] = sums.ravel().tolist()
-        return [
-            Reading(
-                "interrupts",
-                tags={
-                    "irq": [i for i in irqs for _ in range(nn)],
-                    "device": [d for d in devices for _ in range(nn)],
-                    "node": nodes * len(irqs),
-                },
-                fields={"count": counts},
-            )
-        ]
+        return [node_reading("interrupts", self._reducer, {"irq": irqs, "device": devices}, keys, values)]
 
     def _device(self, label: bytes, tail: bytes) -> str:
         if not label.isdigit():

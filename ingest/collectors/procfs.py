@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.collectors.base import CollectorError, SourceUnavailable, proc_path
+from ingest.collectors.base import CollectorError, Reading, SourceUnavailable, Value, proc_path
 
 #: read size; ``whole`` files double it when a file does not fit
 _CHUNK = 65536
@@ -295,3 +295,16 @@ def fixed_width_counts(regions: list[bytes], ncols: int) -> np.ndarray | None:
 
 
 _POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)
+
+
+def node_reading(measurement: str, reducer: NodeReducer, row_tags: dict[str, list[str]],
+                 keys: list[object], values: np.ndarray) -> Reading:
+    """Reduce per-CPU ``values`` (one row per key) to per-node ``count`` rows: each row's
+    tags repeated once per node, plus the ``node`` tag."""
+    sums = reducer.reduce(keys, values)
+    nodes = reducer.nodes
+    nn = len(nodes)
+    tags = {name: [v for v in col for _ in range(nn)] for name, col in row_tags.items()}
+    tags["node"] = nodes * len(keys)
+    counts: list[Value] = sums.ravel().tolist()
+    return Reading(measurement, tags=tags, fields={"count": counts})

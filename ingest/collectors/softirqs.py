@@ -9,12 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.collectors.base import Reading, Value, proc_path
+from ingest.collectors.base import Reading, proc_path
 from ingest.collectors.procfs import (
     NodeReducer,
     ProcFile,
     cpu_node_map,
     fixed_width_counts,
+    node_reading,
     parse_cpu_header,
     parse_error,
 )
@@ -55,18 +56,7 @@ class SoftirqsCollector:
                 if len(parts) != ncpu or not all(p.isdigit() for p in parts):
                     raise parse_error(path, i + 2, r, f"expected {ncpu} counts")
                 values[i] = [int(p) for p in parts]
-        keys: list[object] = list(names)
-        sums = self._reducer.reduce(keys, values)
-        nodes = self._reducer.nodes
-        nn = len(nodes)
-        counts: list[Value] = sums.ravel().tolist()
-        return [
-            Reading(
-                "softirqs",
-                tags={"softirq": [n for n in names for _ in range(nn)], "node": nodes * len(names)},
-                fields={"count": counts},
-            )
-        ]
+        return [node_reading("softirqs", self._reducer, {"softirq": list(names)}, list(names), values)]
 
     def close(self) -> None:
         self._file.close()
