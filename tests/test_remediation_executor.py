@@ -97,8 +97,7 @@ def test_execute_needs_approval(q: Queue, root: Path) -> None:
 
 
 def test_script_failure_leaves_action_failed_and_host_unchanged(q: Queue, root: Path) -> None:
-    if os.geteuid() != 0 or shutil.which("chattr") is None:
-        pytest.skip("needs root and chattr to make a file refuse root's writes")
+    assert os.geteuid() == 0 and shutil.which("chattr"), "needs root and chattr to make a file refuse root's writes"
     ex = Executor(q, ExecutorConfig(root=str(root)))
     original = state(root)
     aid = approved(q, {"enabled": "never", "defrag": "never"})

@@ -44,11 +44,9 @@ def run(script: str, verb: str, root: Path | str, *args: str, state: Path | None
 def immutable(path: Path) -> None:
     """Make one file refuse writes, even from root (chattr +i), or via mode bits as non-root."""
     if os.geteuid() == 0:
-        if shutil.which("chattr") is None:
-            pytest.skip("chattr not installed")
+        assert shutil.which("chattr"), "chattr (e2fsprogs) is not installed"
         r = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"filesystem does not support chattr +i: {r.stderr}")
+        assert r.returncode == 0, f"filesystem does not support chattr +i: {r.stderr}"
     else:
         path.chmod(0o444)
 
@@ -127,10 +125,8 @@ def test_thp_missing_knob_is_unsupported(tmp_path: Path) -> None:
 @pytest.mark.host
 def test_collapse_on_live_kernel_reports_coverage(tmp_path: Path) -> None:
     """process_madvise(MADV_COLLAPSE) on a child that maps 64 MiB with THP enabled for it."""
-    if os.geteuid() != 0:
-        pytest.skip("MADV_COLLAPSE on another process needs CAP_SYS_ADMIN")
-    if not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists():
-        pytest.skip("no THP on this kernel")
+    assert os.geteuid() == 0, "MADV_COLLAPSE on another process needs CAP_SYS_ADMIN: CI runs as root"
+    assert Path("/sys/kernel/mm/transparent_hugepage/enabled").exists(), "no THP on this kernel"
     child = subprocess.Popen([sys.executable, "-c", (
         "import mmap,sys,time\n"
         "m=mmap.mmap(-1,64<<20,flags=mmap.MAP_PRIVATE|mmap.MAP_ANONYMOUS)\n"
@@ -332,8 +328,7 @@ def test_numa_rebind_moves_and_restores_affinity(tmp_path: Path) -> None:
 @pytest.mark.root
 def test_thp_really_flips_on_this_host_and_rolls_back(tmp_path: Path) -> None:
     live = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if os.geteuid() != 0 or not live.exists():
-        pytest.skip("needs root and THP")
+    assert os.geteuid() == 0 and live.exists(), "needs root and THP: CI runs as root on a THP kernel"
     original = _base.bracketed(live.read_text())
     target = "never" if original != "never" else "madvise"
     state = tmp_path / "live.json"
