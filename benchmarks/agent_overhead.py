@@ -44,7 +44,7 @@ def run_once(seconds: float, warmup: float, extra: list[str]) -> dict[str, float
         sys.executable, "-m", "jobs.cli", "agent", "--lake", str(lake), "--host", host,
         "--duration", str(seconds + warmup), "--quiet", *extra,
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "POLARS_MAX_THREADS": "1"})
+    proc = subprocess.Popen(cmd, cwd=ROOT)  # the agent limits its own threads (jobs/cli.py)
     ps = psutil.Process(proc.pid)
 
     def cpu() -> float:

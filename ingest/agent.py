@@ -30,9 +30,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (imported here: a lazy import in the first flush costs ~0.2 s CPU)
 
+from ingest import journal as journal_mod
 from ingest import schema
 from ingest.collectors.base import Collector, CollectorError, Reading, SourceUnavailable
 from ingest.counters import CounterStats, CounterTracker
+from ingest.journal import Journal
+from ingest.lake import LakeSink
 from ingest.sink import Sink
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,9 @@ log = logging.getLogger(__name__)
 #: /proc/interrupts alone costs a third of a full read.
 DEFAULT_TIERS: dict[str, str] = {"pressure": "medium"}
 
+#: raw samples waiting for parsing at most (about 10 s of every fast source at 100 ms)
+MAX_DEFERRED = 512
+
 
 @dataclass
 class AgentConfig:
@@ -53,6 +59,7 @@ class AgentConfig:
     root: str = "/"
     interval_s: float = 0.1
     flush_interval_s: float = 10.0
+    commit_interval_s: float = 60.0
     duration_s: float | None = None
     collectors: tuple[str, ...] | None = None  # None = every registered collector
     tiers: dict[str, str] = field(default_factory=dict)  # collector -> tier override
@@ -65,6 +72,8 @@ class AgentConfig:
             raise ValueError(f"agent.interval_s must be within 0.01..60 s, got {self.interval_s}")
         if self.flush_interval_s < self.interval_s:
             raise ValueError("agent.flush_interval_s must be at least agent.interval_s")
+        if self.commit_interval_s < self.flush_interval_s:
+            raise ValueError("agent.commit_interval_s must be at least agent.flush_interval_s")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError("agent.duration_s must be positive")
         for name, tier in self.tiers.items():
@@ -78,18 +87,20 @@ class AgentStats:
     missed_ticks: int = 0
     sample_time_us: int = 0
     flushes: int = 0
+    commits: int = 0
     rows_written: int = 0
     unavailable: dict[str, str] = field(default_factory=dict)
     errors: int = 0
 
 
 class _Buffer:
-    """Columnar rows of one measurement waiting for the next flush.
+    """Columnar rows of one measurement since the last Parquet commit.
 
-    Built into an Arrow table directly (one typed array per column): Polars' per-frame
+    ``mark`` counts the rows already handed to the journal and the streaming sinks.
+    Frames are built through Arrow directly (one typed array per column): Polars' per-frame
     overhead at this size would dominate the agent's whole CPU budget."""
 
-    __slots__ = ("measurement", "columns", "n", "arrow_schema")
+    __slots__ = ("measurement", "columns", "n", "mark", "arrow_schema")
 
     def __init__(self, measurement: schema.Measurement) -> None:
         self.measurement = measurement
@@ -97,6 +108,7 @@ class _Buffer:
         self.columns: dict[str, list[Any]] = {c: [] for c in frame_schema}
         self.arrow_schema = pl.DataFrame(schema=frame_schema).to_arrow().schema
         self.n = 0
+        self.mark = 0
 
     def extend(self, ts_us: int, n: int, tags: dict[str, list[str]], values: dict[str, list[Any]]) -> None:
         cols = self.columns
@@ -113,16 +125,32 @@ class _Buffer:
                 col.extend(src)
         self.n += n
 
+    def unmarked(self) -> dict[str, list[Any]]:
+        """The rows added since the last call (column slices), marking them handed over."""
+        m = self.mark
+        self.mark = self.n
+        return {c: col[m:] for c, col in self.columns.items()}
+
     def take(self, host: str) -> pl.DataFrame:
+        """Every buffered row as a frame with the host column; the buffer is emptied."""
+        df = self.frame(self.columns, host)
+        for col in self.columns.values():
+            col.clear()
+        self.n = self.mark = 0
+        return df
+
+    def frame(self, columns: dict[str, list[Any]], host: str) -> pl.DataFrame:
+        """A typed frame from column lists (missing columns become nulls)."""
+        n = len(columns.get(schema.TIME, ()))
         arrays = []
         for fld in self.arrow_schema:
-            col = self.columns[fld.name]
-            if fld.name == schema.TIME:
+            col = columns.get(fld.name)
+            if col is None:
+                arrays.append(pa.nulls(n, type=fld.type))
+            elif fld.name == schema.TIME:
                 arrays.append(pa.array(col, type=pa.int64()).cast(fld.type))
             else:
                 arrays.append(pa.array(col, type=fld.type, from_pandas=False))
-            col.clear()
-        n, self.n = self.n, 0
         arrays.insert(1, pa.array([host] * n, type=pa.large_string()))
         names = [schema.TIME, schema.HOST, *self.arrow_schema.names[1:]]
         return pl.from_arrow(pa.Table.from_arrays(arrays, names=names))  # type: ignore[return-value]
@@ -140,6 +168,13 @@ class Agent:
         config.validate()
         self.config = config
         self.sinks = list(sinks)
+        # The first lake sink gets rows through the journal and periodic commits; every
+        # other sink (InfluxDB, another lake) gets each flush's rows as frames.
+        self._lake: LakeSink | None = next((s for s in self.sinks if isinstance(s, LakeSink)), None)
+        self._streams = [s for s in self.sinks if s is not self._lake]
+        self._journal: Journal | None = None
+        if self._lake is not None:
+            self._journal = Journal(journal_mod.host_dir(self._lake.root, config.host), durable=self._lake.durable)
         self.stats = AgentStats()
         self._clock = clock
         self._stop = threading.Event()
@@ -150,7 +185,16 @@ class Agent:
             list(collectors) if collectors is not None else self._build_collectors()
         )
         self._periods = {c.name: self._period_ticks(c) for c in self.collectors}
+        # Collectors with sample()/parse() only read at the tick; parsing waits for the flush.
+        self._samplers: dict[str, Callable[[], Any]] = {
+            c.name: getattr(c, "sample") for c in self.collectors  # noqa: B009
+            if callable(getattr(c, "sample", None)) and callable(getattr(c, "parse", None))
+        }
+        self._deferred: list[tuple[Collector, int, Any]] = []
+        self._sync_requests: list[threading.Event] = []
         self._warm_up()
+        self.replay_journals()
+        self._last_commit = clock()
 
     def _warm_up(self) -> None:
         """Pay the one-time costs of the flush path (Arrow casts, Polars conversion) now,
@@ -187,6 +231,20 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def sync(self, timeout: float = 30.0) -> bool:
+        """From another thread: have the sampling loop flush and commit everything
+        buffered (after its current tick) and wait for it. True when done in time."""
+        done = threading.Event()
+        self._sync_requests.append(done)
+        return done.wait(timeout)
+
+    def _serve_sync(self) -> None:
+        requests, self._sync_requests = self._sync_requests, []
+        self.flush()
+        self.commit()
+        for done in requests:
+            done.set()
 
     def _compaction_loop(self) -> None:
         """Merge the small files of closed hours in the background (never on the tick path)."""
@@ -235,14 +293,31 @@ class Agent:
             buf.extend(ts, n, r.tags, values)
 
     def _collect(self, collector: Collector, ts: int) -> None:
+        sample = self._samplers.get(collector.name)
         try:
-            self._ingest(collector.collect(), ts)
+            if sample is not None:
+                self._deferred.append((collector, ts, sample()))
+                if len(self._deferred) >= MAX_DEFERRED:  # a long flush interval: bound the memory
+                    self._parse_deferred()
+            else:
+                self._ingest(collector.collect(), ts)
         except CollectorError as exc:
             self.stats.errors += 1
             log.error("collector %s: %s", collector.name, exc)
         except OSError as exc:  # a file vanished (device unplugged, cgroup removed)
             self.stats.errors += 1
             log.error("collector %s: %s", collector.name, exc)
+
+    def _parse_deferred(self) -> None:
+        """Parse the raw samples of the collectors that split reading from parsing, in
+        tick order (counter deltas need it), all at once: the parsing code then runs hot."""
+        deferred, self._deferred = self._deferred, []
+        for collector, ts, raw in deferred:
+            try:
+                self._ingest(collector.parse(raw), ts)  # type: ignore[attr-defined]
+            except CollectorError as exc:
+                self.stats.errors += 1
+                log.error("collector %s: %s", collector.name, exc)
 
     def _collect_facts(self, ts: int) -> None:
         for c in self.collectors:
@@ -282,23 +357,100 @@ class Agent:
 
     # ------------------------------------------------------------------- flush
     def flush(self) -> None:
-        frames = [(name, buf.take(self.config.host)) for name, buf in self._buffers.items() if buf.n]
-        for name, df in frames:
-            for sink in self.sinks:
+        """Hand the rows buffered since the last flush to the journal and the streaming
+        sinks; commit to the lake when the commit interval has passed."""
+        self._parse_deferred()
+        pending = {name: buf.unmarked() for name, buf in self._buffers.items() if buf.n > buf.mark}
+        if self._journal is not None and pending:
+            try:
+                self._journal.append(pending)
+            except OSError as exc:  # the rows stay buffered for the next commit
+                log.error("journal %s: cannot append: %s", self._journal.path, exc)
+        for name, cols in pending.items():
+            if not self._streams:
+                break
+            df = self._buffers[name].frame(cols, self.config.host)
+            for sink in self._streams:
                 try:
                     sink.write(name, df)
                 except Exception:  # a sink must never stop the agent
                     log.exception("sink %s failed to take %s rows of %s", sink.name, df.height, name)
-            self.stats.rows_written += df.height
-        for sink in self.sinks:
+        for sink in self._streams:
             try:
                 sink.flush()
             except Exception:
                 log.exception("sink %s flush failed", sink.name)
+        if self._lake is None:
+            for buf in self._buffers.values():
+                self.stats.rows_written += buf.mark
+                for col in buf.columns.values():
+                    col.clear()
+                buf.n = buf.mark = 0
+        elif self._clock() - self._last_commit >= self.config.commit_interval_s:
+            self.commit()
         self.stats.flushes += 1
+
+    def commit(self) -> None:
+        """Write every buffered row to the lake as Parquet (one file per table and
+        partition, named with the journal's token), then drop the journal file. A table
+        that fails stays in its journal file, retried at the next commit and on restart."""
+        if self._lake is None or self._journal is None:
+            return
+        self._last_commit = self._clock()
+        frames = {name: buf.take(self.config.host) for name, buf in self._buffers.items() if buf.n}
+        token = self._journal.rotate()
+        if self._commit_frames(token, frames):
+            self._journal.discard(token)
+        self.stats.commits += 1
+        for old in self._journal.sealed():  # journals of failed commits
+            if old != token:
+                self._replay(old)
+
+    def _commit_frames(self, token: str, frames: dict[str, pl.DataFrame]) -> bool:
+        assert self._lake is not None
+        ok = True
+        for name, df in frames.items():
+            try:
+                self.stats.rows_written += self._lake.commit(name, df, journal_mod.token_hex(token))
+            except Exception as exc:
+                ok = False
+                log.error("lake commit of %d rows of %s failed (kept in journal %s): %s",
+                          df.height, name, token, exc)
+        return ok
+
+    def _replay(self, token: str) -> None:
+        assert self._journal is not None
+        path = self._journal.file(token)
+        try:
+            tables = journal_mod.read(path)
+        except journal_mod.JournalError as exc:
+            log.error("%s; left in place", exc)
+            return
+        frames: dict[str, pl.DataFrame] = {}
+        for name, cols in tables.items():
+            m = schema.MEASUREMENTS.get(name)
+            if m is None or not cols.get(schema.TIME):
+                log.error("journal %s: table %r is not a measurement; its rows are skipped", path, name)
+                continue
+            frames[name] = _Buffer(m).frame(cols, self.config.host)
+        if self._commit_frames(token, frames):
+            self._journal.discard(token)
+            log.info("journal %s: %d rows replayed into the lake", path,
+                     sum(df.height for df in frames.values()))
+
+    def replay_journals(self) -> None:
+        """Commit the rows of journals left by an agent that died (or failed to commit)."""
+        if self._journal is not None:
+            for token in self._journal.sealed():
+                self._replay(token)
 
     def close(self) -> None:
         self.flush()
+        self.commit()
+        for done in self._sync_requests:
+            done.set()
+        if self._journal is not None:
+            self._journal.close()
         for c in self.collectors:
             try:
                 c.close()
@@ -327,10 +479,13 @@ class Agent:
             while not self._stop.is_set() and k < total_ticks:
                 due = t0 + k * interval
                 now = clock()
-                if now < due:
-                    if self._stop.wait(due - now):
-                        break
+                # time.sleep, not Event.wait: half the CPU per wake-up (10 wake-ups a second);
+                # at most 0.5 s per sleep so that stop() from another thread is seen
+                while now < due and not self._stop.is_set():
+                    time.sleep(min(due - now, 0.5))
                     now = clock()
+                if self._stop.is_set():
+                    break
                 late = now - due
                 if late > interval / 2:
                     # too late to be this tick: it and every tick it overran are missed,
@@ -353,6 +508,8 @@ class Agent:
                 k += 1
                 if k % flush_every == 0:
                     self.flush()
+                if self._sync_requests:
+                    self._serve_sync()
         finally:
             self.close()
         return self.stats

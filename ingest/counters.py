@@ -73,7 +73,12 @@ class CounterTracker:
         }
         keys = list(keys)
         if keys == self._prev_keys and all(c in self._prev_cols for c in names):
-            out = {c: self._column_deltas(self._prev_cols[c], new_cols[c]) for c in names}
+            # the common case (same series, same order): one pass over all columns at once
+            prev_flat = [v for c in names for v in self._prev_cols[c]]
+            new_flat = [v for c in names for v in new_cols[c]]
+            flat = self._column_deltas(prev_flat, new_flat)
+            n = len(keys)
+            out = {c: flat[i * n : (i + 1) * n] for i, c in enumerate(names)}
         else:
             out = self._row_deltas(keys, names, new_cols)
         self._prev_keys = keys

@@ -576,6 +576,33 @@ class LakeSink:
         if due:
             self._flush_table(table)
 
+    def commit(self, table: str, df: pl.DataFrame, token: str) -> int:
+        """Write ``df`` now, bypassing the buffer: one file per partition, named with
+        ``token`` (8 hex digits). A partition that already holds a file with this token is
+        skipped, so replaying an interrupted commit (the agent's journal) never duplicates
+        rows. Returns the rows written; raises LakeError when a partition cannot be written
+        (the partitions before it stay committed)."""
+        if self._closed:
+            raise LakeError(f"lake sink {self.root} is closed")
+        _check_name("table", table)
+        if not re.fullmatch(r"[0-9a-f]{8}", token):
+            raise ValueError(f"commit token must be 8 hex digits, got {token!r}")
+        df = _normalize(table, df, self._hosts)
+        written = 0
+        for _, d, part in _partition_groups(self.root / table, df, default_partition_by_hour(table)):
+            if any(e.name.endswith(f"-{token}.parquet") for e in _scandir(d)):
+                continue
+            try:
+                _makedirs(d)
+                if not part.get_column(schema.TIME).is_sorted():
+                    part = part.sort(_sort_keys(table, part.columns), maintain_order=True)
+                _write_parquet_atomic(part, d / f"part-{_stamp()}-{token}.parquet", durable=self.durable,
+                                      compression=self.compression, compression_level=self.compression_level)
+            except OSError as exc:
+                raise LakeError(f"cannot write {part.height} rows of {table!r} to {d}: {exc}") from exc
+            written += part.height
+        return written
+
     def flush(self) -> None:
         with self._lock:
             names = list(self._buf)

@@ -5,24 +5,42 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
-from ingest.lake import LakeError
-from ingest.sink import SinkError
-from jobs.commands import agent as _agent
-from jobs.commands import demo as _demo
-from jobs.commands import eval as _eval
-from jobs.commands import import_ as _import
-from jobs.commands import kb as _kb
-from jobs.commands import postmortem as _postmortem
-from jobs.commands import query as _query
-from jobs.commands import remediate as _remediate
-from jobs.commands import report as _report
-from jobs.commands import schedule as _schedule
-from jobs.commands import schema as _schema
-from jobs.commands import simulate as _simulate
-from jobs.commands import sweep as _sweep
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The subcommand in argv (skipping the global options), before argparse runs."""
+    it = iter(argv)
+    for a in it:
+        if a == "--config":
+            next(it, None)
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+# The agent must stay on one core whatever the host's size: Polars sizes its thread pool
+# when it is imported (below), so the limit has to be set before that.
+if _command_word(sys.argv[1:]) == "agent":
+    os.environ.setdefault("POLARS_MAX_THREADS", "1")
+
+from ingest.lake import LakeError  # noqa: E402
+from ingest.sink import SinkError  # noqa: E402
+from jobs.commands import agent as _agent  # noqa: E402
+from jobs.commands import demo as _demo  # noqa: E402
+from jobs.commands import eval as _eval  # noqa: E402
+from jobs.commands import import_ as _import  # noqa: E402
+from jobs.commands import kb as _kb  # noqa: E402
+from jobs.commands import postmortem as _postmortem  # noqa: E402
+from jobs.commands import query as _query  # noqa: E402
+from jobs.commands import remediate as _remediate  # noqa: E402
+from jobs.commands import report as _report  # noqa: E402
+from jobs.commands import schedule as _schedule  # noqa: E402
+from jobs.commands import schema as _schema  # noqa: E402
+from jobs.commands import simulate as _simulate  # noqa: E402
+from jobs.commands import sweep as _sweep  # noqa: E402
 
 COMMANDS = (
     _agent,

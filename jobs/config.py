@@ -33,6 +33,7 @@ class AgentSection:
     root: str = "/"
     interval_s: float = 0.1
     flush_interval_s: float = 10.0
+    commit_interval_s: float = 60.0
     collectors: list[str] | None = None
     tiers: dict[str, str] = field(default_factory=dict)
     compact_every_s: float = 600.0
@@ -57,6 +58,7 @@ _TYPES: dict[str, dict[str, tuple[type, ...]]] = {
         "root": (str,),
         "interval_s": (int, float),
         "flush_interval_s": (int, float),
+        "commit_interval_s": (int, float),
         "collectors": (list,),
         "tiers": (dict,),
         "compact_every_s": (int, float),

@@ -170,7 +170,7 @@ def run_story(lake: Path, *, healthy_s: float = 40, degraded_s: float = 60, reco
         result.steps.append(f"injected: {THP}/enabled = never (was {original['enabled']})")
         time.sleep(degraded_s)
         t_detect = time.time()
-        agent.flush()
+        agent.sync()
 
         start = datetime.fromtimestamp(t_start, UTC)
         end = datetime.fromtimestamp(t_detect, UTC)
@@ -204,7 +204,7 @@ def run_story(lake: Path, *, healthy_s: float = 40, degraded_s: float = 60, reco
                 f"THP enabled is now {_read_mode('enabled')}"
             )
             time.sleep(recovery_s)
-            agent.flush()
+            agent.sync()
             t_end = time.time()
             # verification: the entry's features over the degraded minutes vs the minutes after
             before = _features(lake, t_inject + degraded_s / 3, t_fix)

@@ -164,14 +164,14 @@ A10G_TICK0 = {
     [("rtx3090", RTX3090_TICK0), ("a100-sxm4-80gb", A100_TICK0), ("a10g", A10G_TICK0)],
 )
 def test_first_tick_whole_row(model: str, expected: dict[str, Any]) -> None:
-    ticks, _ = run(model, 1)
+    ticks, _ = run(model, 1, pcie_every=1)
     assert ticks[0] == [expected]
     # every schema field is present, nothing else
     assert set(ticks[0][0]) == {"gpu", "uuid", *(f.name for f in GPU.fields)}
 
 
 def test_counters_advance_and_gauges_hold() -> None:
-    ticks, _ = run("rtx3090", 4)
+    ticks, _ = run("rtx3090", 4, pcie_every=1)
     power_w = 35.06
     for t, (row,) in enumerate(ticks):
         # energy: + power x 0.1 s per tick; power violation: + 0.1 s per tick while capped
@@ -239,7 +239,7 @@ def test_nvlink_sums_active_links_in_one_call() -> None:
 def test_multi_gpu_rows_and_per_device_support() -> None:
     a100, a10g = load("a100-sxm4-80gb"), load("a10g")
     rec = {**a100, "devices": a100["devices"] + a10g["devices"]}
-    ticks, nvml = run(rec, 2)
+    ticks, nvml = run(rec, 2, pcie_every=1)
     assert ticks[0] == [A100_TICK0, {**A10G_TICK0, "gpu": "1"}]
     # utilization unsupported on device 0 only: 1 call for it + 2 for device 1
     assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 3
@@ -284,6 +284,20 @@ def test_pcie_throughput_can_be_switched_off() -> None:
     ticks, nvml = run("rtx3090", 2, pcie_throughput=False)
     assert ticks[0][0]["pcie_tx"] is None and ticks[0][0]["pcie_link_gen"] == 1.0
     assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 0
+
+
+def test_pcie_throughput_queries_are_spread_over_the_ticks() -> None:
+    # NVML blocks ~20 ms per PCIe throughput call: each GPU is asked every pcie_every
+    # ticks, the GPUs' turns spread so that one tick never waits for all of them
+    rec = load("rtx3090")
+    rec = {**rec, "devices": rec["devices"] * 4}
+    ticks, nvml = run(rec, 20, pcie_every=10)
+    asked = [[t for t in range(20) if ticks[t][g]["pcie_tx"] is not None] for g in range(4)]
+    assert asked == [[0, 10], [2, 12], [5, 15], [7, 17]]
+    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 4 * 2 * 2  # tx + rx, twice per GPU
+    assert all(row["pcie_link_gen"] == 1.0 for tick in ticks for row in tick)  # every tick
+    with pytest.raises(ValueError, match="pcie_every"):
+        GpuCollector(nvml=ReplayNvml(load("rtx3090")), pcie_every=0)
 
 
 def test_facts_rows(tmp_path: Path) -> None:

@@ -45,6 +45,11 @@ class CpuCollector:
         self._tags_key: tuple[bytes, ...] = ()
         self._cpu_tags: list[str] = []
         self._node_tags: list[str] = []
+        self._load1: float | None = None
+        try:  # learn the CPUs now: sample() reads their cpufreq
+            self.parse((self._stat.read(), None, None))
+        except CollectorError:
+            pass  # reported by every collect() while it lasts
 
     def _freq_file(self, label: bytes) -> ProcFile | None:
         path = proc_path(
@@ -56,42 +61,51 @@ class CpuCollector:
             return None
 
     def collect(self) -> list[Reading]:
-        labels, cols, ctxt, forks, running, blocked = parse_stat(self._stat.read(), self._stat.path)
+        return self.parse(self.sample())
+
+    def sample(self) -> tuple[bytes, bytes | None, dict[bytes, Value] | None]:
+        """The tick's reads only: /proc/stat every tick; /proc/loadavg (a 5-s kernel
+        average) and cpufreq every ``freq_every`` ticks. :meth:`parse` does the rest,
+        later and in batches (the agent defers it to the flush, where the parsing code
+        runs hot instead of paying a cold start at every 100 ms tick)."""
+        stat = self._stat.read()
+        self._tick += 1
+        if self._tick % self._freq_every != 1 % self._freq_every:
+            return stat, None, None
+        load = self._loadavg.read() if self._loadavg is not None else None
+        freq: dict[bytes, Value] | None = None
+        if self._want_freq:
+            freq = {}
+            for lb, f in self._freq.items():
+                if f is None:
+                    continue
+                try:
+                    freq[lb] = int(f.read()) / 1000.0  # kHz -> MHz
+                except (ValueError, CollectorError):
+                    pass  # cpufreq driver without a current value (EBUSY ...)
+        return stat, load if load is not None else b"", freq
+
+    def parse(self, raw: tuple[bytes, bytes | None, dict[bytes, Value] | None]) -> list[Reading]:
+        stat, load_raw, freq_raw = raw
+        labels, cols, ctxt, forks, running, blocked = parse_stat(stat, self._stat.path)
         key_t = tuple(labels)
         if key_t != self._tags_key:
-            self._tick = 0  # CPUs came or went: read their frequencies now
+            self._tick = 0  # CPUs came or went: read their frequencies at the next sample
             self._tags_key = key_t
             self._cpu_tags = [lb[3:].decode() for lb in labels]
             self._node_tags = [self._cpu_node.get(int(c), "0") for c in self._cpu_tags]
             if self._want_freq:
                 self._freq = {lb: self._freq.get(lb) or self._freq_file(lb) for lb in labels}
-        freq: list[Value]
-        self._tick += 1
-        if self._want_freq and self._tick % self._freq_every == 1 % self._freq_every:
-            freq = []
-            for lb in labels:
-                f = self._freq.get(lb)
-                if f is None:
-                    freq.append(None)
-                    continue
-                try:
-                    freq.append(int(f.read()) / 1000.0)  # kHz -> MHz
-                except (ValueError, CollectorError):
-                    freq.append(None)  # cpufreq driver without a current value (EBUSY ...)
-            self._last_freq = freq
-        elif self._want_freq and len(self._last_freq) == len(labels):
-            freq = list(self._last_freq)
-        else:
-            freq = [None] * len(labels)
-        fields: dict[str, list[Value]] = dict(zip(_CPU_FIELDS, cols, strict=True))
-        fields["freq_mhz"] = freq
-        load1: float | None = None
-        if self._loadavg is not None:
-            raw = self._loadavg.read()
+            self._last_freq = [None] * len(labels)
+        if freq_raw is not None:
+            self._last_freq = [freq_raw.get(lb) for lb in labels]
+        if load_raw is not None and self._loadavg is not None:
             try:
-                load1 = float(raw.split(None, 1)[0])
+                self._load1 = float(load_raw.split(None, 1)[0])
             except (ValueError, IndexError):
-                raise parse_error(self._loadavg.path, 1, raw, "expected a load average") from None
+                raise parse_error(self._loadavg.path, 1, load_raw, "expected a load average") from None
+        fields: dict[str, list[Value]] = dict(zip(_CPU_FIELDS, cols, strict=True))
+        fields["freq_mhz"] = list(self._last_freq)
         return [
             Reading(
                 "cpu",
@@ -105,7 +119,7 @@ class CpuCollector:
                     "forks": [forks],
                     "procs_running": [running],
                     "procs_blocked": [blocked],
-                    "load1": [load1],
+                    "load1": [self._load1],
                 },
             ),
         ]

@@ -50,12 +50,19 @@ class DiskCollector:
         return known
 
     def collect(self) -> list[Reading]:
+        return self.parse(self.sample())
+
+    def sample(self) -> bytes:
+        """The tick's read; :meth:`parse` can run later (the agent batches it)."""
+        return self._file.read()
+
+    def parse(self, data: bytes) -> list[Reading]:
         path = self._file.path
         names: list[str] = []
         fields: dict[str, list[Value]] = {f: [] for f in _COLS}
         in_flight: list[Value] = []
         cols = list(_COLS.items())
-        for lineno, line in enumerate(self._file.read().split(b"\n"), start=1):
+        for lineno, line in enumerate(data.split(b"\n"), start=1):
             parts = line.split()
             if not parts:
                 continue

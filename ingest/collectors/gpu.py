@@ -162,7 +162,11 @@ class GpuCollector:
 
     ``nvml`` is the NVML backend: ``None`` for the real ``pynvml`` module, or any object with
     the same functions (:class:`ReplayNvml` in tests). ``pcie_throughput=False`` skips the
-    PCIe throughput queries (NVML samples that counter over a 20 ms window per call).
+    PCIe throughput queries. NVML measures PCIe throughput over a 20 ms window per call and
+    blocks meanwhile: 8 GPUs queried at every 100 ms tick would take 160 ms. So each GPU is
+    asked every ``pcie_every`` ticks (1 s at 100 ms), the GPUs' turns spread over those
+    ticks (one GPU per tick on an 8-GPU host); its ``pcie_tx``/``pcie_rx`` are null in the
+    ticks between (no value is repeated). ``pcie_every=1`` asks every GPU every tick.
     """
 
     name = "gpu"
@@ -175,8 +179,11 @@ class GpuCollector:
         nvml: Any = None,
         *,
         pcie_throughput: bool = True,
+        pcie_every: int = 10,
         xid_events: bool = True,
     ) -> None:
+        if pcie_every < 1:
+            raise ValueError(f"gpu collector: pcie_every must be >= 1, got {pcie_every}")
         self.root = Path(root)
         self._nvml = _load_pynvml() if nvml is None else nvml
         nv = self._nvml
@@ -204,8 +211,16 @@ class GpuCollector:
         self._tick_queries = [
             (k, fn, args)
             for k, (fn, args) in TICK_QUERIES.items()
-            if pcie_throughput or not k.startswith("pcie_") or k.startswith("pcie_link")
+            if not k.startswith("pcie_") or k.startswith("pcie_link")
         ]
+        self._pcie_queries = [
+            (k, fn, args)
+            for k, (fn, args) in TICK_QUERIES.items()
+            if pcie_throughput and k.startswith("pcie_") and not k.startswith("pcie_link")
+        ]
+        self._pcie_every = pcie_every
+        self._pcie_turn = [i * pcie_every // count for i in range(count)]
+        self._tick = 0
         self._static: list[dict[str, Any]] = [{} for _ in range(count)]
         self._nvlinks: list[list[tuple[int, int]]] = [[] for _ in range(count)]
         # XID events: one event set for all devices; a device that cannot register keeps nulls.
@@ -345,12 +360,17 @@ class GpuCollector:
         self._drain_events()
         n = len(self._handles)
         cols: dict[str, list[Any]] = {f.name: [None] * n for f in GPU.fields}
+        phase = self._tick % self._pcie_every
+        self._tick += 1
         for i in range(n):
             r = {
                 k: self._query(i, k, fn, args)
                 for k, fn, args in self._tick_queries
                 if k != "clock_event_reasons"
             }
+            if self._pcie_turn[i] == phase:
+                for k, fn, args in self._pcie_queries:
+                    r[k] = self._query(i, k, fn, args)
             st = self._static[i]
             util, mem = r["utilization"], r["memory"]
             if util is not None:

@@ -59,8 +59,15 @@ class InterruptsCollector:
         self._devices: dict[bytes, str] = {}
 
     def collect(self) -> list[Reading]:
+        return self.parse(self.sample())
+
+    def sample(self) -> bytes:
+        """The tick's read; :meth:`parse` can run later (the agent batches it)."""
+        return self._file.read()
+
+    def parse(self, data: bytes) -> list[Reading]:
         path = self._file.path
-        lines = self._file.read().split(b"\n")
+        lines = data.split(b"\n")
         cpus = parse_cpu_header(lines[0], path)
         self._reducer.set_columns(cpus)
         parsed = self._parse_grid(lines, len(cpus)) or self._parse_split(lines, len(cpus))

@@ -48,7 +48,14 @@ class MemoryCollector:
         self._file = ProcFile(proc_path(root, "proc/meminfo"), whole=True)
 
     def collect(self) -> list[Reading]:
-        values = parse_meminfo(self._file.read(), self._file.path)
+        return self.parse(self.sample())
+
+    def sample(self) -> bytes:
+        """The tick's read; :meth:`parse` can run later (the agent batches it)."""
+        return self._file.read()
+
+    def parse(self, data: bytes) -> list[Reading]:
+        values = parse_meminfo(data, self._file.path)
         fields: dict[str, list[Value]] = {f: [values.get(k)] for k, f in _KEY_FIELD.items()}
         return [Reading("memory", fields=fields)]
 

@@ -47,11 +47,18 @@ class NetCollector:
         self._skip = {s.encode() for s in skip}
 
     def collect(self) -> list[Reading]:
+        return self.parse(self.sample())
+
+    def sample(self) -> bytes:
+        """The tick's read; :meth:`parse` can run later (the agent batches it)."""
+        return self._file.read()
+
+    def parse(self, data: bytes) -> list[Reading]:
         path = self._file.path
         names: list[str] = []
         fields: dict[str, list[Value]] = {f: [] for f in _NETDEV_COLS}
         cols = list(_NETDEV_COLS.items())
-        for lineno, line in enumerate(self._file.read().split(b"\n"), start=1):
+        for lineno, line in enumerate(data.split(b"\n"), start=1):
             if lineno <= 2 or not line:
                 continue  # two header lines
             name, sep, rest = line.partition(b":")  # 'eth0:123' has no space on old kernels
@@ -84,9 +91,16 @@ class TcpCollector:
         self._file = ProcFile(proc_path(root, "proc/net/snmp"), whole=True)
 
     def collect(self) -> list[Reading]:
+        return self.parse(self.sample())
+
+    def sample(self) -> bytes:
+        """The tick's read; :meth:`parse` can run later (the agent batches it)."""
+        return self._file.read()
+
+    def parse(self, data: bytes) -> list[Reading]:
         path = self._file.path
         header: list[bytes] | None = None
-        for lineno, line in enumerate(self._file.read().split(b"\n"), start=1):
+        for lineno, line in enumerate(data.split(b"\n"), start=1):
             if not line.startswith(b"Tcp:"):
                 continue
             parts = line.split()[1:]

@@ -41,10 +41,19 @@ class NumaCollector:
                 self._meminfo.append(None)
 
     def collect(self) -> list[Reading]:
+        return self.parse(self.sample())
+
+    def sample(self) -> list[tuple[bytes, bytes | None]]:
+        """The tick's reads; :meth:`parse` can run later (the agent batches it)."""
+        return [(s.read(), m.read() if m else None) for s, m in zip(self._stat, self._meminfo, strict=True)]
+
+    def parse(self, data: list[tuple[bytes, bytes | None]]) -> list[Reading]:
         fields: dict[str, list[Value]] = {n: [] for n in NUMA.field_index}
-        for node, stat, mem in zip(self._nodes, self._stat, self._meminfo, strict=True):
+        for node, stat, mem, (stat_raw, mem_raw) in zip(
+            self._nodes, self._stat, self._meminfo, data, strict=True
+        ):
             got: dict[str, Value] = {}
-            for lineno, line in enumerate(stat.read().split(b"\n"), start=1):
+            for lineno, line in enumerate(stat_raw.split(b"\n"), start=1):
                 key, _, val = line.partition(b" ")
                 name = _WANTED.get(key)
                 if name is None:
@@ -56,7 +65,9 @@ class NumaCollector:
             for n in _STAT_FIELDS:
                 fields[n].append(got.get(n))
             info = (
-                parse_meminfo(mem.read(), mem.path, prefix=f"Node {node} ".encode()) if mem else {}
+                parse_meminfo(mem_raw, mem.path, prefix=f"Node {node} ".encode())
+                if mem and mem_raw is not None
+                else {}
             )
             fields["mem_free"].append(info.get(b"MemFree"))
             fields["anon_huge_pages"].append(info.get(b"AnonHugePages"))

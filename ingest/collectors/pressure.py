@@ -64,12 +64,19 @@ class PressureCollector:
         self._resources = [r for r, _ in self._files]
 
     def collect(self) -> list[Reading]:
+        return self.parse(self.sample())
+
+    def sample(self) -> list[bytes]:
+        """The tick's reads; :meth:`parse` can run later (the agent batches it)."""
+        return [f.read() for _, f in self._files]
+
+    def parse(self, data: list[bytes]) -> list[Reading]:
         sa: list[Value] = []
         st: list[Value] = []
         fa: list[Value] = []
         ft: list[Value] = []
-        for _, f in self._files:
-            a, b, c, d = parse_psi(f.read(), f.path)
+        for (_, f), raw in zip(self._files, data, strict=True):
+            a, b, c, d = parse_psi(raw, f.path)
             sa.append(a)
             st.append(b)
             fa.append(c)

@@ -32,8 +32,15 @@ class SoftirqsCollector:
         self._reducer = NodeReducer(cpu_node_map(root))
 
     def collect(self) -> list[Reading]:
+        return self.parse(self.sample())
+
+    def sample(self) -> bytes:
+        """The tick's read; :meth:`parse` can run later (the agent batches it)."""
+        return self._file.read()
+
+    def parse(self, data: bytes) -> list[Reading]:
         path = self._file.path
-        lines = self._file.read().split(b"\n")
+        lines = data.split(b"\n")
         cpus = parse_cpu_header(lines[0], path)
         ncpu = len(cpus)
         self._reducer.set_columns(cpus)

@@ -23,10 +23,17 @@ class VmstatCollector:
         self._file = ProcFile(proc_path(root, "proc/vmstat"))
 
     def collect(self) -> list[Reading]:
+        return self.parse(self.sample())
+
+    def sample(self) -> bytes:
+        """The tick's read; :meth:`parse` can run later (the agent batches it)."""
+        return self._file.read()
+
+    def parse(self, data: bytes) -> list[Reading]:
         path = self._file.path
         fields: dict[str, list[Value]] = {n: [None] for n in VMSTAT_COUNTERS}
         wanted = _WANTED
-        for lineno, line in enumerate(self._file.read().split(b"\n"), start=1):
+        for lineno, line in enumerate(data.split(b"\n"), start=1):
             key, _, val = line.partition(b" ")
             name = wanted.get(key)
             if name is None:

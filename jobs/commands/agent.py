@@ -29,7 +29,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--influx-database", metavar="DB", help="InfluxDB database/bucket (default unveil)")
     p.add_argument("--host", metavar="NAME", help="host tag (default: hostname)")
     p.add_argument("--root", metavar="DIR", help="filesystem root to read /proc and /sys under")
-    p.add_argument("--flush-interval", type=float, metavar="SECONDS", help="buffer flush period")
+    p.add_argument("--flush-interval", type=float, metavar="SECONDS",
+                   help="journal append / InfluxDB send period (default 10)")
+    p.add_argument("--commit-interval", type=float, metavar="SECONDS",
+                   help="Parquet commit period of the journaled rows (default 60)")
     p.add_argument("--collectors", metavar="A,B", help="comma-separated collectors (default all)")
     p.add_argument("--all-fast", action="store_true", help="sample every source at the fast interval")
     p.add_argument("--durable", action="store_true",
@@ -47,6 +50,7 @@ def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], Path]:
         root=args.root or a.root,
         interval_s=args.interval or a.interval_s,
         flush_interval_s=args.flush_interval or a.flush_interval_s,
+        commit_interval_s=args.commit_interval or max(a.commit_interval_s, args.flush_interval or a.flush_interval_s),
         duration_s=args.duration,
         collectors=tuple(args.collectors.split(",")) if args.collectors else (tuple(a.collectors) if a.collectors else None),
         tiers=dict(a.tiers),
