@@ -221,10 +221,9 @@ class Agent:
         return built
 
     def _period_ticks(self, collector: Collector) -> int:
-        if self.config.all_fast:
-            tier = "fast"
-        else:
-            tier = self.config.tiers.get(collector.name) or DEFAULT_TIERS.get(collector.name) or collector.tier
+        tier = self.config.tiers.get(collector.name) or DEFAULT_TIERS.get(collector.name) or collector.tier
+        if self.config.all_fast and tier != "static":
+            tier = "fast"  # every telemetry source; host facts stay facts (a sysfs walk, once a minute)
         if tier == "fast":
             return 1
         return max(1, round(schema.TIER_PERIOD_S[tier] / self.config.interval_s))
