@@ -137,6 +137,7 @@ def test_sync_from_another_thread_commits_what_is_buffered(tmp_path: Path) -> No
     assert agent.sync(timeout=10)
     n = _system(root).height
     assert n >= 10
+    time.sleep(0.3)  # more ticks: only the exit commit will hold them
     agent.stop()
     t.join(10)
     assert _system(root).height > n  # the exit commit added the rest, nothing twice

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ingest.collectors.base import CollectorError, Reading, SourceUnavailable, Value, proc_path
-from ingest.collectors.procfs import read_text
+from ingest.collectors.procfs import ProcFile
 from ingest.schema import CGROUP, Tier
 
 #: v1 "unlimited" memory limit is PAGE_COUNTER_MAX pages in bytes (~2**63); treat >= 2**60 as none
@@ -73,6 +73,10 @@ class CgroupCollector:
     ) -> None:
         base = proc_path(root, "sys/fs/cgroup")
         self._extra = [p.strip("/") for p in paths if p.strip("/")]
+        # files stay open between collects (one pread each instead of open/read/close);
+        # None = absent (no PSI, no quota file), asked again when the groups change
+        self._files: dict[Path, ProcFile | None] = {}
+        self._groups: list[str] = []
         self.version: int
         if (base / "cgroup.controllers").exists():
             self.version = 2
@@ -115,8 +119,36 @@ class CgroupCollector:
             found = sorted(seen)
         return found + [p for p in self._extra if p not in found]
 
+    def _read(self, path: Path) -> str | None:
+        """A group file's stripped text; None when absent or gone (group removed)."""
+        try:
+            f = self._files[path]
+        except KeyError:
+            try:
+                f = ProcFile(path, whole=True, size=4096)
+            except (SourceUnavailable, CollectorError):
+                f = None
+            self._files[path] = f
+        if f is None:
+            return None
+        try:
+            return f.read().decode("utf-8", "replace").strip()
+        except CollectorError:  # ENODEV: the group was removed since it was opened
+            f.close()
+            self._files[path] = None
+            return None
+
+    def _forget_files(self) -> None:
+        for f in self._files.values():
+            if f is not None:
+                f.close()
+        self._files = {}
+
     def collect(self) -> list[Reading]:
         names = self.groups()
+        if names != self._groups:  # groups came or went: reopen everything lazily
+            self._forget_files()
+            self._groups = names
         fields: dict[str, list[Value]] = {f: [] for f in CGROUP.field_index}
         row = self._row_v2 if self.version == 2 else self._row_v1
         kept: list[str] = []
@@ -133,9 +165,9 @@ class CgroupCollector:
         d = self._v2 / g
         if not d.is_dir():
             return None
-        stat = _kv(read_text(d / "cpu.stat"))
+        stat = _kv(self._read(d / "cpu.stat"))
         quota: float | None = None
-        cpu_max = read_text(d / "cpu.max")
+        cpu_max = self._read(d / "cpu.max")
         if cpu_max:
             q, _, period = cpu_max.partition(" ")
             if q != "max":
@@ -147,11 +179,11 @@ class CgroupCollector:
             "nr_throttled": _int(stat.get("nr_throttled"), d / "cpu.stat"),
             "throttled_time": _int(stat.get("throttled_usec"), d / "cpu.stat"),
             "cpu_quota_cores": quota,
-            "memory_current": _int(read_text(d / "memory.current"), d / "memory.current"),
-            "memory_max": _int(read_text(d / "memory.max"), d / "memory.max"),
-            "cpu_pressure_some": _psi_some_total(read_text(d / "cpu.pressure"), d / "cpu.pressure"),
+            "memory_current": _int(self._read(d / "memory.current"), d / "memory.current"),
+            "memory_max": _int(self._read(d / "memory.max"), d / "memory.max"),
+            "cpu_pressure_some": _psi_some_total(self._read(d / "cpu.pressure"), d / "cpu.pressure"),
             "memory_pressure_some": _psi_some_total(
-                read_text(d / "memory.pressure"), d / "memory.pressure"
+                self._read(d / "memory.pressure"), d / "memory.pressure"
             ),
         }
 
@@ -163,24 +195,24 @@ class CgroupCollector:
             return None
         out: dict[str, Value] = dict.fromkeys(CGROUP.field_index)
         if acct is not None:
-            usage = _int(read_text(acct / "cpuacct.usage"), acct / "cpuacct.usage")
+            usage = _int(self._read(acct / "cpuacct.usage"), acct / "cpuacct.usage")
             out["cpu_usage"] = None if usage is None else usage // 1000  # ns -> us
         if cpu is not None:
-            stat = _kv(read_text(cpu / "cpu.stat"))
+            stat = _kv(self._read(cpu / "cpu.stat"))
             out["nr_periods"] = _int(stat.get("nr_periods"), cpu / "cpu.stat")
             out["nr_throttled"] = _int(stat.get("nr_throttled"), cpu / "cpu.stat")
             ns = _int(stat.get("throttled_time"), cpu / "cpu.stat")
             out["throttled_time"] = None if ns is None else ns // 1000  # ns -> us
-            q = _int(read_text(cpu / "cpu.cfs_quota_us"), cpu / "cpu.cfs_quota_us")
-            p = _int(read_text(cpu / "cpu.cfs_period_us"), cpu / "cpu.cfs_period_us")
+            q = _int(self._read(cpu / "cpu.cfs_quota_us"), cpu / "cpu.cfs_quota_us")
+            p = _int(self._read(cpu / "cpu.cfs_period_us"), cpu / "cpu.cfs_period_us")
             out["cpu_quota_cores"] = q / p if q is not None and q > 0 and p else None
         if mem is not None:
             out["memory_current"] = _int(
-                read_text(mem / "memory.usage_in_bytes"), mem / "memory.usage_in_bytes"
+                self._read(mem / "memory.usage_in_bytes"), mem / "memory.usage_in_bytes"
             )
-            lim = _int(read_text(mem / "memory.limit_in_bytes"), mem / "memory.limit_in_bytes")
+            lim = _int(self._read(mem / "memory.limit_in_bytes"), mem / "memory.limit_in_bytes")
             out["memory_max"] = None if lim is None or lim >= _V1_UNLIMITED else lim
         return out
 
     def close(self) -> None:
-        pass
+        self._forget_files()
