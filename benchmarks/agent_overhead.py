@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,16 +93,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--warmup", type=float, default=10)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per setting (all are printed, then the median)")
+    ap.add_argument("--only", choices=("default", "all-fast"), help="run one setting only")
     args = ap.parse_args()
     pl.Config.set_tbl_rows(10)
     print(f"host: {os.uname().nodename}, {os.cpu_count()} CPUs; steady state {args.seconds:g} s after {args.warmup:g} s warm-up")
     print(f"{'settings':<28}{'CPU % of a core':>16}{'peak RSS MiB':>14}{'lake KB/s':>11}{'compacted':>11}{'Influx KB/s':>13}{'missed':>8}")
-    for label, extra in (("default (fast 100 ms)", []), ("every source at 100 ms", ["--all-fast"])):
-        r = run_once(args.seconds, args.warmup, extra)
-        print(
-            f"{label:<28}{r['cpu_pct']:>16.2f}{r['peak_rss_mib']:>14.1f}{r['lake_kbps']:>11.2f}"
-            f"{r['lake_compacted_kbps']:>11.2f}{r['influx_kbps']:>13.2f}{r['missed_ticks']:>8.0f}"
-        )
+    settings = (("default", "default (fast 100 ms)", []), ("all-fast", "every source at 100 ms", ["--all-fast"]))
+    for key, label, extra in settings:
+        if args.only and key != args.only:
+            continue
+        cpu = []
+        for i in range(args.repeat):
+            load = os.getloadavg()[0]
+            r = run_once(args.seconds, args.warmup, extra)
+            cpu.append(r["cpu_pct"])
+            print(
+                f"{label:<28}{r['cpu_pct']:>16.2f}{r['peak_rss_mib']:>14.1f}{r['lake_kbps']:>11.2f}"
+                f"{r['lake_compacted_kbps']:>11.2f}{r['influx_kbps']:>13.2f}{r['missed_ticks']:>8.0f}"
+                f"   (run {i + 1}, load average {load:.2f} at start)", flush=True
+            )
+        if args.repeat > 1:
+            print(f"{label:<28}{statistics.median(cpu):>16.2f}   median CPU % over {args.repeat} runs")
 
 
 if __name__ == "__main__":

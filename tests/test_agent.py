@@ -177,3 +177,57 @@ def test_cli_agent_sigterm_flushes_and_exits_cleanly(tmp_path: Path) -> None:
     n = lake.scan(root, "cpu", hosts=["sig"]).select(pl.len()).collect().item()
     assert n >= 10 * (os.cpu_count() or 1)
     assert "ticks" in out and "cpu" in out
+
+
+class _DeferredCollector:
+    """sample()/parse() pair: the agent parses its raw samples in batches at the flush."""
+
+    name = "deferred"
+    measurements = ("net",)
+    tier = "fast"
+
+    def __init__(self, script: list[dict[str, int]]) -> None:
+        self.script = script
+        self.i = 0
+
+    def sample(self) -> dict[str, int]:
+        raw = self.script[min(self.i, len(self.script) - 1)]
+        self.i += 1
+        return raw
+
+    def parse(self, raw: dict[str, int]) -> list[Reading]:
+        names = sorted(raw)
+        return [Reading("net", {"interface": names}, {"rx_bytes": [raw[n] for n in names]})]
+
+    def collect(self) -> list[Reading]:
+        return self.parse(self.sample())
+
+    def close(self) -> None:
+        pass
+
+
+def test_batched_parsing_gives_the_deltas_of_one_reading_at_a_time() -> None:
+    from ingest.counters import CounterTracker
+
+    script = [
+        {"a": 10, "b": 100},
+        {"a": 15, "b": 2**32 - 5},
+        {"a": 20, "b": 3},  # b wraps
+        {"a": 2, "b": 10},  # a resets
+        {"a": 4, "b": 12, "c": 1},  # a new interface: the run is split there
+        {"a": 9, "b": 20, "c": 5},
+        {"b": 25, "c": 6},  # a vanished
+        {"a": 11, "b": 30, "c": 8},  # a is back: delta from its last value
+    ]
+    sink = _ListSink()
+    cfg = AgentConfig(host="h", interval_s=0.02, flush_interval_s=10.0, duration_s=0.02 * len(script))
+    Agent(cfg, [sink], [_DeferredCollector(script)]).run()
+    got = sink.table("net").select("interface", "rx_bytes").rows()
+    tracker = CounterTracker(("rx_bytes",))
+    want = []
+    for raw in script:
+        names = sorted(raw)
+        d = tracker.deltas([(n,) for n in names], {"rx_bytes": [raw[n] for n in names]})
+        want += list(zip(names, d["rx_bytes"], strict=True))
+    assert got == want
+    assert (("b", 2**32 - 5 - 100 + 0) in got) and ("b", 8) in got and ("a", 2) in got
