@@ -481,6 +481,35 @@ def test_parse_failure_names_file_and_line(tmp_path: Path) -> None:
         NetCollector(tmp_path).collect()
 
 
+def test_key_value_fast_paths_equal_the_line_parsers_and_name_bad_lines(tmp_path: Path) -> None:
+    # vmstat, numastat and meminfo are parsed in one C-level pass; anything unusual goes
+    # through the line-by-line parser, which gives the same values or names the line
+    (tmp_path / "proc").mkdir()
+    vm = tmp_path / "proc/vmstat"
+    vm.write_text("nr_free_pages 5\npgfault 77\nthp_fault_alloc 3\n")
+    fields = VmstatCollector(tmp_path).collect()[0].fields
+    assert (fields["pgfault"], fields["thp_fault_alloc"], fields["pgmajfault"]) == ([77], [3], [None])
+    vm.write_text("nr_free_pages 5\n\npgfault 77\nodd line here\nthp_fault_alloc 3\n")
+    fields = VmstatCollector(tmp_path).collect()[0].fields
+    assert (fields["pgfault"], fields["thp_fault_alloc"]) == ([77], [3])
+    vm.write_text("nr_free_pages 5\npgfault many\n")
+    with pytest.raises(CollectorError, match=r"proc/vmstat:2: not a number"):
+        VmstatCollector(tmp_path).collect()
+    node = tmp_path / "sys/devices/system/node/node0"
+    node.mkdir(parents=True)
+    (node / "numastat").write_text("numa_hit 10\nnuma_miss x\n")
+    (node / "meminfo").write_text("Node 0 MemFree:  4 kB\nNode 0 AnonHugePages:  2048 kB\n")
+    with pytest.raises(CollectorError, match=r"numastat:2: not a number"):
+        NumaCollector(tmp_path).collect()
+    (node / "numastat").write_text("numa_hit 10\nnuma_miss 2\n")
+    numa = NumaCollector(tmp_path).collect()[0].fields
+    assert (numa["numa_hit"], numa["numa_miss"], numa["mem_free"], numa["anon_huge_pages"]) == (
+        [10], [2], [4096], [2048 * 1024])
+    (tmp_path / "proc/meminfo").write_text("MemTotal:  100 kB\nHugePages_Total:   3\nWeird line\n")
+    with pytest.raises(CollectorError, match=r"proc/meminfo:3: expected 'Key: value"):
+        MemoryCollector(tmp_path).collect()
+
+
 def test_interrupts_odd_layout_falls_back_and_bad_counts_are_named(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir()
     f = tmp_path / "proc/interrupts"

@@ -175,6 +175,15 @@ def bracketed(text: str | None) -> str | None:
     return text[start + 1 : end]
 
 
+def key_values(data: bytes) -> dict[bytes, bytes] | None:
+    """'key value' lines (/proc/vmstat, numastat) -> {key: value} in one C-level pass;
+    None when the text is not strictly pairs (the caller parses line by line then)."""
+    toks = data.split()
+    if len(toks) % 2 or data.count(b"\n") + (not data.endswith(b"\n")) != len(toks) // 2:
+        return None
+    return dict(zip(toks[0::2], toks[1::2], strict=True))
+
+
 def parse_error(path: str, lineno: int, line: bytes | str, why: str) -> CollectorError:
     """A parse failure naming the file and the (1-based) line."""
     if isinstance(line, bytes):
