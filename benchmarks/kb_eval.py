@@ -9,6 +9,7 @@ with the default analytics configuration, then :func:`analytics.evaluation.evalu
 
     .venv/bin/python benchmarks/kb_eval.py --seeds 1 2           # ~5 min per seed on this VM
     .venv/bin/python benchmarks/kb_eval.py --cache /tmp/kbc      # keep analysis results: re-runs only match
+                                                                  # (recomputed when simulator/analytics code changed)
     .venv/bin/python benchmarks/kb_eval.py --plot docs/img/numa_baselines.svg
 """
 
@@ -27,7 +28,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analytics.evaluation import evaluate, flag_windows, parse_configs, top1_identification
+from analytics.evaluation import (
+    evaluate,
+    flag_windows,
+    label_windows,
+    parse_configs,
+    top1_identification,
+)
 from analytics.features import compute_features
 from analytics.pipeline import AnalysisResult, AnalyticsConfig, analyze
 from ingest import schema
@@ -74,9 +81,25 @@ def mixed_scenario(seed: int, severity: float) -> dict[str, Any]:
                            for t, h, a, d in MIXED]}
 
 
+def code_version() -> str:
+    """Hash of the simulator's and the analytics' sources: a cached run made by other code
+    is recomputed, not silently reused."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha1()
+    for f in sorted([*root.glob("ingest/simulator/**/*.py"), *root.glob("ingest/simulator/**/*.toml"),
+                     *root.glob("analytics/*.py")]):
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def run_one(name: str, doc: dict[str, Any], cache: Path | None, config: AnalyticsConfig) -> Run:
     d = cache / name if cache else None
-    if d is not None and all((d / f"{t}.parquet").exists() for t in TABLES):
+    version = code_version() if d is not None else ""
+    if (d is not None and all((d / f"{t}.parquet").exists() for t in TABLES)
+            and (d / "version.txt").exists() and (d / "version.txt").read_text() == version):
         got = {t: pl.read_parquet(d / f"{t}.parquet") for t in TABLES}
     else:
         sc = from_dict(doc, name=name)
@@ -92,6 +115,7 @@ def run_one(name: str, doc: dict[str, Any], cache: Path | None, config: Analytic
             d.mkdir(parents=True, exist_ok=True)
             for t, df in got.items():
                 df.write_parquet(d / f"{t}.parquet")
+            (d / "version.txt").write_text(version)
     minutes = float(str(doc["duration"]).rstrip("m"))
     return Run(name, got["features"], got["findings"], got["scores"], got["host_facts"], got["labels"],
                int(doc["hosts"]), minutes * 60.0)
@@ -132,11 +156,12 @@ def _pct(x: float | None) -> str:
 SPECS = ("vote2", "KB", "vote2∨KB")
 
 
-def evaluate_runs(runs: list[Run], spec_name: str = "vote2∨KB", cfg: SweepConfig | None = None) -> dict[str, Any]:
+def evaluate_runs(runs: list[Run], spec_name: str = "vote2∨KB", cfg: SweepConfig | None = None,
+                  kb_path: Path | None = None) -> dict[str, Any]:
     """The sweep's verdict (:func:`jobs.pipeline.eval_detector`: warm-up, signature
     detector, matching, incidents) on every run, evaluated together with
     :func:`analytics.evaluation.evaluate` (incident figures included)."""
-    kb = load_kb()
+    kb = load_kb(kb_path)
     spec = parse_configs(spec_name)[0]
     hook = eval_detector(kb, cfg or SweepConfig())
     windows, labels, matches, incidents = [], [], [], []
@@ -163,21 +188,57 @@ def evaluate_runs(runs: list[Run], spec_name: str = "vote2∨KB", cfg: SweepConf
     clean_hours = sum((r.hosts - r.labels["host"].n_unique()) * r.duration_s for r in runs) / 3600.0
     return {
         "spec": spec.name, "overall": overall, "per_type": per_type, "top1_misses": misses,
+        "type_figures": type_figures(w, lab, mt),
         "unmatched_clean_hosts": clean.filter(pl.col("status") == "unmatched").height,
         "matched_clean_hosts": clean.filter(pl.col("status") == "matched").height,
         "clean_host_hours": clean_hours, "match_seconds": t_match, "incidents": inc,
     }
 
 
+def type_figures(windows: pl.DataFrame, labels: pl.DataFrame, matches: pl.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per label type: healthy contamination (share of the windows outside every label that
+    are flagged and matched to this type) and onset delay (per label, seconds from its
+    start to the first window overlapping it that is flagged and matched to its type;
+    median and max over the labels, None when a label never gets one)."""
+    mt = (matches.select("host", pl.col("window_start").cast(pl.Datetime("us", "UTC")), "match_type")
+          .drop_nulls("match_type").unique(subset=["host", "window_start"], keep="first", maintain_order=True))
+    lw = (label_windows(windows, labels).join(mt, on=["host", "window_start"], how="left")
+          .with_columns((pl.col("flagged") & pl.col("match_type").is_not_null()).alias("matched")))
+    healthy = lw.filter(~pl.col("positive"))
+    n_healthy = max(healthy.height, 1)
+    hits = lw.filter(pl.col("matched")).select("host", "window_start", "window_end", "match_type")
+    out: dict[str, dict[str, Any]] = {}
+    for t in sorted(set(labels["type"].to_list())):
+        delays: list[float | None] = []
+        for lab in labels.filter(pl.col("type") == t).iter_rows(named=True):
+            first = hits.filter((pl.col("host") == lab["host"]) & (pl.col("match_type") == t)
+                                & (pl.col("window_start") < lab["end"]) & (pl.col("window_end") > lab["time"]))
+            delays.append(None if first.is_empty()
+                          else (first["window_start"].min() - lab["time"]).total_seconds())
+        got = [d for d in delays if d is not None]
+        out[t] = {"contamination": int((healthy["match_type"] == t).sum()) / n_healthy,
+                  "onset_median_s": float(np.median(got)) if got else None,
+                  "onset_max_s": None if len(got) < len(delays) else max(got)}
+    return out
+
+
+def _secs(x: float | None) -> str:
+    return "never" if x is None else f"{x:+.0f} s"
+
+
 def render(res: dict[str, Any]) -> str:
     o = res["overall"]
-    lines = ["| type | labels | flagged win. recall | hit rate | coverage | top-1 |", "|---|---|---|---|---|---|"]
+    tf = res.get("type_figures", {})
+    lines = ["| type | labels | flagged win. recall | hit rate | coverage | top-1 | contamination | onset delay median / max |",
+             "|---|---|---|---|---|---|---|---|"]
     for t, m in res["per_type"].items():
+        f = tf.get(t, {})
         lines.append(f"| {t} | {m.labels} | {_pct(m.window.recall if m.window else None)} | "
-                     f"{_pct(m.signature_hit_rate)} | {_pct(m.signature_coverage)} | {m.top1_identified}/{m.labels} |")
+                     f"{_pct(m.signature_hit_rate)} | {_pct(m.signature_coverage)} | {m.top1_identified}/{m.labels} | "
+                     f"{_pct(f.get('contamination'))} | {_secs(f.get('onset_median_s'))} / {_secs(f.get('onset_max_s'))} |")
     lines.append(f"| **overall** | {o.labels} | {_pct(o.window.recall if o.window else None)} | "
                  f"**{_pct(o.signature_hit_rate)}** | **{_pct(o.signature_coverage)}** | "
-                 f"**{o.top1_identified}/{o.labels}** |")
+                 f"**{o.top1_identified}/{o.labels}** | **{_pct(o.healthy_contamination)}** | |")
     upph = o.unmatched_per_host_hour
     clean = res["clean_host_hours"]
     lines += [
@@ -201,24 +262,45 @@ def render(res: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------ baseline plot
-def baseline_scores(run: Run, config: AnalyticsConfig) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per detector, (healthy scores, faulty scores): healthy = windows of hosts without a
-    label, faulty = windows inside the label on the injected host; score = max over the
-    references (as the pipeline's findings take it)."""
-    from dataclasses import replace
+def baseline_scores(run: Run, config: AnalyticsConfig,
+                    drop: tuple[str, ...] = ()) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per detector, (healthy scores, faulty scores) on the NUMA run: faulty = windows inside
+    the label on the injected host, healthy = the other hosts' windows over the same span.
+
+    The baselines get what they assume: a healthy reference. The Prodigy-like (PCA
+    reconstruction, a linear autoencoder) and eACGM-like (Gaussian-mixture NLL) models are
+    fitted on every host's windows before the injection (robustly standardised raw window
+    features, catalog floors) and score the windows after it. Ours is the pipeline's
+    combined score as the sweep computes it (no healthy reference; max over references).
+    ``drop``: feature-name prefixes left out of every detector's input (a what-if: the
+    footprint without those counters)."""
+    from analytics.baselines import GaussianMixtureNLL, PCAReconstruction
+    from analytics.catalog import lookup
 
     lab = run.labels.row(0, named=True)
+    feats = run.features.drop([c for c in run.features.columns if drop and c.startswith(drop)])
+    cols = [c for c in feats.columns if c not in ("host", "window_start", "window_end")]
+    X = feats.select(cols).to_numpy().astype(np.float64)
+    X[~np.isfinite(X)] = np.nan
+    floors = np.array([lookup(c).floor for c in cols], dtype=np.float64)
+    host, ws, we = (feats[c].to_numpy() for c in ("host", "window_start", "window_end"))
+    t0, t1 = np.datetime64(lab["time"].replace(tzinfo=None), "us"), np.datetime64(lab["end"].replace(tzinfo=None), "us")
+    train = we <= t0
+    faulty = (host == lab["host"]) & (ws >= t0) & (we <= t1)
+    healthy = (host != lab["host"]) & (ws >= t0) & (we <= t1)
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name, dets in (("Prodigy-like (PCA reconstruction)", ("pca",)), ("eACGM-like (GMM log-likelihood)", ("gmm",)),
-                       ("Unveil (vote 2 of Z, IF, Maha)", None)):
-        cfg = config if dets is None else replace(config, detectors=dets, combine="any", vote_k=1)
-        res = run.scores if dets is None else analyze({}, cfg, host_facts=run.host_facts, features=run.features).scores
-        s = (res.filter(pl.col("detector") == "combined").group_by("host", "window_start", "window_end")
-             .agg(pl.col("score").max()))
-        faulty = s.filter((pl.col("host") == lab["host"]) & (pl.col("window_start") >= lab["time"])
-                          & (pl.col("window_end") <= lab["end"]))["score"].to_numpy()
-        healthy = s.filter(pl.col("host") != lab["host"])["score"].to_numpy()
-        out[name] = (healthy[np.isfinite(healthy)], faulty[np.isfinite(faulty)])
+    for name, det in (("Prodigy-like (PCA recon.)", PCAReconstruction(floors=floors, random_state=0)),
+                      ("eACGM-like (GMM NLL)", GaussianMixtureNLL(floors=floors, random_state=0))):
+        det.fit(X[train])
+        sc = det.score_samples(X)
+        out[name + ", healthy ref."] = (sc[healthy], sc[faulty])
+    res = run.scores if not drop else analyze({}, config, host_facts=run.host_facts, features=feats).scores
+    s = (res.filter(pl.col("detector") == "combined").group_by("host", "window_start", "window_end")
+         .agg(pl.col("score").max()))
+    inside = (pl.col("window_start") >= lab["time"]) & (pl.col("window_end") <= lab["end"])
+    f = s.filter((pl.col("host") == lab["host"]) & inside)["score"].to_numpy()
+    h = s.filter((pl.col("host") != lab["host"]) & inside)["score"].to_numpy()
+    out["Unveil (vote2 Z/IF/Maha), no ref."] = (h[np.isfinite(h)], f[np.isfinite(f)])
     return out
 
 
@@ -285,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, help="directory keeping each run's analysis (re-runs only re-match)")
     p.add_argument("--plot", type=Path, help="write the NUMA baseline comparison SVG here")
     p.add_argument("--json", type=Path, help="write the figures as JSON here")
+    p.add_argument("--plot-drop", nargs="*", default=[], metavar="PREFIX",
+                   help="what-if for --plot: leave feature columns starting with these prefixes out of the detectors")
+    p.add_argument("--kb", type=Path, help="knowledge-base directory (default: the shipped entries)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = AnalyticsConfig()
@@ -302,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                      time.perf_counter() - t0)
     out: dict[str, Any] = {}
     for spec in SPECS:
-        res = evaluate_runs(runs, spec)
+        res = evaluate_runs(runs, spec, kb_path=args.kb)
         out[spec] = res
         title = {"vote2": "statistical only (vote 2 of Z, IF, Maha), with warm-up",
                  "KB": "knowledge-base signature detector alone",
@@ -316,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                 "top1_identified", "labels", "top1_rate", "unmatched_incidents", "healthy_host_hours",
                 "unmatched_per_host_hour", "false_identifications")},
                 "per_type": {t: {"hit_rate": m.signature_hit_rate, "coverage": m.signature_coverage,
-                                 "top1": m.top1_identified, "labels": m.labels}
+                                 "top1": m.top1_identified, "labels": m.labels, **res["type_figures"].get(t, {})}
                              for t, m in res["per_type"].items()},
                 "unmatched_clean_hosts": res["unmatched_clean_hosts"], "clean_host_hours": res["clean_host_hours"]}
         args.json.write_text(json.dumps({k: fig(v) for k, v in out.items()}, indent=2))
@@ -325,13 +410,16 @@ def main(argv: list[str] | None = None) -> int:
         if numa is None:
             print("no NUMA run: plot skipped", file=sys.stderr)
         else:
-            data = baseline_scores(numa, config)
+            data = baseline_scores(numa, config, tuple(args.plot_drop))
             for name, (h, f) in data.items():
                 print(f"{name}: healthy median {np.median(h):.3g}, faulty median {np.median(f):.3g}, "
                       f"overlap {overlap(h, f):.2f}")
             args.plot.parent.mkdir(parents=True, exist_ok=True)
             tmp = args.plot.with_suffix(".tmp")
-            tmp.write_text(svg_plot(data, "GPU–NIC NUMA misplacement: window scores, healthy vs faulty"))
+            title = "GPU–NIC NUMA misplacement: window scores, healthy vs faulty"
+            if args.plot_drop:
+                title += f" (without {', '.join(args.plot_drop)})"
+            tmp.write_text(svg_plot(data, title))
             tmp.replace(args.plot)
             print(f"wrote {args.plot}")
     return 0

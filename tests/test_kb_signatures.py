@@ -67,3 +67,42 @@ def test_every_simulated_type_has_an_entry() -> None:
     kb = load_kb()
     assert set(INEFFICIENCIES) <= {e.label_type for e in kb}
     assert len(kb) >= 12
+
+
+# ------------------------------------------------------------------ onset
+#: the slow-footprint types and the most seconds their entry may lag the injection's start
+#: on a busy host: THP's page-fault rate jumps when the mode changes (its coverage decays
+#: over minutes); a GPU losing cooling passes 75 C about 10 s before its clocks drop
+ONSET_LAG_S = {"thp_coverage_loss": 5.0, "thermal_throttle": 15.0}
+
+
+@pytest.fixture(scope="module")
+def onset_fleet() -> tuple[pl.DataFrame, pl.DataFrame]:
+    hosts = [{"name": t.replace("_", "-"), "workload": "training"} for t in ONSET_LAG_S]
+    hosts += [{"name": h, "workload": "training"} for h in HEALTHY]
+    doc = {"seed": 7, "duration": "4m", "hosts": hosts,
+           "injections": [{"type": t, "host": t.replace("_", "-"), "start": "2m", "duration": "2m", "severity": 0.5}
+                          for t in ONSET_LAG_S]}
+    frames, _ = simulate_frames(from_dict(doc, name="kb-onset"))
+    facts = frames.pop("host_facts")
+    labels = frames.pop("labels")
+    frames.pop("workload", None)
+    feats = compute_features({k: v.lazy() for k, v in frames.items()}, host_facts=facts)
+    return labels, match_windows(feats, facts, load_kb()).filter(pl.col("rank") == 1)
+
+
+@pytest.mark.parametrize("typ", sorted(ONSET_LAG_S))
+def test_entry_matches_from_the_onset(onset_fleet: tuple[pl.DataFrame, pl.DataFrame], typ: str) -> None:
+    labels, matches = onset_fleet
+    lab = labels.filter(pl.col("type") == typ).row(0, named=True)
+    mine = matches.filter(pl.col("host") == lab["host"])
+    assert mine.filter(pl.col("window_end") <= lab["time"]).is_empty()
+    right = mine.filter((pl.col("label_type") == typ) & (pl.col("window_start") >= lab["time"])
+                        & (pl.col("window_start") < lab["end"]))
+    assert right.height, f"{typ}: never matched"
+    lag = (right["window_start"].min() - lab["time"]).total_seconds()
+    assert lag <= ONSET_LAG_S[typ], f"{typ}: first right match {lag:.0f} s after the onset"
+    # once matched, it stays matched to the end of the injection
+    span = (lab["end"] - lab["time"]).total_seconds() - lag - 3
+    assert right.height >= 0.95 * span, f"{typ}: {right.height} windows matched of ~{span:.0f}"
+    assert matches.filter(pl.col("host").is_in(HEALTHY)).is_empty()

@@ -25,7 +25,7 @@ from ingest.simulator import (
     simulate,
     simulate_frames,
 )
-from ingest.simulator.injections import ALSO_MOVES, FOOTPRINTS, UNRELATED_POOL
+from ingest.simulator.injections import ALSO_MOVES, FOOTPRINTS, UNRELATED_POOL, Signal
 from ingest.simulator.workloads import PHASES
 from tests.sim_footprints import mean, placeholders, series, span
 
@@ -211,6 +211,25 @@ def test_thp_fragmentation_variant_keeps_facts_and_raises_fallbacks(
         assert mean(series(frames, sig, {}, "h0", a, b)) > mean(series(healthy["llm_serving"], sig, {}, "h0", a, b))
     facts = frames["host_facts"].filter((pl.col("category") == "thp") & (pl.col("key") == "enabled"))
     assert set(facts.get_column("value")) == {"always"}
+
+
+def test_thp_never_switches_the_fault_flow_at_once_and_the_coverage_slowly(
+    healthy: dict[str, dict[str, pl.DataFrame]]
+) -> None:
+    """THP "never": from the first seconds every new fault is a 4 KiB one (thp_fault_alloc
+    stops, pgfault jumps), while AnonHugePages (a stock) has barely moved yet."""
+    inj = Injection("thp_coverage_loss", "h0", INJ_START, INJ_END - INJ_START, 0.5)
+    sc = _sc("training", (inj,))
+    frames, _ = simulate_frames(sc)
+    a, b = sc.start + timedelta(seconds=INJ_START + 1), sc.start + timedelta(seconds=INJ_START + 10)
+    base = healthy["training"]
+
+    def ratio(sig: Signal) -> float:
+        return mean(series(frames, sig, {}, "h0", a, b)) / mean(series(base, sig, {}, "h0", a, b))
+
+    assert ratio(Signal("vmstat", "thp_fault_alloc")) < 0.1
+    assert ratio(Signal("vmstat", "pgfault")) > 1.1
+    assert ratio(Signal("memory", "anon_huge_pages")) > 0.95
 
 
 def test_healthy_runs_are_not_flat() -> None:

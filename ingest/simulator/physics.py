@@ -200,8 +200,11 @@ def derive(host: HostSpec, tr: Trace, eff: Effects, rng: np.random.Generator, ba
         node_work = (work / nodes + far_work[k]) * scale + mis_cores[k] * scale
         user[k] = spin_node[k] * scale + 0.85 * node_work
         system[k] = 0.15 * node_work + 0.15
-    # page faults without huge pages, reclaim (kswapd), compaction
-    system += (0.6 * thp * tr.alloc / 2e4 + 0.8 * mp + 0.05 * thp)[None, :]
+    # page faults without huge pages (a flow: all new faults are 4 KiB from the moment THP is
+    # "never"; fragmentation grows with the envelope): ~1 us of kernel time per extra 4 KiB
+    # fault (the zeroing is the same bytes either way), reclaim (kswapd), compaction
+    small_faults = 1 - (1 - thp) * (1 - eff.thp_never)
+    system += (0.01 * small_faults * tr.alloc / 2e4 + 0.8 * mp + 0.05 * thp)[None, :]
     neighbour_cores = 10.0 * eff.neighbour
     # NIC completions / frontend packets -> irq and softirq time where the IRQs run
     irq_c = np.zeros((nodes, n))

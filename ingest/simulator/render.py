@@ -541,11 +541,14 @@ def _vm_rates(ch: Chunk, table: str) -> dict[str, np.ndarray]:
     nb = av(eff.neighbour.sum(axis=0))
     alloc = av(tr.alloc * st.r) + 1500.0 * nb
     cov = THP_COVERAGE * (1 - thp)
+    # faults are a flow: with THP "never" every new fault is a 4 KiB one from the moment the
+    # mode changes, while the coverage (a stock) only decays as memory turns over
+    cov_new = cov * (1 - never)
     alloc_b = alloc * PAGE
     r: dict[str, np.ndarray] = {}
-    r["thp_fault_alloc"] = cov * (1 - never) * alloc_b / HUGEPAGE_SIZE + 0.2
+    r["thp_fault_alloc"] = cov_new * alloc_b / HUGEPAGE_SIZE + 0.2
     r["thp_fault_fallback"] = (THP_COVERAGE - cov) * (1 - never) * alloc_b / HUGEPAGE_SIZE + 40.0 * mp
-    r["pgfault"] = (1 - cov) * alloc + r["thp_fault_alloc"] + 18e3 + 2e3 * nb
+    r["pgfault"] = (1 - cov_new) * alloc + r["thp_fault_alloc"] + 18e3 + 2e3 * nb
     r["pgmajfault"] = 1.5 + 3000.0 * mp
     r["pswpout"] = np.clip(mp - 0.3, 0, None) * 6000.0
     r["pswpin"] = r["pswpout"] * 0.5
