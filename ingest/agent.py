@@ -404,6 +404,7 @@ class Agent:
     def flush(self) -> None:
         """Hand the rows buffered since the last flush to the journal and the streaming
         sinks; commit to the lake when the commit interval has passed."""
+        self._agent_row(time.time_ns() // 1000)
         self._parse_deferred()
         pending = {name: buf.unmarked() for name, buf in self._buffers.items() if buf.n > buf.mark}
         if self._journal is not None and pending:
@@ -516,6 +517,11 @@ class Agent:
         facts_every = max(1, round(schema.TIER_PERIOD_S["static"] / interval))
         total_ticks = math.inf if cfg.duration_s is None else max(1, round(cfg.duration_s / interval))
         clock = self._clock
+        every_tick = [c for c in self.collectors if self._periods[c.name] == 1]
+        # tiers are whole seconds: the slower collectors are only looked at once a second
+        slower = [(self._periods[c.name], c) for c in self.collectors if self._periods[c.name] > 1]
+        if any(p % medium_every for p, _ in slower):
+            medium_every = 1  # an odd interval: check every tick
         if cfg.lake is not None and cfg.compact_every_s > 0:
             threading.Thread(target=self._compaction_loop, name="unveil-compaction", daemon=True).start()
         t0 = clock()
@@ -543,13 +549,14 @@ class Agent:
                 start = clock()
                 if k % facts_every == 0:
                     self._collect_facts(ts)
-                for c in self.collectors:
-                    if k % self._periods[c.name] == 0:
-                        self._collect(c, ts)
+                for c in every_tick:
+                    self._collect(c, ts)
+                if k % medium_every == 0:
+                    for period, c in slower:
+                        if k % period == 0:
+                            self._collect(c, ts)
                 self.stats.ticks += 1
                 self.stats.sample_time_us += int((clock() - start) * 1e6)
-                if k % medium_every == 0:
-                    self._agent_row(ts)
                 k += 1
                 if k % flush_every == 0:
                     self.flush()

@@ -436,7 +436,7 @@ GPU = Measurement(
 # ------------------------------------------------------------------------- agent
 AGENT = Measurement(
     "agent",
-    "The agent's own health: ticks, missed ticks, sampling cost, counter anomalies.",
+    "The agent's own health, one row per flush: ticks, missed ticks, sampling cost, counter anomalies.",
     "the agent",
     tags=(),
     fields=(
