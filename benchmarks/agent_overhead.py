@@ -3,8 +3,8 @@
 Runs the agent twice for --seconds (default 60): at default settings (fast tier at
 100 ms, slower sources on their tiers) and with every source at 100 ms. For each run it
 prints CPU as % of one core over the steady state (utime+stime of the agent and its
-children, measured between the end of a warm-up and the end of the run, so start-up
-imports are excluded), peak RSS, lake bytes per second (after the agent's last flush and
+children, measured from --warmup seconds after the agent reports that it is sampling to
+the end of the run, so start-up imports are excluded however long they take), peak RSS, lake bytes per second (after the agent's last flush and
 after compaction), InfluxDB line-protocol bytes per second for the same rows, and
 missed ticks.
 
@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,10 +44,17 @@ def run_once(seconds: float, warmup: float, extra: list[str]) -> dict[str, float
     host = "bench-host"
     cmd = [
         sys.executable, "-m", "jobs.cli", "agent", "--lake", str(lake), "--host", host,
-        "--duration", str(seconds + warmup), "--quiet", *extra,
+        "--duration", str(seconds + warmup + 5), "--quiet", *extra,
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT)  # the agent limits its own threads (jobs/cli.py)
+    # the agent limits its own threads (jobs/cli.py); its stderr tells when sampling starts
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     ps = psutil.Process(proc.pid)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # start-up (imports, collectors) is not steady state
+        sys.stderr.write(line)
+        if "sampling" in line:
+            break
+    threading.Thread(target=lambda: sys.stderr.writelines(proc.stderr or ()), daemon=True).start()
 
     def cpu() -> float:
         t = ps.cpu_times()
@@ -56,13 +64,13 @@ def run_once(seconds: float, warmup: float, extra: list[str]) -> dict[str, float
     time.sleep(warmup)
     c0, w0 = cpu(), time.monotonic()
     peak_rss = 0
-    while proc.poll() is None:
-        try:
-            c1, w1 = cpu(), time.monotonic()
-            peak_rss = max(peak_rss, ps.memory_info().rss)
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.5)
+    # the window ends while the agent still samples: its exit (last flush and commit,
+    # interpreter teardown) is no more steady state than its start-up
+    end = w0 + seconds
+    while (now := time.monotonic()) < end:
+        peak_rss = max(peak_rss, ps.memory_info().rss)
+        time.sleep(min(0.5, end - now))
+    c1, w1 = cpu(), time.monotonic()
     rc = proc.wait()
     if rc != 0:
         raise SystemExit(f"agent exited with {rc}")
@@ -77,7 +85,7 @@ def run_once(seconds: float, warmup: float, extra: list[str]) -> dict[str, float
     # every partition counts as closed: merge everything the run wrote
     lake_mod.compact(lake, older_than=timedelta(0), now=datetime.now(UTC) + timedelta(hours=2))
     compacted = lake_bytes(lake)
-    duration = seconds + warmup
+    duration = seconds + warmup + 5  # the rows the agent sampled (its whole --duration)
     shutil.rmtree(tmp, ignore_errors=True)
     return {
         "cpu_pct": 100 * (c1 - c0) / (w1 - w0),

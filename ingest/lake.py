@@ -109,8 +109,9 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _makedirs(path: Path) -> None:
-    """mkdir -p, fsyncing the parent of every directory created so it survives a crash."""
+def _makedirs(path: Path, *, durable: bool = True) -> None:
+    """mkdir -p, fsyncing the parent of every directory created so it survives a crash
+    (``durable=False``: no fsync, like the files of a non-durable sink)."""
     missing: list[Path] = []
     p = path
     while not p.exists():
@@ -121,7 +122,8 @@ def _makedirs(path: Path) -> None:
             d.mkdir()
         except FileExistsError:
             continue
-        _fsync_path(d.parent)
+        if durable:
+            _fsync_path(d.parent)
 
 
 def _write_parquet_atomic(df: pl.DataFrame, path: Path, *, compression: str, compression_level: int | None,
@@ -481,7 +483,7 @@ def _new_part_name() -> str:
 
 def _write_group(table: str, part_dir: Path, df: pl.DataFrame, *, compression: str,
                  compression_level: int | None, durable: bool = True) -> Path:
-    _makedirs(part_dir)
+    _makedirs(part_dir, durable=durable)
     # Writers (agent, simulator) hand over time-ordered rows with tags in a fixed order: a
     # full multi-key sort of a million-row frame would cost more than writing it.
     if not df.get_column(schema.TIME).is_sorted():
@@ -593,7 +595,7 @@ class LakeSink:
             if any(e.name.endswith(f"-{token}.parquet") for e in _scandir(d)):
                 continue
             try:
-                _makedirs(d)
+                _makedirs(d, durable=self.durable)
                 if not part.get_column(schema.TIME).is_sorted():
                     part = part.sort(_sort_keys(table, part.columns), maintain_order=True)
                 _write_parquet_atomic(part, d / f"part-{_stamp()}-{token}.parquet", durable=self.durable,
