@@ -225,6 +225,18 @@ class RobustStandardizer(TransformerMixin, BaseEstimator):
         return tags
 
 
+def _finite(X: Array) -> Array:
+    """X with non-finite values as 0; X itself (no copy) when it is all finite, as the
+    pipeline's standardised evidence is (callers only read the result)."""
+    X = np.asarray(X, dtype=np.float64)
+    bad = ~np.isfinite(X)
+    if not bad.any():
+        return X
+    z = X.copy()
+    z[bad] = 0.0
+    return z
+
+
 class _Detector(BaseEstimator):
     """Common machinery: standardise (or take z-scores as given), fit, calibrate."""
 
@@ -241,18 +253,14 @@ class _Detector(BaseEstimator):
             self.scaler_ = RobustStandardizer(floors=self.floors).fit(X)
             return self.scaler_.transform(X)
         self.scaler_ = None
-        z = np.array(X, dtype=np.float64)
-        z[~np.isfinite(z)] = 0.0
-        return z
+        return _finite(X)
 
     def _z(self, X: ArrayLike) -> Array:
         check_is_fitted(self)
         X = np.asarray(validate_data(self, X, reset=False, ensure_all_finite="allow-nan", dtype=np.float64))
         if self.scaler_ is not None:
             return self.scaler_.transform(X)
-        z = np.array(X, dtype=np.float64)
-        z[~np.isfinite(z)] = 0.0
-        return z
+        return _finite(X)
 
     def _validate(self, X: ArrayLike) -> Array:
         X = validate_data(self, X, ensure_all_finite="allow-nan", dtype=np.float64, ensure_min_samples=1)
@@ -671,8 +679,11 @@ class MahalanobisDetector(_Detector):
         return self
 
     def _split(self, z: Array) -> tuple[Array, Array]:
-        d = z - self.location_
-        return d[:, self.active_], d[:, ~self.active_]
+        # each part's deviation directly (no full z - location_ to copy from)
+        a = self.active_
+        if a.all():
+            return z - self.location_, np.zeros((z.shape[0], 0))
+        return z[:, a] - self.location_[a], z[:, ~a] - self.location_[~a]
 
     def _score_z(self, z: Array) -> Array:
         da, di = self._split(z)

@@ -2,11 +2,14 @@
 
 The same code serves sweeps, post-mortems and evaluation. Two stages keep it cheap:
 
-1. **buckets** (lazy, :func:`bucket_frame`) — ONE ``group_by`` per measurement on
-   ``(host, tag columns, integer bucket)`` (default bucket = stride = 1 s) with every
-   aggregation at once, all measurements collected together: counter deltas summed,
-   gauges as bucket means (window mean = mean of bucket means), min/max where a feature
-   needs them, throttle-reason bits as counts of samples with the bit set;
+1. **buckets** — per measurement, the raw rows grouped by ``(host, tag columns,
+   integer bucket)`` (default bucket = stride = 1 s) with every aggregation at once,
+   one table at a time (:func:`bucket_rows`, :func:`_reduce_buckets`; the reference
+   semantics is one ``group_by``, :func:`bucket_frame`): counter deltas summed, gauges
+   as bucket means (window mean = mean of bucket means), min/max where a feature needs
+   them, throttle-reason bits as counts of samples with the bit set. Regular telemetry
+   (every sample reads the same series in the same order: a samples x series grid) is
+   reduced by numpy over contiguous runs instead of a hash ``group_by``;
 2. **windows** (eager, on the small bucket frames) — every host gets one grid of
    buckets from its first to its last (over all tables); each table's devices x that
    grid, trailing rolling sums/means/max/min over the buckets of a window (a window is
@@ -53,6 +56,9 @@ _DEV = "_dev"  # device of a row ("" for host-wide tables)
 _DUR = "_dur"  # covered window duration, seconds
 _FIRST = "_first"
 _LAST = "_last"
+_T = "_t"  # sample time, µs
+_LOCAL = "_local"  # an interrupt row counted on its device's own NUMA node
+_NAMED = "_named"  # the device of a reduced row (fast path)
 
 # NVML clock-event (throttle) reason bits
 THROTTLE_BITS: dict[str, int] = {
@@ -195,11 +201,11 @@ def _plan_softirqs(cols: set[str]) -> _Plan:
 
 
 def _plan_interrupts(cols: set[str]) -> _Plan:
-    # rows carry _dev_node (the device's own node, from host_facts) after _attach_irq_devices
-    node = _c("node").cast(pl.String).str.strip_chars_start("node").cast(pl.Int64, strict=False)
+    # rows carry _dev and _local (the row's node is its device's own node, from
+    # host_facts) after _attach_irq_devices
     b: dict[str, tuple[pl.Expr, Agg]] = {
         "count": _sum("count"),
-        "local": (pl.when(node == _c("_dev_node")).then(_c("count")).otherwise(0), "sum"),
+        "local": (pl.when(_c(_LOCAL)).then(_c("count")).otherwise(0), "sum"),
     }
     f = {"irq.rate": _rate("count"), "irq.locality": _c("local") / _c("count")}
     return _Plan(_c(_DEV), b, f, zero_fill=("irq.rate",))
@@ -507,11 +513,9 @@ def _irq_device_map(irq_names: Sequence[str], facts: pl.DataFrame) -> dict[str, 
             if pci:
                 short = pci.split(":", 1)[1] if pci.count(":") == 2 else pci
                 if pci in low or (len(short) >= 7 and short in low):
-                    cand = (2, dev, node)
-                    if best is None or best[0] < 2:
-                        best = cand
-                    continue
-            if dev and re.search(rf"(^|[^a-z0-9]){re.escape(dev.lower())}(?![0-9])", low) and best is None:
+                    best = (2, dev, node)  # the first PCI match wins
+                    break
+            if best is None and dev and re.search(rf"(^|[^a-z0-9]){re.escape(dev.lower())}(?![0-9])", low):
                 best = (1, dev, node)
         if best is not None:
             out[name] = (best[1], best[2])
@@ -519,21 +523,34 @@ def _irq_device_map(irq_names: Sequence[str], facts: pl.DataFrame) -> dict[str, 
 
 
 def _attach_irq_devices(lf: pl.LazyFrame, host_facts: pl.DataFrame | None) -> pl.LazyFrame | None:
-    """Interrupt rows of devices known to host_facts, with _dev and _dev_node; None if none."""
+    """Interrupt rows of devices known to host_facts, with _dev and _local; None if none.
+    Both come from the few distinct (host, IRQ action, node) of the rows, joined back
+    on those three keys (parsing every row's node would cost as much as the join)."""
     facts = _facts_nodes(host_facts)
     if facts.is_empty():
         log.info("no numa_node facts: irq.locality and irq.rate are not computed")
         return None
-    pairs = lf.select(HOST, pl.col("device").cast(pl.String)).unique().collect()
+    keys = (HOST, "device", "node")
+    lf = lf.with_columns(pl.col("device").cast(pl.String), pl.col("node").cast(pl.String).fill_null(""))
+    # distinct values one column at a time (a multi-column unique costs twice as much);
+    # (host, device) pairs only for several hosts. The mapping may list (device, node)
+    # pairs that never occur: the inner join ignores them.
+    uniq = lf.select(*[pl.col(k).unique().implode() for k in keys]).collect().row(0)
+    hosts, nodes = uniq[0], uniq[2]
+    pairs = ({hosts[0]: uniq[1]} if len(hosts) == 1 else
+             {h: g["device"].to_list() for (h,), g in lf.select(HOST, "device").unique().collect().group_by([HOST])})
     rows = []
-    for (host,), grp in pairs.group_by([HOST]):
-        m = _irq_device_map(grp["device"].drop_nulls().to_list(), facts.filter(pl.col(HOST) == host))
-        rows += [(host, name, dev, node) for name, (dev, node) in m.items()]
+    for host, names in pairs.items():
+        m = _irq_device_map([n for n in names if n is not None], facts.filter(pl.col(HOST) == host))
+        rows += [(host, name, node, dev, dev_node) for name, (dev, dev_node) in m.items() for node in nodes]
     if not rows:
         return None
-    mapping = pl.DataFrame(rows, schema={HOST: pl.String, "device": pl.String, _DEV: pl.String,
-                                         "_dev_node": pl.Int64}, orient="row")
-    return lf.with_columns(pl.col("device").cast(pl.String)).join(mapping.lazy(), on=[HOST, "device"], how="inner")
+    node = pl.col("node").str.strip_chars_start("node").cast(pl.Int64, strict=False)
+    mapping = pl.DataFrame(rows, schema={HOST: pl.String, "device": pl.String, "node": pl.String, _DEV: pl.String,
+                                         "_dev_node": pl.Int64}, orient="row").select(
+        *keys, _DEV, (node == pl.col("_dev_node")).fill_null(False).alias(_LOCAL))
+    # row order kept: _reduce_buckets' fast path needs the rows' sample x series grid
+    return lf.join(mapping.lazy(), on=list(keys), how="inner", maintain_order="left")
 
 
 def _tables(
@@ -570,27 +587,236 @@ def _tags(plan: _Plan) -> list[str]:
     return list(dict.fromkeys(plan.device.meta.root_names())) if plan.device is not None else []
 
 
+def bucket_rows(lf: pl.LazyFrame, plan: _Plan, spec: WindowSpec) -> pl.LazyFrame:
+    """Stage 1a, lazy: the row-level columns of the bucket aggregation: host, tag
+    columns, ``_t`` (µs), the bucket ``_b`` (an integer: µs since the epoch, a multiple
+    of the bucket length; cheaper than datetime truncation) and one column per bucket
+    aggregation. Row order is the input's (:func:`_reduce_buckets` relies on it)."""
+    b_us = round(spec.bucket * 1e6)
+    t = pl.col(TIME).cast(pl.Int64)
+    return lf.select(pl.col(HOST).cast(pl.String), *_tags(plan), t.alias(_T), (t // b_us * b_us).alias(_B),
+                     *[e.alias(n) for n, (e, _) in plan.buckets.items()])
+
+
+def _group_by_buckets(rows: pl.LazyFrame, plan: _Plan) -> pl.LazyFrame:
+    how = {"sum": pl.Expr.sum, "count": pl.Expr.count, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
+    return rows.group_by(HOST, *_tags(plan), _B).agg([how[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
+
+
 def bucket_frame(lf: pl.LazyFrame, plan: _Plan, spec: WindowSpec) -> pl.LazyFrame:
     """Stage 1, lazy: ONE ``group_by`` of the raw rows on (host, tag columns, bucket) with
-    every bucket aggregation of the plan at once. The bucket ``_b`` is an integer
-    (µs since the epoch, a multiple of the bucket length): cheaper than datetime
-    truncation, and string work on device names is left to the few aggregated rows."""
-    b_us = round(spec.bucket * 1e6)
+    every bucket aggregation of the plan at once (the reference semantics of
+    :func:`_reduce_buckets`, which is what :func:`compute_features` uses)."""
+    return _group_by_buckets(bucket_rows(lf, plan, spec), plan)
+
+
+def _reduce_buckets(rows: pl.DataFrame, plan: _Plan) -> pl.DataFrame:
+    """Stage 1b: the rows of :func:`bucket_rows` grouped by (host, tags, bucket), as
+    :func:`bucket_frame` would, then named by device (:func:`_with_device`): host,
+    ``_dev``, ``_b``, the aggregations (dtypes as the group_by's; row order differs;
+    float sums equal up to rounding). Telemetry is regular - every sample of a tier reads the
+    same series in the same order - so a host's rows are a (samples x series) grid,
+    time-major as the agent and the lake store them or series-major as concatenated
+    per-series frames are; then the reduction is numpy ``reduceat`` over contiguous
+    runs, several times cheaper than a hash ``group_by`` over strings. Anything
+    irregular (sparse tables with omitted rows, out-of-order samples, NaN under a
+    max/min, float32 sums) takes the ``group_by``."""
+    target = _group_by_buckets(rows.lazy(), plan)
+    if rows.height < _REGULAR_MIN_ROWS:
+        return _with_device(target.collect(), plan)
+    out = _regular_buckets(rows, plan, target.collect_schema())
+    if out is None:
+        log.debug("bucket rows of %s are not a regular grid: group_by", list(plan.buckets)[:3])
+        return _with_device(target.collect(), plan)
+    return out
+
+
+_REGULAR_DTYPES = (pl.Int64, pl.Float64)
+#: below this many rows the group_by is as cheap as the fast path's fixed costs
+_REGULAR_MIN_ROWS = 20_000
+
+
+def _regular_buckets(rows: pl.DataFrame, plan: _Plan, out_schema: pl.Schema) -> pl.DataFrame | None:
+    """The fast path of :func:`_reduce_buckets`; None where the layout is not a grid.
+    Devices are named on each host's few series, not on every bucket row; only where
+    several series of a host name one device does :func:`_with_device` merge them."""
+    sch = rows.schema
+    if any(sch[n] not in _REGULAR_DTYPES for n in plan.buckets):
+        return None
+    hosts = rows[HOST]
+    if hosts.null_count():
+        return None
+    if (hosts == hosts[0]).all():  # the usual case: one host per table scan
+        spans = [(0, rows.height)]
+    else:
+        rle = hosts.rle()
+        if rle.struct.field("value").n_unique() != rle.len():  # a host in several runs
+            return None
+        ends = np.cumsum(rle.struct.field("len").to_numpy())
+        spans = list(zip(np.r_[0, ends[:-1]].tolist(), ends.tolist(), strict=True))
+    parts, merge = [], False
+    for lo, hi in spans:
+        got = _regular_host(rows.slice(lo, hi - lo), plan)
+        if got is None:
+            return None
+        parts.append(got[0])
+        merge |= got[1]
+    out = pl.concat(parts) if len(parts) > 1 else parts[0]
+    grouped = out.select([pl.col(c).cast(dt) for c, dt in out_schema.items()])  # as the group_by gives it
+    if merge:
+        return _with_device(grouped, plan)
+    dev = out[_NAMED].alias(_DEV) if _NAMED in out.columns else pl.Series(_DEV, [""] * out.height, dtype=pl.String)
+    return grouped.select(HOST, _B, *plan.buckets).with_columns(dev)
+
+
+def _grid_shape(t: np.ndarray, b: np.ndarray) -> tuple[int, int, bool] | None:
+    """(samples, series, time_major) of a host's rows, or None. Buckets never going
+    back: time-major, one sample of K series per run of equal times; else series-major,
+    every series with the first one's T buckets. Bucket checks here, tag checks by the
+    caller."""
+    n = t.size
+    back = np.flatnonzero(b[1:] < b[:-1])
+    if not back.size:
+        k = int(np.argmax(t != t[0])) or n
+        if n % k == 0:
+            bm = b.reshape(n // k, k)
+            if k == 1 or (bm == bm[:, :1]).all():
+                return n // k, k, True
+        return None
+    t_len = int(back[0]) + 1
+    if n % t_len == 0:
+        bm = b.reshape(n // t_len, t_len)
+        if (bm == bm[:1]).all():  # (the first series' buckets never go back: t_len)
+            return t_len, n // t_len, False
+    return None
+
+
+def _same_as(s: pl.Series, other: pl.Series) -> pl.Series:
+    return s.eq_missing(other) if s.null_count() or other.null_count() else s == other
+
+
+def _regular_host(rows: pl.DataFrame, plan: _Plan) -> tuple[pl.DataFrame, bool] | None:
+    """One host's reduction: (host, tags, _b, aggregations and the device of each row
+    as ``_named``; whether several groups name one device), or None if not a grid."""
+    n = rows.height
+    b = rows[_B].to_numpy()
+    shape = _grid_shape(rows[_T].to_numpy(), b)
+    if shape is None:
+        return None
+    n_t, k, time_major = shape
     tags = _tags(plan)
-    bucket = (pl.col(TIME).cast(pl.Int64) // b_us * b_us).alias(_B)
-    rows = lf.select(pl.col(HOST).cast(pl.String), *tags, bucket,
-                     *[e.alias(n) for n, (e, _) in plan.buckets.items()])
-    how = {"sum": pl.Expr.sum, "count": pl.Expr.count, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
-    return rows.group_by(HOST, *tags, _B).agg([how[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
+    for tag in tags:  # every row carries its series' tags
+        s = rows[tag]
+        if time_major:
+            if not _same_as(s.slice(k), s.slice(0, n - k)).all():
+                return None
+        elif k > 1 or n_t < n:
+            eq = _same_as(s.slice(1), s.slice(0, n - 1)).to_numpy()
+            eq[n_t - 1::n_t] = True  # a new series may start there
+            if not eq.all():
+                return None
+    first = np.arange(k) if time_major else np.arange(k) * n_t  # each series' first row
+    # series -> group of equal tag tuples, in order of first appearance
+    keys = rows.select(tags).gather(first).rows() if tags else [()] * k
+    code_of: dict[tuple[object, ...], int] = {}
+    codes = np.array([code_of.setdefault(key, len(code_of)) for key in keys], dtype=np.int64)
+    n_g = len(code_of)
+    perm = np.argsort(codes, kind="stable")
+    g_at = np.flatnonzero(np.r_[True, np.diff(codes[perm]) != 0])  # group starts among sorted series
+    bb = b[::k][:n_t] if time_major else b[:n_t]
+    r_at = np.flatnonzero(np.r_[True, bb[1:] != bb[:-1]])  # bucket starts among samples
+    n_r = r_at.size
+    run = n_t // n_r if n_t % n_r == 0 and (np.diff(r_at) == n_t // n_r).all() else 0  # equal buckets
+
+    def reduce(v: np.ndarray, op: np.ufunc) -> np.ndarray:
+        """(buckets, groups): over each bucket's samples first (the big reduction, on
+        views), then over the series of each group (small)."""
+        if time_major:  # (samples, series), C order
+            m = v.reshape(n_t, k)
+            if run:
+                m3 = m.reshape(n_r, run, k)
+                r = np.einsum("rlk->rk", m3) if op is np.add else op.reduce(m3, axis=1)
+            else:
+                r = op.reduceat(m, r_at, axis=0)
+        else:  # (series, samples), C order: reduce along rows, transpose the small result
+            m = v.reshape(k, n_t)
+            if run:  # einsum: the fastest plain sum over a short inner axis; max/min
+                m3 = m.reshape(k, n_r, run)  # by one pass per position (exact either way)
+                if op is np.add:
+                    r = np.einsum("krl->kr", m3)
+                else:
+                    r = m3[:, :, 0].copy()
+                    for j in range(1, run):
+                        op(r, m3[:, :, j], out=r)
+                r = r.T
+            else:
+                r = op.reduceat(m, r_at, axis=1).T
+        return r if identity else op.reduceat(r[:, perm], g_at, axis=1)
+
+    identity = n_g == k and bool((perm == np.arange(k)).all())
+
+    # samples per (bucket, group) when a column has no nulls
+    full = np.outer(np.diff(r_at, append=n_t), np.bincount(codes, minlength=n_g))
+    full_ok = None if full.all() else full > 0
+    cols: dict[str, pl.Series] = {}
+    for name, (_, agg) in plan.buckets.items():
+        s = rows[name]
+        valid = s.is_not_null().to_numpy() if s.null_count() else None
+        v = (s.fill_null(0) if valid is not None else s).to_numpy()
+        cnt = full if valid is None else reduce(valid.astype(np.int64), np.add)
+        has = full_ok if valid is None else cnt > 0
+        if agg == "count":
+            r, ok = cnt, None
+        elif agg in ("sum", "mean"):
+            r, ok = reduce(v, np.add), None  # polars: the sum of no values is 0
+            if agg == "mean":
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    r, ok = r / cnt, has
+        else:
+            if v.dtype.kind == "f" and np.isnan(v).any():
+                return None  # polars' max/min skip NaN; leave that to it
+            if valid is not None:
+                lo, hi = (-np.inf, np.inf) if v.dtype.kind == "f" else (np.iinfo(v.dtype).min, np.iinfo(v.dtype).max)
+                v = np.where(valid, v, lo if agg == "max" else hi)
+            r, ok = reduce(v, np.maximum if agg == "max" else np.minimum), has
+        cols[name] = _masked(name, r.T.ravel(), None if ok is None or ok.all() else ok.T.ravel())
+    # group-major output: group 0's buckets, then group 1's ...
+    idx = np.repeat(np.arange(n_g), n_r)
+    data = [pl.Series(HOST, [rows[HOST][0]], dtype=pl.String).gather(np.zeros(n_r * n_g, dtype=np.int64))]
+    sch = rows.schema
+    tag_cols = [pl.Series(tag, [g[j] for g in code_of], dtype=sch[tag]) for j, tag in enumerate(tags)]
+    data += [t.gather(idx) for t in tag_cols]
+    data.append(pl.Series(_B, np.tile(bb[r_at], n_g)))
+    # each group's device, as _with_device names it; merging is needed where two share one
+    names = pl.DataFrame(tag_cols).select(_device_expr(plan).alias(_NAMED)).to_series() if tags else None
+    if names is not None:
+        data.append(names.gather(idx))
+    return pl.DataFrame([*data, *cols.values()]), names is not None and names.n_unique() < n_g
+
+
+def _masked(name: str, values: np.ndarray, valid: np.ndarray | None) -> pl.Series:
+    """A series of ``values``, null where ``valid`` is False."""
+    s = pl.Series(name, values)
+    if valid is None or valid.all():
+        return s
+    return pl.select(pl.when(pl.Series(valid)).then(s).alias(name)).to_series()
+
+
+def _device_expr(plan: _Plan) -> pl.Expr:
+    dev = plan.device if plan.device is not None else pl.lit("")
+    return dev.cast(pl.String).fill_null("").str.replace_all(DEVICE_SEP, ":", literal=True)
 
 
 def _with_device(bk: pl.DataFrame, plan: _Plan) -> pl.DataFrame:
     """(host, _dev, _b, aggregations): the device named from the tags, on bucket rows."""
-    dev = plan.device if plan.device is not None else pl.lit("")
-    dev = dev.cast(pl.String).fill_null("").str.replace_all(DEVICE_SEP, ":", literal=True)
+    dev = _device_expr(plan)
     tags = _tags(plan)
     out = bk.with_columns(dev.alias(_DEV)).drop([t for t in tags if t != _DEV])
-    if len(tags) > 1 or (tags and tags != [_DEV] and out.select(HOST, _DEV, _B).is_duplicated().any()):
+    # merging is needed only where a host has several tag values of one device (a merge of
+    # single rows changes nothing), which the few distinct tag values tell
+    series = bk.select(HOST, *tags).unique() if tags and tags != [_DEV] else None
+    if len(tags) > 1 or (series is not None
+                         and series.with_columns(dev.alias(_DEV)).select(HOST, _DEV).is_duplicated().any()):
         # several tag values name one device (e.g. '1' and 'node1'): merge their buckets
         # with the window semantics (sums add; a mean of means is close enough here)
         agg = {"sum": pl.Expr.sum, "count": pl.Expr.sum, "mean": pl.Expr.mean, "max": pl.Expr.max,
@@ -610,6 +836,10 @@ class _Grid:
     index: pl.DataFrame  # host, window_start, window_end of the kept rows
     dur: np.ndarray  # covered seconds of each kept window
     m: int  # buckets per window
+    hosts: pl.Series  # sorted; host i's buckets are frame rows off[i] .. off[i+1]-1
+    off: np.ndarray
+    first: np.ndarray  # first bucket of each host
+    b_us: int
 
 
 def _grid(bks: Sequence[pl.DataFrame], spec: WindowSpec) -> _Grid:
@@ -638,7 +868,7 @@ def _grid(bks: Sequence[pl.DataFrame], spec: WindowSpec) -> _Grid:
     start = pl.Series(WINDOW_START, ws[keep]).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
     index = pl.DataFrame({HOST: frame[HOST].filter(pl.Series(keep)), WINDOW_START: start}).with_columns(
         (pl.col(WINDOW_START) + pl.duration(microseconds=round(spec.length_s * 1e6))).alias(WINDOW_END))
-    return _Grid(frame, keep, index, dur, m)
+    return _Grid(frame, keep, index, dur, m, pl.Series(HOST, hosts, dtype=pl.String), off, firsts, b_us)
 
 
 def _table_windows(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[list[str], pl.DataFrame]:
@@ -646,13 +876,28 @@ def _table_windows(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[list[str
     trailing rolling aggregations over ``m`` buckets (sum/count -> sum, mean -> mean of
     the bucket means, max/min), the kept window rows, then the plan's features. Returns
     the devices and a frame of ``len(devices) * n_windows`` rows, device-major, each
-    device's rows in the grid's window order."""
+    device's rows in the grid's window order. The bucket rows are scattered to their
+    (device, grid) positions, which are arithmetic: no join."""
+    cols = list(plan.buckets)
     devs = bk[_DEV].unique().sort()
     n_dev, n_grid = devs.len(), grid.frame.height
-    g = pl.DataFrame({_DEV: devs.gather(np.repeat(np.arange(n_dev), n_grid))}).hstack(
-        pl.concat([grid.frame] * n_dev) if n_dev > 1 else grid.frame)
-    g = g.join(bk, on=[_DEV, HOST, _B], how="left", maintain_order="left")
-    m = grid.m
+    h = grid.hosts.search_sorted(bk[HOST]).to_numpy()
+    pos = (devs.search_sorted(bk[_DEV]).to_numpy() * n_grid + grid.off[h]
+           + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us)
+    # the dense frame by ONE gather: a grid position without a bucket row gathers null
+    src = np.full(n_dev * n_grid, -1, dtype=np.int64)
+    src[pos] = np.arange(pos.size)
+    at = pl.Series(src, dtype=pl.Int64)
+    if (src < 0).any():
+        at = pl.select(pl.when(at >= 0).then(at)).to_series()
+    dense = bk.select(pl.col(cols).gather(at.cast(pl.get_index_type())))
+    return _windows_of(dense, devs, plan, grid)
+
+
+def _windows_of(g: pl.DataFrame, devs: pl.Series, plan: _Plan, grid: _Grid) -> tuple[list[str], pl.DataFrame]:
+    """The rolling window aggregations of the dense (device x grid) bucket columns, the
+    kept rows, the features."""
+    n_dev, m = devs.len(), grid.m
     if m > 1:
         # rows whose window would reach into the previous (device, host) group are never
         # kept (their window starts before the host's first bucket), so no .over() needed
@@ -667,6 +912,16 @@ def _table_windows(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[list[str
     return [str(d) for d in devs.to_list()], feats
 
 
+def _table_windows_polars(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[list[str], pl.DataFrame]:
+    """:func:`_table_windows` by a join of the bucket rows on the grid."""
+    devs = bk[_DEV].unique().sort()
+    n_dev, n_grid = devs.len(), grid.frame.height
+    g = pl.DataFrame({_DEV: devs.gather(np.repeat(np.arange(n_dev), n_grid))}).hstack(
+        pl.concat([grid.frame] * n_dev) if n_dev > 1 else grid.frame)
+    g = g.join(bk, on=[_DEV, HOST, _B], how="left", maintain_order="left")
+    return _windows_of(g.select(list(plan.buckets)), devs, plan, grid)
+
+
 def compute_features(
     frames: Mapping[str, pl.LazyFrame],
     spec: WindowSpec = WindowSpec(),
@@ -677,12 +932,16 @@ def compute_features(
     feature (see :mod:`analytics.catalog` for names). Missing tables/columns simply give
     fewer columns; an empty input gives an empty frame with the key columns.
 
-    Cost: the raw rows are touched once, by one lazy ``group_by`` per table, all tables
-    collected together (``collect_all``); everything after works on 1-s buckets."""
+    Cost: the raw rows are touched once, one table at a time (peak memory is the
+    largest table's rows, not all of them); everything after works on 1-s buckets."""
     tables = _tables(frames, host_facts)
     names = list(tables)
-    collected = pl.collect_all([bucket_frame(lf, plan, spec) for lf, plan in tables.values()]) if names else []
-    bks = {n: _with_device(df, tables[n][1]) for n, df in zip(names, collected, strict=True) if df.height}
+    bks = {}
+    for name in names:  # one table at a time: peak memory is the largest table's rows
+        lf, plan = tables[name]
+        bk = _reduce_buckets(bucket_rows(lf, plan, spec).collect(engine="in-memory"), plan)
+        if bk.height:
+            bks[name] = bk
     if not bks:
         return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
     grid = _grid(list(bks.values()), spec)

@@ -360,7 +360,8 @@ class _Fit:
 
 def _evidence(z: np.ndarray, sign: np.ndarray, weight: np.ndarray) -> np.ndarray:
     if sign.any():  # one pass: up-features clipped below at 0, down-features above
-        np.clip(z, np.where(sign > 0, 0.0, -np.inf), np.where(sign < 0, 0.0, np.inf), out=z)
+        np.maximum(z, np.where(sign > 0, 0.0, -np.inf), out=z)  # (np.clip with array bounds is slower)
+        np.minimum(z, np.where(sign < 0, 0.0, np.inf), out=z)
     act = weight < 1.0
     if act.any():  # activity: log-compressed, so a 1000x burst is ~7 scales, not 1000
         za = z[:, act]
@@ -547,7 +548,9 @@ def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: Analytic
         # trailing medians over k blocks, then each block takes the window of k blocks
         # centred on it, shifted inward at the ends of the host's data (a truncated window
         # at the end of an interval would let a final checkpoint be half of it)
-        trail = blocks.select(pl.col(cols).rolling_median(k, min_samples=1).over(HOST)).to_numpy()
+        med = pl.col(cols).rolling_median(k, min_samples=1)
+        one_host = blocks[HOST].n_unique() == 1  # then .over() only costs time
+        trail = blocks.select(med if one_host else med.over(HOST)).to_numpy()
         starts = np.flatnonzero(np.r_[True, hosts_b[1:] != hosts_b[:-1]])
         lengths = np.diff(np.r_[starts, hosts_b.size])
         first = np.repeat(starts, lengths)
@@ -572,7 +575,7 @@ def _confirm_edges(feats: pl.DataFrame, cols: Sequence[str], config: AnalyticsCo
         sel = np.flatnonzero(edge[b.rows])
         if not sel.size:
             continue
-        raw = feats[b.rows[sel].tolist()].select(cols).to_numpy().astype(np.float64)
+        raw = feats.select(cols)[b.rows[sel]].to_numpy().astype(np.float64)
         z = b.fit.evidence(raw)
         margins = []
         for d, det in b.fit.models.items():
@@ -703,8 +706,9 @@ def analyze(
 
 def _scores_table(feats: pl.DataFrame, blocks: Sequence[_Block]) -> pl.DataFrame:
     parts = []
+    all_keys = feats.select(KEYS)  # gather the key columns only, not every feature
     for b in blocks:
-        keys = feats[b.rows.tolist()].select(KEYS) if b.rows.size else feats.clear().select(KEYS)
+        keys = all_keys[b.rows] if b.rows.size else all_keys.clear()
         for name in [*b.scores, COMBINED]:
             if name == COMBINED:
                 s, thr, fl = b.combined, 1.0, b.combined_flags
@@ -750,13 +754,13 @@ def _findings_table(feats: pl.DataFrame, X: np.ndarray, cols: Sequence[str], blo
             sel = np.array([n for n, f in enumerate(flagged_by) if f == dets], dtype=np.int64)
             contrib = {d: b.fit.models[d].contributions(z[sel]) for d in dets}
             # the window's own (unsmoothed) values; the reference is the smoothed median
-            raw = feats[rows[sel].tolist()].select(cols).to_numpy().astype(np.float64) if cols else X[rows[sel]]
+            raw = feats.select(cols)[rows[sel]].to_numpy().astype(np.float64) if cols else X[rows[sel]]
             t, prof = attribution.explain(contrib, raw, b.fit.scaler.center_, cols, config.top_k)
             tops += t
             profiles.append(prof)
             recs += [{"_row": int(rows[n]), "reference": b.reference, "score": float(b.combined[local[n]]),
                       "detectors": list(dets)} for n in sel.tolist()]
-    keys = feats[[r["_row"] for r in recs]].select(KEYS)
+    keys = feats.select(KEYS)[[r["_row"] for r in recs]]
     prof_arr = np.vstack(profiles)
     out = keys.with_columns(
         pl.Series("reference", [r["reference"] for r in recs], dtype=pl.String),

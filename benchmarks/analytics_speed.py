@@ -14,7 +14,7 @@ It reports, on ONE core (POLARS_MAX_THREADS=1, BLAS threads 1, set before the im
   same 1 h in a 6-h lake, each in a fresh subprocess, with its peak RSS (VmHWM, see
   :func:`peak_rss_mb`): memory must depend on the interval, not on the lake's size.
 
-Usage: ``python benchmarks/analytics_speed.py [--repeat 3] [--lake-check] [--source synth|sim]``;
+Usage: ``python benchmarks/analytics_speed.py [--repeat 3] [--lake-check] [--breakdown] [--source synth|sim]``;
 ``--fp-check [SCENARIO ...]`` instead measures false alarms and recall on simulated fleets.
 """
 
@@ -230,6 +230,29 @@ def bench_memory(repeat: int, source: str) -> dict[str, float]:
             "host_hours_per_cpu_s": 1.0 / best, "features_cpu_s": min(t_feat), "detect_cpu_s": min(t_rest)}
 
 
+def breakdown(source: str, top: int = 25) -> list[tuple[str, float, int]]:
+    """Where one ``analyze()`` of the host-hour spends its time: (function, cumulative
+    CPU-s, calls) of the analytics' own functions by cProfile (its overhead inflates
+    many-call functions; read the proportions)."""
+    import cProfile
+    import pstats
+
+    from analytics.pipeline import AnalyticsConfig, analyze
+
+    frames = _sim_frames(3600) if source == "sim" else synth_frames()
+    facts = frames.pop("host_facts", None)
+    lazy = {k: v.lazy() for k, v in frames.items()}
+    analyze(lazy, AnalyticsConfig(), host_facts=facts)  # warm-up
+    prof = cProfile.Profile(time.process_time)
+    prof.enable()
+    analyze(lazy, AnalyticsConfig(), host_facts=facts)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = [(f"{os.path.basename(file)}:{fn}", ct, nc) for (file, _, fn), (_, nc, _, ct, _) in stats.items()
+            if f"{os.sep}analytics{os.sep}" in file]
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
 def _write_lake(root: str, hours: int) -> None:
     from ingest import lake
 
@@ -334,7 +357,8 @@ def fp_check(names: list[str]) -> None:
         for r in (labels.iter_rows(named=True) if labels is not None else []):
             pos |= ((feats["host"] == r["host"]) & (feats["window_start"] < r["end"])
                     & (feats["window_end"] > r["time"])).to_numpy()
-        post = (feats["window_start"] >= feats["window_start"].min() + timedelta(minutes=5)).to_numpy()
+        post = feats.select(pl.col("window_start") >= pl.col("window_start").min() + timedelta(minutes=5)
+                            ).to_series().to_numpy()
         s = res.scores
         cohort_hosts = set(s.filter(pl.col("reference") == "cohort")["host"].to_list())
         s = s.filter(pl.when(pl.col("host").is_in(list(cohort_hosts))).then(pl.col("reference") == "cohort")
@@ -360,6 +384,7 @@ def main() -> int:
     ap.add_argument("--source", choices=("synth", "sim"), default="synth")
     ap.add_argument("--lake-check", action="store_true", help="also run the 1-h vs 6-h lake memory check")
     ap.add_argument("--lake-child", metavar="ROOT", help=argparse.SUPPRESS)
+    ap.add_argument("--breakdown", action="store_true", help="also print where one analyze() spends its time")
     ap.add_argument("--fp-check", nargs="*", metavar="SCENARIO",
                     help="instead: false alarms / recall on simulated fleets (healthy, <type>, <type>_boot, "
                          "shipped_<type>; default healthy + every type)")
@@ -378,6 +403,10 @@ def main() -> int:
     print(f"  of which features {r['features_cpu_s']:.3f} CPU-s, standardise + detectors + verdicts + "  # noqa: T201
           f"attribution {r['detect_cpu_s']:.3f} CPU-s (best of {args.repeat} each)")
     print(f"  peak RSS of this process: {peak_rss_mb():.0f} MB")  # noqa: T201
+    if args.breakdown:
+        print("breakdown of one analyze() (cProfile, cumulative CPU-s incl. callees; inflated by the profiler):")  # noqa: T201
+        for name, cum, calls in breakdown(args.source):
+            print(f"  {cum:7.3f}  {calls:5d}x  {name}")  # noqa: T201
     if args.lake_check:
         for d in bench_lake():
             print(f"lake of {d['lake_hours']} h, analyse 1 h (scan + analyze, fresh process): "  # noqa: T201
