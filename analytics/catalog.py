@@ -100,6 +100,7 @@ _FAMILIES: list[FeatureFamily] = [
     _fam("mem.swap_used_share", "memory", "fraction", "up", 0.01, "swap used / swap total (null without swap)"),
     _fam("mem.hugetlb_used_share", "memory", "fraction", "both", 0.02, "HugeTLB pages in use / pages reserved (null without HugeTLB)"),
     _fam("mem.page_tables_share", "memory", "fraction", "up", 0.002, "PageTables / MemTotal (TLB/page-walk pressure proxy)"),
+    _fam("mem.thp_fault_alloc_rate", "memory", "1/s", "down", 0.5, "THP faults served with a huge page, per second"),
     _fam("mem.thp_fallback_rate", "memory", "1/s", "up", 1.0, "THP faults that fell back to small pages, per second"),
     _fam("mem.thp_fallback_share", "memory", "fraction", "up", 0.02, "thp_fault_fallback / (thp_fault_alloc + thp_fault_fallback)"),
     _fam("mem.pgfault_rate", "memory", "1/s", "up", 1000.0, "page faults per second"),

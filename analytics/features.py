@@ -241,6 +241,10 @@ def _plan_vmstat(cols: set[str]) -> _Plan:
     def has(*names: str) -> bool:
         return all(n in b for n in names)
 
+    if has("thp_fault_alloc"):
+        # stops the moment THP is set to never (new faults get 4 KiB pages), while the
+        # coverage only decays as memory turns over
+        f["mem.thp_fault_alloc_rate"] = _rate("thp_fault_alloc")
     if has("thp_fault_fallback"):
         f["mem.thp_fallback_rate"] = _rate("thp_fault_fallback")
         if has("thp_fault_alloc"):
