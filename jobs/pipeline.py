@@ -133,7 +133,9 @@ class SweepConfig:
 
     analytics: AnalyticsConfig = field(default_factory=AnalyticsConfig)
     chunk: timedelta = timedelta(hours=1)  # most data time one commit covers (bounded catch-up)
-    lag: timedelta = timedelta(seconds=30)  # safety lag behind now: late data within it is kept
+    # safety lag behind now: late data within it is kept. The agent commits its rows to the
+    # lake every minute (commit_interval_s), so a host's newest minute is not there yet.
+    lag: timedelta = timedelta(seconds=90)
     start_at: datetime | None = None  # first watermark of a host never swept (None: its earliest data)
     max_chunks: int | None = None  # per cycle; None: catch up fully
     incident_gap_s: float = 5.0

@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--every", default=None, metavar="DUR", help="period between cycles (default 60s)")
     p.add_argument("--once", action="store_true", help="run one cycle and exit (for cron and tests)")
     p.add_argument("--maintain", action="store_true", help="with --once: also compact and apply retention")
-    p.add_argument("--lag", metavar="DUR", help="stay this far behind now for late data (default 30s)")
+    p.add_argument("--lag", metavar="DUR", help="stay this far behind now for late data (default 90s: agents commit every minute)")
     p.add_argument("--until", metavar="T", help="process no data after T (ISO or relative; replays, tests)")
     p.add_argument("--start-at", metavar="T", help="first watermark of hosts never swept (default: their first data)")
     p.add_argument("--max-chunks", type=int, metavar="N", help="at most N chunks per cycle (bounded catch-up)")
