@@ -10,8 +10,11 @@ any / all / k-th largest) and explained by :mod:`analytics.attribution`.
 No label is used before scoring: the detectors are fitted on the train windows (or, with
 ``--reference all``, on train + test, both unlabelled) and flag a window when its score
 exceeds the detector's own label-free threshold (median + k·MAD of the log reference
-scores, k = the detectors' default unless ``--threshold-k``). Labels are read only to
-compute the figures:
+scores, k = ``--threshold-k``). The default setting, one for every machine (docs/smd.md):
+5-minute windows, k = 8, the mean of the IF and Mahalanobis margins
+(``mean(IF,Maha)``), gaps of up to 30 unflagged minutes between flags closed, and
+attribution by the squared robust z of each metric averaged over the flagged run so far
+(:mod:`analytics.scoring`). Labels are read only to compute the figures:
 
 * point-wise F1 (test rows, no adjustment);
 * point-adjusted F1 (a labelled segment of ``test_label`` counts as detected in full when
@@ -23,8 +26,11 @@ compute the figures:
 * for comparison with published *best-F1* figures only: the point-wise F1 of the
   combined score at the best threshold chosen with the labels ("oracle"; not ours).
 
-    python benchmarks/smd.py [--data DIR] [--machines machine-1-6 ...] [--configs "Z|IF|Maha|vote2"]
-                             [--reference train|all] [--window 1] [--json FILE]
+    python benchmarks/smd.py [--data DIR] [--machines machine-1-6 ...]
+                             [--configs "Z|IF|Maha|vote2|mean(IF,Maha)|mean(IF,Maha,PCA)"]
+                             [--reference train|all] [--window 5] [--threshold-k 8]
+                             [--close-gaps 30] [--attribution row|run|incident] [--seed 0]
+                             [--maha-fit-rows N] [--k-grid 6,7,8,9] [--json FILE]
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from analytics import attribution
-from analytics.detectors import RobustStandardizer, scores_to_labels
+from analytics import attribution, scoring
+from analytics.baselines import PCAReconstruction
+from analytics.detectors import RobustStandardizer, calibrate_threshold, scores_to_labels
 from analytics.evaluation import ComboSpec, parse_configs
 from analytics.features import WindowSpec, compute_features, feature_columns
 from analytics.pipeline import AnalyticsConfig
@@ -58,7 +65,17 @@ DATA = Path("/work/shared/datasets/smd")
 TABLE = "smd"
 T0 = datetime(2020, 1, 1, tzinfo=UTC)  # arbitrary: SMD rows carry no time
 STEP = timedelta(minutes=1)
-DEFAULT_CONFIGS = "Z|IF|Maha|Z∨IF∨Maha|IF∨Maha|vote2"
+#: the documented setting (docs/smd.md): window 5 min, k = 8, mean of the IF and
+#: Mahalanobis margins, gaps of up to 30 min closed, attribution over the flagged run
+DEFAULT_CONFIG = "mean(IF,Maha)"
+DEFAULT_CONFIGS = f"Z|IF|Maha|vote2|IF∨Maha|mean(Z,IF,Maha)|mean(IF,Maha,PCA)|{DEFAULT_CONFIG}"
+DEFAULT_WINDOW = 5
+DEFAULT_THRESHOLD_K = 8.0
+DEFAULT_CLOSE_GAPS = 30
+DEFAULT_ATTRIBUTION = "run"
+ATTRIBUTIONS = ("row", "run", "incident")
+DETECTOR_NAMES = {"z": "zscore", "zscore": "zscore", "if": "iforest", "iforest": "iforest", "maha": "mahalanobis",
+                  "mahalanobis": "mahalanobis", "pca": "pca"}
 
 
 def _out(line: str = "") -> None:
@@ -187,6 +204,44 @@ def best_f1(score: np.ndarray, truth: np.ndarray, n: int = 400) -> float:
 # ------------------------------------------------------------------------ scoring
 
 
+@dataclass(frozen=True)
+class MeanSpec:
+    """A combination by the mean of the detectors' margins (:func:`analytics.scoring.mean_margin`)."""
+
+    name: str
+    detectors: tuple[str, ...]
+
+
+Spec = ComboSpec | MeanSpec
+
+
+def parse_specs(text: str) -> list[Spec]:
+    """The pipeline's ``--configs`` syntax (:func:`analytics.evaluation.parse_configs`) plus
+    ``mean(D1,D2,...)`` (mean of margins) and ``PCA`` (the reconstruction-error baseline,
+    :class:`analytics.baselines.PCAReconstruction`, alone or inside ``mean(...)``)."""
+    out: list[Spec] = []
+    for item in (x.strip() for x in text.replace("|", ";").split(";")):
+        if not item:
+            continue
+        low = item.lower().replace(" ", "")
+        if low.startswith("mean(") and low.endswith(")"):
+            names = [p for p in low[5:-1].split(",") if p]
+            try:
+                dets = tuple(dict.fromkeys(DETECTOR_NAMES[p] for p in names))
+            except KeyError as exc:
+                raise ValueError(f"--configs: unknown detector {exc.args[0]!r} in {item!r}; use Z, IF, Maha, PCA") from None
+            if not dets:
+                raise ValueError(f"--configs: empty item {item!r}")
+            out.append(MeanSpec(item.replace(" ", ""), dets))
+        elif low == "pca":
+            out.append(MeanSpec("PCA", ("pca",)))
+        else:
+            out += parse_configs(item)
+    if not out:
+        raise ValueError(f"--configs {text!r}: no configuration")
+    return out
+
+
 @dataclass
 class Fitted:
     """All three detectors fitted once; combinations are derived from their margins."""
@@ -196,41 +251,85 @@ class Fitted:
     margins: dict[str, np.ndarray]  # detector -> margin per test row (threshold at 1)
     flags: dict[str, np.ndarray]
     z: np.ndarray  # standardised test matrix
+    scores: dict[str, np.ndarray] = field(default_factory=dict)  # detector -> raw score per test row
+
+    def margins_at(self, k: float) -> dict[str, np.ndarray]:
+        """The margins with every detector's threshold recalibrated at multiplier ``k`` on
+        its own reference scores (what refitting with ``threshold_k=k`` gives, without
+        refitting: the models do not depend on k)."""
+        out = {}
+        for name, m in self.models.items():
+            thr = m._bounded(calibrate_threshold(m.reference_scores_, k, log_scale=m._log_scale))
+            s, span = self.scores[name], thr - m.score_median_
+            out[name] = (s - m.score_median_) / span if np.isfinite(span) and span > 0 else np.where(s > thr, np.inf, 0.0)
+        return out
 
 
 def fit_detectors(ref: np.ndarray, test: np.ndarray, floors: np.ndarray, *, threshold_k: float | None,
-                  random_state: int = 0) -> Fitted:
-    cfg = AnalyticsConfig(threshold_k=threshold_k, random_state=random_state)
+                  random_state: int = 0, pca: bool = False, maha_fit_rows: int | None = None) -> Fitted:
+    """Every detector fitted on ``ref``, scored on ``test``. ``maha_fit_rows``: rows of
+    the reference the Mahalanobis covariance is fitted on (a random subsample above it;
+    None: all of them — on SMD's ~47 000 windows the detector's default 2 000 makes the
+    result depend on the seed, ±0.02 F1)."""
+    maha = {"max_fit_rows": max(1, ref.shape[0]) if maha_fit_rows is None else maha_fit_rows}
+    cfg = AnalyticsConfig(threshold_k=threshold_k, random_state=random_state, detector_params={"mahalanobis": maha})
     scaler = RobustStandardizer(floors=floors).fit(ref)
     zr, zt = scaler.transform(ref), scaler.transform(test)
-    models, margins, flags = {}, {}, {}
-    for name in ("zscore", "iforest", "mahalanobis"):
-        m = cfg.make_detector(name).fit(zr)
+    models, margins, flags, scores = {}, {}, {}, {}
+    for name in ("zscore", "iforest", "mahalanobis", *(("pca",) if pca else ())):
+        if name == "pca":
+            m = PCAReconstruction(standardize=False, random_state=random_state,
+                                  **({} if threshold_k is None else {"threshold_k": threshold_k})).fit(zr)
+        else:
+            m = cfg.make_detector(name).fit(zr)
         s = m.score_samples(zt)
-        models[name], margins[name], flags[name] = m, m.margin(s), scores_to_labels(s, m.threshold_)
-    return Fitted(scaler, models, margins, flags, zt)
+        models[name], margins[name], flags[name], scores[name] = m, m.margin(s), scores_to_labels(s, m.threshold_), s
+    return Fitted(scaler, models, margins, flags, zt, scores)
 
 
-def combine(fit: Fitted, spec: ComboSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(combined margin, flagged) of a combination, exactly as the pipeline combines."""
-    m = np.vstack([fit.margins[d] for d in spec.detectors])
+def combine(fit: Fitted, spec: Spec, close_gaps: int = 0,
+            margins: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(combined margin, flagged) of a combination: any / all / k-th largest margin exactly
+    as the pipeline combines, or the mean of the margins (:class:`MeanSpec`); then runs
+    of at most ``close_gaps`` unflagged test rows between flagged ones are flagged.
+    ``margins``: instead of the fitted ones (see :meth:`Fitted.margins_at`)."""
+    mg = fit.margins if margins is None else margins
+    if isinstance(spec, MeanSpec):
+        comb = scoring.mean_margin([mg[d] for d in spec.detectors])
+        return comb, scoring.close_gaps(scores_to_labels(comb, 1.0), close_gaps)
+    m = np.vstack([mg[d] for d in spec.detectors])
     rank = {"any": 1, "all": len(spec.detectors), "vote": spec.vote_k}[spec.combine]
     m = np.where(np.isnan(m), -np.inf, m)
     comb = -np.sort(-m, axis=0)[rank - 1]
-    return comb, scores_to_labels(comb, 1.0)
+    return comb, scoring.close_gaps(scores_to_labels(comb, 1.0), close_gaps)
 
 
-def rank_dims(fit: Fitted, spec: ComboSpec, rows: np.ndarray, dims: Sequence[int]) -> dict[int, list[int]]:
-    """Metric numbers ordered by attribution for each row: the shares of the detectors
-    of the combination that flagged the row (all of them if none did), averaged."""
+def rank_dims(fit: Fitted, spec: Spec, rows: np.ndarray, dims: Sequence[int], *, mode: str = "row",
+              pred: np.ndarray | None = None) -> dict[int, list[int]]:
+    """Metric numbers ordered by attribution for each of ``rows``.
+
+    * ``row``: the shares of the detectors of the combination that flagged the row (all
+      of them if none did), averaged, as in findings;
+    * ``run``: the squared robust z of each metric (the window vs the reference) averaged
+      over the flagged run of ``pred`` the row belongs to, from the run's first row up
+      to the row (causal);
+    * ``incident``: the same over the whole flagged run (known only once it ends)."""
     out: dict[int, list[int]] = {}
     if rows.size == 0:
         return out
+    dim_arr = np.asarray(dims)
+    if mode in ("run", "incident"):
+        if pred is None:
+            raise ValueError(f"rank_dims: mode {mode!r} needs the flags (pred)")
+        dev = scoring.run_mean(fit.z * fit.z, pred, causal=mode == "run")[rows]
+        order = np.argsort(-dev, axis=1, kind="stable")
+        return {r: dim_arr[order[i]].tolist() for i, r in enumerate(rows.tolist())}
+    if mode != "row":
+        raise ValueError(f"rank_dims: mode must be one of {ATTRIBUTIONS}, not {mode!r}")
     groups: dict[tuple[str, ...], list[int]] = {}
     for r in rows.tolist():
         dets = tuple(d for d in spec.detectors if fit.flags[d][r]) or spec.detectors
         groups.setdefault(dets, []).append(r)
-    dim_arr = np.asarray(dims)
     for dets, rs in groups.items():
         z = fit.z[rs]
         shares = attribution.combine_shares([fit.models[d].contributions(z) for d in dets])
@@ -256,11 +355,46 @@ class Result:
 
 
 @dataclass
+class SweepPoint:
+    """Point-wise figures of one combination on one machine at threshold multiplier k."""
+
+    machine: str
+    config: str
+    k: float
+    f1: float
+    f1_pa: float
+    flagged_share: float
+
+
+def leave_one_out(points: Sequence[SweepPoint], config: str) -> tuple[float, dict[str, float]]:
+    """Leave-one-machine-out F1 of choosing k with the labels: for each machine, the k
+    with the best mean F1 over the *other* machines is applied to it. Returns (mean of
+    those held-out F1, machine -> k chosen without it). An honest figure for a global k
+    picked on these machines."""
+    pts = [p for p in points if p.config == config]
+    names = list(dict.fromkeys(p.machine for p in pts))
+    ks = sorted({p.k for p in pts})
+    f1 = {(p.machine, p.k): p.f1 for p in pts}
+    held, chosen = [], {}
+    for out in names:
+        others = [n for n in names if n != out]
+        if not others:
+            break
+        k = max(ks, key=lambda k: (np.mean([f1[(n, k)] for n in others]), -k))
+        chosen[out] = k
+        held.append(f1[(out, k)])
+    return (float(np.mean(held)) if held else float("nan")), chosen
+
+
+@dataclass
 class Run:
     reference: str
     window: int
     threshold_k: float | None
+    close_gaps: int = 0
+    attribution: str = "row"
     results: list[Result] = field(default_factory=list)
+    sweep: list[SweepPoint] = field(default_factory=list)
     seconds: float = 0.0
 
     def means(self) -> dict[str, dict[str, float | None]]:
@@ -275,10 +409,14 @@ class Run:
         return out
 
 
-def evaluate_machine(m: Machine, specs: Sequence[ComboSpec], *, reference: str = "all", window: int = 1,
-                     threshold_k: float | None = None, floor_frac: float = 0.01) -> list[Result]:
+def evaluate_machine(m: Machine, specs: Sequence[Spec], *, reference: str = "all", window: int = DEFAULT_WINDOW,
+                     threshold_k: float | None = DEFAULT_THRESHOLD_K, floor_frac: float = 0.01,
+                     close_gaps: int = DEFAULT_CLOSE_GAPS, attribution_mode: str = DEFAULT_ATTRIBUTION,
+                     k_grid: Sequence[float] = (), sweep: list[SweepPoint] | None = None,
+                     random_state: int = 0, maha_fit_rows: int | None = None) -> list[Result]:
     """Score one machine under every combination. Window w covers rows [w, w+window); the
-    score of test row r is that of the window ending at r (causal)."""
+    score of test row r is that of the window ending at r (causal). With ``k_grid``, the
+    point-wise figures at each threshold multiplier are appended to ``sweep``."""
     X = m.features.select(feature_columns(m.features)).to_numpy().astype(np.float64)
     n_train_w = max(0, m.n_train - window + 1)  # windows entirely inside train
     first_test_w = m.n_train - window + 1  # window ending at the first test row
@@ -293,33 +431,49 @@ def evaluate_machine(m: Machine, specs: Sequence[ComboSpec], *, reference: str =
         span = np.nanmax(X, axis=0) - np.nanmin(X, axis=0)
     floors = floor_frac * np.nan_to_num(span, nan=0.0)
     ref = X[:n_train_w] if reference == "train" else X
-    fit = fit_detectors(ref, test, floors, threshold_k=threshold_k)
+    fit = fit_detectors(ref, test, floors, threshold_k=threshold_k, random_state=random_state,
+                        pca=any("pca" in s.detectors for s in specs), maha_fit_rows=maha_fit_rows)
     truth = m.labels[: m.n_test]
     out = []
     for spec in specs:
-        comb, pred = combine(fit, spec)
+        comb, pred = combine(fit, spec, close_gaps)
         p, r, f = f1_score(pred, truth)
         _, _, fpa = f1_score(point_adjust(pred, truth), truth)
         rows = np.flatnonzero(pred & truth)
-        ranked = rank_dims(fit, spec, rows, m.dims)
+        ranked = rank_dims(fit, spec, rows, m.dims, mode=attribution_mode, pred=pred)
         h100, _ = hit_rate(ranked, pred, truth, m.segments, 1.0)
         h150, n_rows = hit_rate(ranked, pred, truth, m.segments, 1.5)
         out.append(Result(m.name, spec.name, float(pred.mean()), p, r, f, fpa, h100, h150, n_rows,
                           best_f1(comb, truth)))
+    if sweep is not None:
+        for k in k_grid:
+            margins = fit.margins_at(k)
+            for spec in specs:
+                _, pred = combine(fit, spec, close_gaps, margins)
+                fpa = f1_score(point_adjust(pred, truth), truth)[2]
+                sweep.append(SweepPoint(m.name, spec.name, float(k), f1_score(pred, truth)[2], fpa, float(pred.mean())))
     return out
 
 
 def run(data: Path = DATA, names: Sequence[str] | None = None, configs: str = DEFAULT_CONFIGS, *,
-        reference: str = "all", window: int = 1, threshold_k: float | None = None,
-        floor_frac: float = 0.01, rows: int | None = None) -> Run:
-    """The whole benchmark (``rows`` limits each file, for tests)."""
+        reference: str = "all", window: int = DEFAULT_WINDOW, threshold_k: float | None = DEFAULT_THRESHOLD_K,
+        floor_frac: float = 0.01, close_gaps: int = DEFAULT_CLOSE_GAPS, attribution_mode: str = DEFAULT_ATTRIBUTION,
+        k_grid: Sequence[float] = (), random_state: int = 0, maha_fit_rows: int | None = None,
+        rows: int | None = None) -> Run:
+    """The whole benchmark (``rows`` limits each file, for tests). ``threshold_k`` None:
+    the detectors' own default (4). ``k_grid``: also the point-wise figures at each of
+    these threshold multipliers (``Run.sweep``; see :func:`leave_one_out`)."""
     if reference not in ("train", "all"):
         raise ValueError(f"reference must be 'train' or 'all', not {reference!r}")
-    specs = parse_configs(configs)
+    if attribution_mode not in ATTRIBUTIONS:
+        raise ValueError(f"attribution must be one of {ATTRIBUTIONS}, not {attribution_mode!r}")
+    if window < 1 or close_gaps < 0:
+        raise ValueError(f"window must be >= 1 and close_gaps >= 0, not {window!r} and {close_gaps!r}")
+    specs = parse_specs(configs)
     names = list(names) if names else machines(data)
     if not names:
         raise ValueError(f"no SMD machines with train, test and labels under {data}")
-    out = Run(reference, window, threshold_k)
+    out = Run(reference, window, threshold_k, close_gaps, attribution_mode)
     t0 = time.perf_counter()
     for name in names:
         with tempfile.TemporaryDirectory(prefix="unveil-smd-") as tmp:
@@ -327,7 +481,9 @@ def run(data: Path = DATA, names: Sequence[str] | None = None, configs: str = DE
             lake.mkdir()
             m = load_machine(data, name, lake, window=window, rows=rows)
             out.results += evaluate_machine(m, specs, reference=reference, window=window, threshold_k=threshold_k,
-                                            floor_frac=floor_frac)
+                                            floor_frac=floor_frac, close_gaps=close_gaps,
+                                            attribution_mode=attribution_mode, k_grid=k_grid, sweep=out.sweep,
+                                            random_state=random_state, maha_fit_rows=maha_fit_rows)
         log.info("%s done", name)
     out.seconds = time.perf_counter() - t0
     return out
@@ -341,16 +497,29 @@ def _f(x: float | None) -> str:
 
 
 def table(res: Run) -> str:
-    head = f"{'machine':<13}{'config':<11}{'flag%':>7}{'P':>7}{'R':>7}{'F1':>7}{'F1-PA':>7}{'Hit@100':>9}{'Hit@150':>9}{'rows':>6}{'F1*':>7}"
+    head = f"{'machine':<13}{'config':<19}{'flag%':>7}{'P':>7}{'R':>7}{'F1':>7}{'F1-PA':>7}{'Hit@100':>9}{'Hit@150':>9}{'rows':>6}{'F1*':>7}"
     lines = [head, "-" * len(head)]
     for r in res.results:
-        lines.append(f"{r.machine:<13}{r.config:<11}{100 * r.flagged_share:>6.1f}%{_f(r.precision):>7}{_f(r.recall):>7}"
+        lines.append(f"{r.machine:<13}{r.config:<19}{100 * r.flagged_share:>6.1f}%{_f(r.precision):>7}{_f(r.recall):>7}"
                      f"{_f(r.f1):>7}{_f(r.f1_pa):>7}{_f(r.hit100):>9}{_f(r.hit150):>9}{r.hit_rows:>6}{_f(r.best_f1_oracle):>7}")
     lines.append("-" * len(head))
     for cfg, m in res.means().items():
         fs = m["flagged_share"] or 0.0
-        lines.append(f"{'MEAN':<13}{cfg:<11}{100 * fs:>6.1f}%{_f(m['precision']):>7}{_f(m['recall']):>7}{_f(m['f1']):>7}"
+        lines.append(f"{'MEAN':<13}{cfg:<19}{100 * fs:>6.1f}%{_f(m['precision']):>7}{_f(m['recall']):>7}{_f(m['f1']):>7}"
                      f"{_f(m['f1_pa']):>7}{_f(m['hit100']):>9}{_f(m['hit150']):>9}{'':>6}{_f(m['best_f1_oracle']):>7}")
+    return "\n".join(lines)
+
+
+def sweep_table(res: Run) -> str:
+    """Mean point-wise F1 (and flagged share) per combination and k, with the
+    leave-one-machine-out F1 of choosing k on the other machines."""
+    ks = sorted({p.k for p in res.sweep})
+    head = f"{'config':<19}" + "".join(f"{'k=' + format(k, 'g'):>8}" for k in ks) + f"{'LOO F1':>8}"
+    lines = [head, "-" * len(head)]
+    for cfg in dict.fromkeys(p.config for p in res.sweep):
+        cells = [np.mean([p.f1 for p in res.sweep if p.config == cfg and p.k == k]) for k in ks]
+        loo, _ = leave_one_out(res.sweep, cfg)
+        lines.append(f"{cfg:<19}" + "".join(f"{c:>8.3f}" for c in cells) + f"{loo:>8.3f}")
     return "\n".join(lines)
 
 
@@ -361,24 +530,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--configs", default=DEFAULT_CONFIGS, help="detector combinations (default %(default)s)")
     ap.add_argument("--reference", choices=["train", "all"], default="all",
                     help="fit on the train windows, or on train+test, both unlabelled (default %(default)s)")
-    ap.add_argument("--window", type=int, default=1, help="window length in rows (minutes), stride 1")
-    ap.add_argument("--threshold-k", type=float, default=None, help="threshold multiplier (default: the detectors')")
+    ap.add_argument("--window", type=int, default=DEFAULT_WINDOW,
+                    help="window length in rows (minutes), stride 1 (default %(default)s)")
+    ap.add_argument("--threshold-k", type=float, default=DEFAULT_THRESHOLD_K,
+                    help="threshold multiplier of every detector (default %(default)s; 0: the detectors' own, 4)")
+    ap.add_argument("--close-gaps", type=int, default=DEFAULT_CLOSE_GAPS,
+                    help="flag runs of at most this many unflagged rows between flagged ones (default %(default)s)")
+    ap.add_argument("--attribution", choices=ATTRIBUTIONS, default=DEFAULT_ATTRIBUTION,
+                    help="rank metrics per row (detector shares), over the flagged run so far, or over the whole "
+                         "flagged run (default %(default)s)")
     ap.add_argument("--floor-frac", type=float, default=0.01,
                     help="scale floor of each metric as a fraction of its range (default %(default)s)")
+    ap.add_argument("--k-grid", type=lambda t: [float(x) for x in t.split(",") if x.strip()], default=[],
+                    help="also print mean point-wise F1 at these threshold multipliers, e.g. 6,7,8,9,10, with the "
+                         "leave-one-machine-out F1 of choosing k with the labels")
+    ap.add_argument("--seed", type=int, default=0, help="random state of the detectors (default %(default)s)")
+    ap.add_argument("--maha-fit-rows", type=int, default=None,
+                    help="fit the Mahalanobis covariance on this many random reference windows (default: all; "
+                         "the detector's own default is 2000)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     res = run(args.data, args.machines, args.configs, reference=args.reference, window=args.window,
-              threshold_k=args.threshold_k, floor_frac=args.floor_frac)
+              threshold_k=args.threshold_k or None, floor_frac=args.floor_frac, close_gaps=args.close_gaps,
+              attribution_mode=args.attribution, k_grid=args.k_grid, random_state=args.seed,
+              maha_fit_rows=args.maha_fit_rows)
     _out(f"SMD: {len({r.machine for r in res.results})} machines, reference={res.reference}, "
-         f"window={res.window} min, threshold_k={res.threshold_k or 'default'}, {res.seconds:.0f} s")
+         f"window={res.window} min, threshold_k={res.threshold_k or 'default (4)'}, close_gaps={res.close_gaps}, "
+         f"attribution={res.attribution}, {res.seconds:.0f} s (default config: {DEFAULT_CONFIG})")
     _out(table(res))
     _out("F1* = best point-wise F1 over thresholds chosen WITH the labels (oracle; only for comparison "
          "with published best-F1 figures)")
+    if res.sweep:
+        _out()
+        _out("Point-wise F1 (mean over machines) by threshold multiplier k; LOO F1 = k chosen WITH the labels "
+             "of the other machines, applied to the held-out one")
+        _out(sweep_table(res))
     if args.json:
         args.json.write_text(json.dumps({"reference": res.reference, "window": res.window,
-                                         "threshold_k": res.threshold_k, "seconds": res.seconds,
-                                         "results": [asdict(r) for r in res.results], "means": res.means()},
+                                         "threshold_k": res.threshold_k, "close_gaps": res.close_gaps,
+                                         "attribution": res.attribution, "seconds": res.seconds,
+                                         "results": [asdict(r) for r in res.results], "means": res.means(),
+                                         "sweep": [asdict(p) for p in res.sweep]},
                                         indent=2))
     return 0
 
