@@ -570,3 +570,32 @@ def test_live_host_plausible() -> None:
     t_psi = timeit.timeit(p.collect, number=n) / n if p else 0.0
     print(f"\nfast tier per tick: cpu+system {t_cpu * 1e6:.1f} us, pressure {t_psi * 1e6:.1f} us")
     assert t_cpu + t_psi < 0.002  # generous: a shared CI core, not a benchmark
+
+
+def test_cgroup_groups_come_and_go_between_listings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from ingest.collectors import cgroup
+
+    base = tmp_path / "sys/fs/cgroup"
+
+    def group(name: str, usage: int) -> None:
+        d = base / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cpu.stat").write_text(f"usage_usec {usage}\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n")
+        (d / "memory.current").write_text("4096\n")
+
+    base.mkdir(parents=True)
+    (base / "cgroup.controllers").write_text("cpu memory\n")
+    group("a.slice", 10)
+    c = CgroupCollector(tmp_path)
+    r = c.collect()[0]
+    assert r.tags["cgroup"] == ["a.slice"] and r.fields["cpu_usage"] == [10]
+    group("b.slice", 5)
+    assert c.collect()[0].tags["cgroup"] == ["a.slice"]  # listed at most once a second
+    monkeypatch.setattr(cgroup, "REFRESH_S", 0.0)
+    r = c.collect()[0]
+    assert r.tags["cgroup"] == ["a.slice", "b.slice"] and r.fields["cpu_usage"] == [10, 5]
+    shutil.rmtree(base / "a.slice")
+    assert c.collect()[0].tags["cgroup"] == ["b.slice"]
+    c.close()

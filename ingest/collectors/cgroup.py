@@ -15,12 +15,16 @@ A group missing from a hierarchy gets nulls for that hierarchy's fields.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from ingest.collectors.base import CollectorError, Reading, SourceUnavailable, Value, proc_path
 from ingest.collectors.procfs import ProcFile
 from ingest.schema import CGROUP, Tier
+
+#: seconds between two listings of the groups (a new container shows within this)
+REFRESH_S = 1.0
 
 #: v1 "unlimited" memory limit is PAGE_COUNTER_MAX pages in bytes (~2**63); treat >= 2**60 as none
 _V1_UNLIMITED = 1 << 60
@@ -77,6 +81,10 @@ class CgroupCollector:
         # None = absent (no PSI, no quota file), asked again when the groups change
         self._files: dict[Path, ProcFile | None] = {}
         self._groups: list[str] = []
+        # the group list and each group's directories are looked up at most once a second:
+        # three directory scans and a stat per group and hierarchy were most of a collect
+        self._listed_at = -1.0
+        self._dirs: dict[str, tuple[Path | None, ...]] = {}
         self.version: int
         if (base / "cgroup.controllers").exists():
             self.version = 2
@@ -144,11 +152,27 @@ class CgroupCollector:
                 f.close()
         self._files = {}
 
-    def collect(self) -> list[Reading]:
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._listed_at < REFRESH_S:
+            return
+        self._listed_at = now
         names = self.groups()
         if names != self._groups:  # groups came or went: reopen everything lazily
             self._forget_files()
             self._groups = names
+        if self.version == 2:
+            self._dirs = {g: ((self._v2 / g) if (self._v2 / g).is_dir() else None,) for g in names}
+        else:
+            self._dirs = {
+                g: tuple(h / g if h is not None and (h / g).is_dir() else None
+                         for h in (self._cpu, self._acct, self._mem))
+                for g in names
+            }
+
+    def collect(self) -> list[Reading]:
+        self._refresh()
+        names = self._groups
         fields: dict[str, list[Value]] = {f: [] for f in CGROUP.field_index}
         row = self._row_v2 if self.version == 2 else self._row_v1
         kept: list[str] = []
@@ -162,8 +186,8 @@ class CgroupCollector:
         return [Reading("cgroup", tags={"cgroup": kept}, fields=fields)]
 
     def _row_v2(self, g: str) -> dict[str, Value] | None:
-        d = self._v2 / g
-        if not d.is_dir():
+        (d,) = self._dirs[g]
+        if d is None:
             return None
         stat = _kv(self._read(d / "cpu.stat"))
         quota: float | None = None
@@ -188,9 +212,7 @@ class CgroupCollector:
         }
 
     def _row_v1(self, g: str) -> dict[str, Value] | None:
-        cpu = self._cpu / g if self._cpu is not None and (self._cpu / g).is_dir() else None
-        acct = self._acct / g if self._acct is not None and (self._acct / g).is_dir() else None
-        mem = self._mem / g if self._mem is not None and (self._mem / g).is_dir() else None
+        cpu, acct, mem = self._dirs[g]
         if cpu is None and acct is None and mem is None:
             return None
         out: dict[str, Value] = dict.fromkeys(CGROUP.field_index)
