@@ -482,13 +482,13 @@ def _new_part_name() -> str:
 
 
 def _write_group(table: str, part_dir: Path, df: pl.DataFrame, *, compression: str,
-                 compression_level: int | None, durable: bool = True) -> Path:
+                 compression_level: int | None, durable: bool = True, name: str | None = None) -> Path:
     _makedirs(part_dir, durable=durable)
     # Writers (agent, simulator) hand over time-ordered rows with tags in a fixed order: a
     # full multi-key sort of a million-row frame would cost more than writing it.
     if not df.get_column(schema.TIME).is_sorted():
         df = df.sort(_sort_keys(table, df.columns), maintain_order=True)
-    path = part_dir / _new_part_name()
+    path = part_dir / (name or _new_part_name())
     _write_parquet_atomic(df, path, compression=compression, compression_level=compression_level,
                           durable=durable)
     return path
@@ -595,11 +595,8 @@ class LakeSink:
             if any(e.name.endswith(f"-{token}.parquet") for e in _scandir(d)):
                 continue
             try:
-                _makedirs(d, durable=self.durable)
-                if not part.get_column(schema.TIME).is_sorted():
-                    part = part.sort(_sort_keys(table, part.columns), maintain_order=True)
-                _write_parquet_atomic(part, d / f"part-{_stamp()}-{token}.parquet", durable=self.durable,
-                                      compression=self.compression, compression_level=self.compression_level)
+                _write_group(table, d, part, durable=self.durable, compression=self.compression,
+                             compression_level=self.compression_level, name=f"part-{_stamp()}-{token}.parquet")
             except OSError as exc:
                 raise LakeError(f"cannot write {part.height} rows of {table!r} to {d}: {exc}") from exc
             written += part.height
