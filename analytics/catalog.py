@@ -17,6 +17,7 @@ the lower bound of its robust scale so that a channel that never changes is not
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 Direction = Literal["up", "down", "both"]
@@ -100,7 +101,7 @@ _FAMILIES: list[FeatureFamily] = [
     _fam("mem.swap_used_share", "memory", "fraction", "up", 0.01, "swap used / swap total (null without swap)"),
     _fam("mem.hugetlb_used_share", "memory", "fraction", "both", 0.02, "HugeTLB pages in use / pages reserved (null without HugeTLB)"),
     _fam("mem.page_tables_share", "memory", "fraction", "up", 0.002, "PageTables / MemTotal (TLB/page-walk pressure proxy)"),
-    _fam("mem.thp_fault_alloc_rate", "memory", "1/s", "down", 0.5, "THP faults served with a huge page, per second"),
+    _fam("mem.thp_fault_alloc_rate", "memory", "1/s", "both", 0.5, "THP faults served with a huge page, per second (workload activity: the KB reads a drop with the mode fact)"),
     _fam("mem.thp_fallback_rate", "memory", "1/s", "up", 1.0, "THP faults that fell back to small pages, per second"),
     _fam("mem.thp_fallback_share", "memory", "fraction", "up", 0.02, "thp_fault_fallback / (thp_fault_alloc + thp_fault_fallback)"),
     _fam("mem.pgfault_rate", "memory", "1/s", "up", 1000.0, "page faults per second"),
@@ -177,6 +178,7 @@ def split_feature(feature: str) -> tuple[str, str]:
     return family, device
 
 
+@lru_cache(maxsize=16384)  # called per column by every analyze(); FeatureInfo is frozen
 def lookup(feature: str) -> FeatureInfo:
     """Metadata of one feature column. Unknown families (imported metrics) get
     subsystem ``other``, direction ``both`` and no floor."""

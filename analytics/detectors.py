@@ -583,6 +583,36 @@ class IsolationForestDetector(_Detector):
             np.add.at(out, (rows, node_feat[nodes]), w)
 
 
+def _ledoit_wolf_cov(X: NDArray[np.floating[Any]]) -> Array:
+    """``sklearn.covariance.ledoit_wolf(X, assume_centered=True)[0]``, bit for bit, with
+    its Gram matrix ``X.T @ X`` computed once (sklearn computes it for the shrinkage and
+    again for the covariance) and without its per-call validation. Like
+    ``LedoitWolf.fit`` (which subtracts a float64 zero location), it works in float64."""
+    X = np.asarray(X, dtype=np.float64)
+    n, p = X.shape
+    if p == 1:
+        return np.atleast_2d((X**2).mean())
+    if p >= 1000:  # sklearn sums the Gram matrix in blocks there: let it
+        return np.asarray(ledoit_wolf(X, assume_centered=True)[0], dtype=np.float64)
+    X2 = X**2
+    trace = np.sum(X2, axis=0) / n
+    mu = np.sum(trace) / p
+    gram = np.dot(X.T, X)
+    delta_ = 0.0 + np.sum(gram**2)
+    delta_ /= n**2
+    beta_ = 0.0 + np.sum(np.dot(X2.T, X2))
+    beta = 1.0 / (p * n) * (beta_ / n - delta_)
+    delta = delta_ - 2.0 * mu * trace.sum() + p * mu**2
+    delta /= p
+    beta = min(beta, delta)
+    shrinkage = 0 if beta == 0 else beta / delta
+    emp_cov = gram / n
+    mu = np.sum(np.trace(emp_cov)) / p
+    cov = (1.0 - shrinkage) * emp_cov
+    cov.flat[:: p + 1] += shrinkage * mu
+    return np.asarray(cov, dtype=np.float64)
+
+
 def _spd_inverse(cov: Array) -> Array:
     """Inverse of a shrunk (hence positive definite) covariance by Cholesky; the
     pseudo-inverse only if it is numerically singular. (LedoitWolf.get_precision uses
@@ -655,15 +685,15 @@ class MahalanobisDetector(_Detector):
             else:
                 h = max(2, int(np.ceil(self.support_fraction * za.shape[0])))
                 dist = np.mean(za * za, axis=1)
-                # covariance and the ranking distances of the C-steps in float32 (half the
-                # cost, ample precision for ranking); the scores below are float64
+                # the trimmed core and the ranking distances of the C-steps in float32 (ample
+                # precision for ranking); the covariance is float64, as LedoitWolf.fit made it
+                # (it subtracts a float64 location); the scores below are float64
                 za32 = za.astype(np.float32)
                 steps = 1 + max(0, self.c_steps)
                 for step in range(steps):
                     core = za32[np.argsort(dist, kind="stable")[:h]]
                     loc = core.mean(axis=0, dtype=np.float64)
-                    cov, _ = ledoit_wolf(core - loc.astype(np.float32), assume_centered=True)
-                    cov = np.asarray(cov, dtype=np.float64)
+                    cov = _ledoit_wolf_cov(core - loc.astype(np.float32))
                     # variances no smaller than the robust scale (1 in z units): a bursty
                     # channel (zero in the trimmed core, bursts elsewhere) must not get a
                     # near-zero variance that makes every burst look extreme

@@ -557,10 +557,57 @@ def _attach_irq_devices(lf: pl.LazyFrame, host_facts: pl.DataFrame | None) -> pl
     return lf.join(mapping.lazy(), on=list(keys), how="inner", maintain_order="left")
 
 
+def _irq_rows(lf: pl.LazyFrame, facts: pl.DataFrame, plan: _Plan, spec: WindowSpec) -> pl.DataFrame | None:
+    """The :func:`bucket_rows` of :func:`_attach_irq_devices`' rows, mapped per series
+    instead of joined per row: one host's interrupt rows form a (samples x series) grid
+    (see :func:`_reduce_buckets`), so the few series' (IRQ action, node) are mapped
+    and the result is repeated over the samples. None (the caller joins) for anything
+    else: several hosts, irregular rows. ``facts``: :func:`_facts_nodes`."""
+    b_us = round(spec.bucket * 1e6)
+    t = pl.col(TIME).cast(pl.Int64)
+    raw = lf.select(pl.col(HOST).cast(pl.String), pl.col("device").cast(pl.String),
+                    pl.col("node").cast(pl.String).fill_null(""), t.alias(_T), (t // b_us * b_us).alias(_B),
+                    "count").collect(engine="in-memory")
+    n = raw.height
+    hosts = raw[HOST]
+    if n < _REGULAR_MIN_ROWS or hosts.null_count() or not (hosts == hosts[0]).all():
+        return None
+    shape = _grid_shape(raw[_T].to_numpy(), raw[_B].to_numpy())
+    if shape is None:
+        return None
+    n_t, k, time_major = shape
+    for tag in ("device", "node"):  # every row carries its series' IRQ action and node
+        s = raw[tag]
+        if time_major:
+            if not _same_as(s.slice(k), s.slice(0, n - k)).all():
+                return None
+        elif k > 1 or n_t < n:
+            eq = _same_as(s.slice(1), s.slice(0, n - 1)).to_numpy()
+            eq[n_t - 1::n_t] = True
+            if not eq.all():
+                return None
+    first = np.arange(k) if time_major else np.arange(k) * n_t
+    series = raw.select("device", "node").gather(first)
+    names = [d for d in series["device"].unique().to_list() if d is not None]
+    mapping = _irq_device_map(names, facts.filter(pl.col(HOST) == hosts[0]))
+    node = series["node"].str.strip_chars_start("node").cast(pl.Int64, strict=False).to_list()
+    devs = [mapping[d][0] if d in mapping else None for d in series["device"].to_list()]
+    local = np.array([d in mapping and nd is not None and mapping[d][1] == nd
+                      for d, nd in zip(series["device"].to_list(), node, strict=True)], dtype=bool)
+    sidx = np.tile(np.arange(k), n_t) if time_major else np.repeat(np.arange(k), n_t)
+    out = raw.select(HOST, pl.Series(_DEV, devs, dtype=pl.String).gather(sidx), _T, _B, "count",
+                     pl.Series(_LOCAL, local[sidx]))
+    kept = np.array([d is not None for d in devs], dtype=bool)
+    if not kept.all():  # IRQs of devices without facts: dropped, as by the inner join
+        out = out.filter(pl.Series(kept[sidx]))
+    return out.select(HOST, _DEV, _T, _B, *[e.alias(c) for c, (e, _) in plan.buckets.items()])
+
+
 def _tables(
-    frames: Mapping[str, pl.LazyFrame], host_facts: pl.DataFrame | None
+    frames: Mapping[str, pl.LazyFrame], host_facts: pl.DataFrame | None, *, attach: bool = True
 ) -> dict[str, tuple[pl.LazyFrame, _Plan]]:
-    """The measurements that give features, each with its plan (validated)."""
+    """The measurements that give features, each with its plan (validated). With
+    ``attach=False`` the interrupts frame is left as it is (see :func:`_irq_rows`)."""
     out: dict[str, tuple[pl.LazyFrame, _Plan]] = {}
     for name, lf in frames.items():
         if name in SKIPPED:
@@ -572,10 +619,12 @@ def _tables(
         if name == "interrupts":
             if not {"count", "device", "node"} <= cols:
                 continue
-            attached = _attach_irq_devices(lf, host_facts)
-            if attached is None:
-                continue
-            lf = attached
+            if attach:
+                attached = _attach_irq_devices(lf, host_facts)
+                if attached is None:
+                    continue
+                lf = attached
+
         builder = _PLANS.get(name)
         plan = builder(cols) if builder is not None else _plan_generic(name, sch)
         if plan.device is not None and name in _PLANS:
@@ -815,18 +864,19 @@ def _with_device(bk: pl.DataFrame, plan: _Plan) -> pl.DataFrame:
     """(host, _dev, _b, aggregations): the device named from the tags, on bucket rows."""
     dev = _device_expr(plan)
     tags = _tags(plan)
-    out = bk.with_columns(dev.alias(_DEV)).drop([t for t in tags if t != _DEV])
+    out = bk.lazy().with_columns(dev.alias(_DEV)).drop([t for t in tags if t != _DEV])
     # merging is needed only where a host has several tag values of one device (a merge of
     # single rows changes nothing), which the few distinct tag values tell
-    series = bk.select(HOST, *tags).unique() if tags and tags != [_DEV] else None
-    if len(tags) > 1 or (series is not None
-                         and series.with_columns(dev.alias(_DEV)).select(HOST, _DEV).is_duplicated().any()):
+    merge = len(tags) > 1 or (bool(tags) and tags != [_DEV] and bool(
+        bk.lazy().select(HOST, *tags).unique().select(pl.struct(HOST, dev).is_duplicated().any())
+        .collect(engine="in-memory").item()))
+    if merge:
         # several tag values name one device (e.g. '1' and 'node1'): merge their buckets
         # with the window semantics (sums add; a mean of means is close enough here)
         agg = {"sum": pl.Expr.sum, "count": pl.Expr.sum, "mean": pl.Expr.mean, "max": pl.Expr.max,
                "min": pl.Expr.min}
         out = out.group_by(HOST, _DEV, _B).agg([agg[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
-    return out
+    return out.collect(engine="in-memory")
 
 
 @dataclass(frozen=True)
@@ -850,9 +900,10 @@ def _grid(bks: Sequence[pl.DataFrame], spec: WindowSpec) -> _Grid:
     b_us = round(spec.bucket * 1e6)
     s_us = round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
-    ext = (
-        pl.concat([bk.group_by(HOST).agg(pl.col(_B).min().alias(_FIRST), pl.col(_B).max().alias(_LAST)) for bk in bks])
-        .group_by(HOST).agg(pl.col(_FIRST).min(), pl.col(_LAST).max()).sort(HOST)
+    ext = (  # one query (a collect per table costs more than its group_by)
+        pl.concat([bk.lazy().group_by(HOST).agg(pl.col(_B).min().alias(_FIRST), pl.col(_B).max().alias(_LAST))
+                   for bk in bks])
+        .group_by(HOST).agg(pl.col(_FIRST).min(), pl.col(_LAST).max()).sort(HOST).collect(engine="in-memory")
     )
     hosts, firsts, lasts = ext[HOST].to_list(), ext[_FIRST].to_numpy(), ext[_LAST].to_numpy()
     # a host with less than one window of data still gets its grid extended to one window
@@ -894,14 +945,17 @@ def _table_windows(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[list[str
     at = pl.Series(src, dtype=pl.Int64)
     if (src < 0).any():
         at = pl.select(pl.when(at >= 0).then(at)).to_series()
-    dense = bk.select(pl.col(cols).gather(at.cast(pl.get_index_type())))
+    dense = bk.lazy().select(pl.col(cols).gather(at.cast(pl.get_index_type())))
     return _windows_of(dense, devs, plan, grid)
 
 
-def _windows_of(g: pl.DataFrame, devs: pl.Series, plan: _Plan, grid: _Grid) -> tuple[list[str], pl.DataFrame]:
+def _windows_of(g: pl.LazyFrame | pl.DataFrame, devs: pl.Series, plan: _Plan, grid: _Grid
+                ) -> tuple[list[str], pl.DataFrame]:
     """The rolling window aggregations of the dense (device x grid) bucket columns, the
-    kept rows, the features."""
+    kept rows, the features (``zero_fill`` ones with 0 for null) - one query: each
+    collect has a fixed cost that, over 14 tables, was ~10 % of the features' time."""
     n_dev, m = devs.len(), grid.m
+    g = g.lazy()
     if m > 1:
         # rows whose window would reach into the previous (device, host) group are never
         # kept (their window starts before the host's first bucket), so no .over() needed
@@ -911,8 +965,10 @@ def _windows_of(g: pl.DataFrame, devs: pl.Series, plan: _Plan, grid: _Grid) -> t
     else:
         g = g.select(list(plan.buckets))
     keep = np.tile(grid.keep, n_dev)
-    w = g.filter(pl.Series(keep)).with_columns(pl.Series(_DUR, np.tile(grid.dur, n_dev)))
-    feats = w.select([_safe(e).alias(fam) for fam, e in plan.features.items()])
+    w = g.filter(pl.lit(pl.Series(keep))).with_columns(pl.lit(pl.Series(_DUR, np.tile(grid.dur, n_dev))))
+    zero = set(plan.zero_fill)  # sparse tables: a device without rows in a window had no events
+    feats = w.select([(_safe(e).fill_null(0.0) if fam in zero else _safe(e)).alias(fam)
+                      for fam, e in plan.features.items()]).collect(engine="in-memory")
     return [str(d) for d in devs.to_list()], feats
 
 
@@ -938,12 +994,26 @@ def compute_features(
 
     Cost: the raw rows are touched once, one table at a time (peak memory is the
     largest table's rows, not all of them); everything after works on 1-s buckets."""
-    tables = _tables(frames, host_facts)
+    tables = _tables(frames, host_facts, attach=False)
     names = list(tables)
     bks = {}
     for name in names:  # one table at a time: peak memory is the largest table's rows
         lf, plan = tables[name]
-        bk = _reduce_buckets(bucket_rows(lf, plan, spec).collect(engine="in-memory"), plan)
+        rows = None
+        if name == "interrupts":  # the raw frame: devices mapped per series, else joined per row
+            facts = _facts_nodes(host_facts)
+            if facts.is_empty():
+                log.info("no numa_node facts: irq.locality and irq.rate are not computed")
+                continue
+            rows = _irq_rows(lf, facts, plan, spec)
+            if rows is None:
+                attached = _attach_irq_devices(lf, host_facts)
+                if attached is None:
+                    continue
+                lf = attached
+        if rows is None:
+            rows = bucket_rows(lf, plan, spec).collect(engine="in-memory")
+        bk = _reduce_buckets(rows, plan)
         if bk.height:
             bks[name] = bk
     if not bks:
@@ -954,8 +1024,6 @@ def compute_features(
     for name, bk in bks.items():
         plan = tables[name][1]
         devs, feats = _table_windows(bk, plan, grid)
-        if plan.zero_fill:  # sparse tables: a device without rows in a window had no events
-            feats = feats.with_columns(pl.col(list(plan.zero_fill)).fill_null(0.0))
         for i, dev in enumerate(devs):
             part = feats.slice(i * n_win, n_win)
             for fam in feats.columns:

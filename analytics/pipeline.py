@@ -56,6 +56,7 @@ from typing import Any, Literal
 
 import numpy as np
 import polars as pl
+from sklearn import config_context
 
 from analytics import attribution
 from analytics.baselines import GaussianMixtureNLL, PCAReconstruction
@@ -396,7 +397,10 @@ def _fit(config: AnalyticsConfig, ref: np.ndarray, floors: np.ndarray, sign: np.
          weight: np.ndarray, capped: bool = False) -> tuple[_Fit, np.ndarray]:
     scaler = RobustStandardizer(floors=floors).fit(ref)
     z = _evidence(scaler.transform(ref), sign, weight)
-    models = {d: config.make_detector(d, capped=capped).fit(z) for d in config.detectors}
+    # z is finite by construction (transform zeroes the rest) and the parameters are the
+    # config's: sklearn's per-call finiteness scans and parameter checks only cost time
+    with config_context(assume_finite=True, skip_parameter_validation=True):
+        models = {d: config.make_detector(d, capped=capped).fit(z) for d in config.detectors}
     return _Fit(scaler, models, sign, weight), z
 
 
@@ -575,7 +579,7 @@ def _confirm_edges(feats: pl.DataFrame, cols: Sequence[str], config: AnalyticsCo
         sel = np.flatnonzero(edge[b.rows])
         if not sel.size:
             continue
-        raw = feats.select(cols)[b.rows[sel]].to_numpy().astype(np.float64)
+        raw = feats[b.rows[sel], list(cols)].to_numpy().astype(np.float64)  # the few rows, then the columns
         z = b.fit.evidence(raw)
         margins = []
         for d, det in b.fit.models.items():

@@ -197,3 +197,19 @@ def test_zscore_threshold_is_bounded() -> None:
     det = RobustZScore(floors=[1.0, 1.0, 1.0]).fit(np.zeros((100, 3)))
     assert det.threshold_ >= 3.0
     assert not det.predict(np.full((5, 3), 2.5)).any()
+
+
+@pytest.mark.parametrize("shape", [(2160, 250), (40, 3), (12, 1), (5, 8)])
+def test_ledoit_wolf_covariance_is_sklearns_bit_for_bit(shape: tuple[int, int]) -> None:
+    from sklearn.covariance import ledoit_wolf
+
+    from analytics.detectors import _ledoit_wolf_cov
+
+    rng = np.random.default_rng(shape[1])
+    X = (rng.standard_normal(shape) * rng.uniform(0.1, 5.0, shape[1])).astype(np.float32)
+    X[:, : shape[1] // 3] = 0.0  # channels constant in the trimmed core, as in telemetry
+    X -= X.mean(axis=0, dtype=np.float64).astype(np.float32)
+    ref = np.asarray(ledoit_wolf(X, assume_centered=True)[0], dtype=np.float64)
+    got = _ledoit_wolf_cov(X)
+    assert got.dtype == np.float64 and got.shape == (shape[1], shape[1])
+    assert np.array_equal(got, ref)

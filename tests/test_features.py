@@ -349,3 +349,38 @@ def test_bucket_fast_path_merges_tag_values_that_name_one_device() -> None:
     assert fast is not None
     assert sorted(fast[F._DEV].unique().to_list()) == ["node0", "node1"]
     _assert_same_buckets(fast, ref, plan)
+
+
+@pytest.mark.parametrize("layout", ["series_major", "time_major"])
+def test_irq_devices_mapped_per_series_equal_the_per_row_join(layout: str) -> None:
+    from analytics import features as F
+
+    synth = load_synth()
+    frames = synth.synth_frames(seconds=160)  # 20 480 interrupt rows: above the fast path's minimum
+    facts = frames.pop("host_facts")
+    irq = frames["interrupts"]
+    # one IRQ line's node unknown (null): its rows are kept, never local
+    irq = irq.with_columns(node=pl.when(pl.col("irq") == pl.col("irq").min()).then(None).otherwise(pl.col("node")))
+    if layout == "time_major":
+        irq = irq.sort("time", maintain_order=True)
+    nic = facts.filter(pl.col("category") == "nic")["device"].sort()[0]
+    spec = WindowSpec()
+    plan = F._plan_interrupts(set(irq.columns))
+    for what, f in {"all facts": facts, f"no facts for {nic}": facts.filter(pl.col("device").fill_null("") != nic)}.items():
+        attached = F._attach_irq_devices(irq.lazy(), f)
+        assert attached is not None
+        ref = F.bucket_rows(attached, plan, spec).collect()
+        got = F._irq_rows(irq.lazy(), F._facts_nodes(f), plan, spec)
+        assert got is not None, f"{what}: a regular one-host grid must be mapped per series"
+        assert got.equals(ref), what
+        assert ref["local"].sum() > 0 and ref["local"].sum() < ref["count"].sum(), what
+        if f is not facts:
+            assert got.height < irq.height and nic not in got["_dev"].unique().to_list(), what
+    # not a grid (shuffled rows) or several hosts: None, and the features still come by the join
+    shuffled = irq.sample(fraction=1.0, shuffle=True, seed=4)
+    assert F._irq_rows(shuffled.lazy(), F._facts_nodes(facts), plan, spec) is None
+    two = pl.concat([irq, irq.with_columns(host=pl.lit("host-b"))])
+    assert F._irq_rows(two.lazy(), F._facts_nodes(facts), plan, spec) is None
+    a = compute_features({"interrupts": irq.lazy()}, host_facts=facts)
+    b = compute_features({"interrupts": shuffled.lazy()}, host_facts=facts)
+    assert a.width > 10 and a.equals(b)
