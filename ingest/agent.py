@@ -13,6 +13,7 @@ the current tick; the buffer is flushed and the sinks closed before ``run`` retu
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -24,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,21 @@ class AgentStats:
     errors: int = 0
 
 
+@functools.cache
+def _arrow_schema(measurement: schema.Measurement) -> pa.Schema:
+    """A measurement's columns (without host) as Arrow types, as Polars would write them."""
+    return pl.DataFrame(schema=measurement.polars_schema(with_host=False)).to_arrow().schema
+
+
+@dataclass
+class _Commit:
+    """A commit in progress: the sealed journal's token and the tables still to write."""
+
+    token: str
+    pending: list[tuple[str, _Buffer]]
+    ok: bool = True
+
+
 class _Buffer:
     """Columnar rows of one measurement since the last Parquet commit.
 
@@ -105,9 +122,8 @@ class _Buffer:
 
     def __init__(self, measurement: schema.Measurement) -> None:
         self.measurement = measurement
-        frame_schema = measurement.polars_schema(with_host=False)
-        self.columns: dict[str, list[Any]] = {c: [] for c in frame_schema}
-        self.arrow_schema = pl.DataFrame(schema=frame_schema).to_arrow().schema
+        self.arrow_schema = _arrow_schema(measurement)
+        self.columns: dict[str, list[Any]] = {c: [] for c in self.arrow_schema.names}
         self.n = 0
         self.mark = 0
 
@@ -141,8 +157,9 @@ class _Buffer:
         self.n = self.mark = 0
         return df
 
-    def frame(self, columns: dict[str, list[Any]], host: str) -> pl.DataFrame:
-        """A typed frame from column lists (missing columns become nulls)."""
+    def frame(self, columns: dict[str, list[Any]], host: str | None) -> pl.DataFrame:
+        """A typed frame from column lists (missing columns become nulls), with a
+        ``host`` column unless ``host`` is None."""
         n = len(columns.get(schema.TIME, ()))
         arrays = []
         for fld in self.arrow_schema:
@@ -153,9 +170,28 @@ class _Buffer:
                 arrays.append(pa.array(col, type=pa.int64()).cast(fld.type))
             else:
                 arrays.append(pa.array(col, type=fld.type, from_pandas=False))
-        arrays.insert(1, pa.array([host] * n, type=pa.large_string()))
-        names = [schema.TIME, schema.HOST, *self.arrow_schema.names[1:]]
+        names = list(self.arrow_schema.names)
+        if host is not None:
+            arrays.insert(1, pa.array([host] * n, type=pa.large_string()))
+            names.insert(1, schema.HOST)
         return pl.from_arrow(pa.Table.from_arrays(arrays, names=names))  # type: ignore[return-value]
+
+    def commit_to(self, lake: LakeSink, name: str, host: str, token_hex: str) -> int:
+        """Commit every row to ``lake`` and empty the buffer. Rows of one hour (the usual
+        case) go straight to their partition; others through the lake's split."""
+        times = self.columns[schema.TIME]
+        lo, hi = min(times), max(times)
+        hour_us = 3_600_000_000
+        if lo // hour_us == hi // hour_us:
+            df = self.frame(self.columns, None)
+            part = (host, datetime.fromtimestamp(lo / 1e6, UTC))
+            written = lake.commit(name, df, token_hex, partition=part)
+        else:
+            written = lake.commit(name, self.frame(self.columns, host), token_hex)
+        for col in self.columns.values():
+            col.clear()
+        self.n = self.mark = 0
+        return written
 
 
 class Agent:
@@ -194,6 +230,7 @@ class Agent:
         }
         self._deferred: list[tuple[Collector, int, Any]] = []
         self._sync_requests: list[threading.Event] = []
+        self._committing: _Commit | None = None
         self._warm_up()
         self.replay_journals()
         self._last_commit = clock()
@@ -250,6 +287,7 @@ class Agent:
         requests, self._sync_requests = self._sync_requests, []
         self.flush()
         self.commit()
+        self._finish_commit()
         for done in requests:
             done.set()
 
@@ -444,20 +482,53 @@ class Agent:
         self.stats.flushes += 1
 
     def commit(self) -> None:
-        """Write every buffered row to the lake as Parquet (one file per table and
-        partition, named with the journal's token), then drop the journal file. A table
-        that fails stays in its journal file, retried at the next commit and on restart."""
+        """Start writing every buffered row to the lake as Parquet (one file per table and
+        partition, named with the journal's token): the journal is sealed and the buffers
+        handed over now; :meth:`_commit_step` writes one table per tick afterwards, so that
+        a commit (tens of milliseconds) never makes a tick late. A table that fails stays
+        in its journal file, retried at the next commit and on restart."""
         if self._lake is None or self._journal is None:
             return
+        self._finish_commit()  # the previous one first (only when commits come this close)
         self._last_commit = self._clock()
-        frames = {name: buf.take(self.config.host) for name, buf in self._buffers.items() if buf.n}
-        token = self._journal.rotate()
-        if self._commit_frames(token, frames):
-            self._journal.discard(token)
+        pending = [(name, buf) for name, buf in self._buffers.items() if buf.n]
+        self._buffers = {}
+        self._committing = _Commit(self._journal.rotate(), pending)
+        if not pending:
+            self._end_commit()
+
+    def _commit_step(self) -> None:
+        c = self._committing
+        if c is None:
+            return
+        if c.pending:
+            assert self._lake is not None
+            name, buf = c.pending.pop(0)
+            rows = buf.n
+            try:
+                self.stats.rows_written += buf.commit_to(self._lake, name, self.config.host,
+                                                         journal_mod.token_hex(c.token))
+            except Exception as exc:  # the rows stay in the sealed journal
+                c.ok = False
+                log.error("lake commit of %d rows of %s failed (kept in journal %s): %s",
+                          rows, name, c.token, exc)
+        if not c.pending:
+            self._end_commit()
+
+    def _end_commit(self) -> None:
+        c, self._committing = self._committing, None
+        if c is None or self._journal is None:
+            return
+        if c.ok:
+            self._journal.discard(c.token)
         self.stats.commits += 1
         for old in self._journal.sealed():  # journals of failed commits
-            if old != token:
+            if old != c.token:
                 self._replay(old)
+
+    def _finish_commit(self) -> None:
+        while self._committing is not None:
+            self._commit_step()
 
     def _commit_frames(self, token: str, frames: dict[str, pl.DataFrame]) -> bool:
         assert self._lake is not None
@@ -500,6 +571,7 @@ class Agent:
     def close(self) -> None:
         self.flush()
         self.commit()
+        self._finish_commit()
         for done in self._sync_requests:
             done.set()
         if self._journal is not None:
@@ -567,6 +639,8 @@ class Agent:
                 k += 1
                 if k % flush_every == 0:
                     self.flush()
+                elif self._committing is not None:
+                    self._commit_step()
                 if self._sync_requests:
                     self._serve_sync()
         finally:

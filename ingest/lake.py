@@ -450,6 +450,11 @@ def _normalize(table: str, df: pl.DataFrame, known_hosts: set[str] | None = None
     return df
 
 
+def _partition_dir(table_dir: Path, host: str, ts: datetime, by_hour: bool) -> Path:
+    d = table_dir / f"host={host}" / f"date={ts.date().isoformat()}"
+    return d / f"hour={ts.hour:02d}" if by_hour else d
+
+
 def _partition_groups(table_dir: Path, df: pl.DataFrame,
                       by_hour: bool) -> list[tuple[str, Path, pl.DataFrame]]:
     """Split a normalized frame into (host, partition directory, frame without partition columns)."""
@@ -460,10 +465,7 @@ def _partition_groups(table_dir: Path, df: pl.DataFrame,
     lo, hi = time_col.min(), time_col.max()
     if (host_col.min() == host_col.max() and isinstance(lo, datetime) and isinstance(hi, datetime)
             and lo.date() == hi.date() and (not by_hour or lo.hour == hi.hour)):
-        d = table_dir / f"host={host_col[0]}" / f"date={lo.date().isoformat()}"
-        if by_hour:
-            d = d / f"hour={lo.hour:02d}"
-        return [(str(host_col[0]), d, df.drop(schema.HOST))]
+        return [(str(host_col[0]), _partition_dir(table_dir, str(host_col[0]), lo, by_hour), df.drop(schema.HOST))]
     keys = [schema.HOST, "__date"] + (["__hour"] if by_hour else [])
     df = df.with_columns(pl.col(schema.TIME).dt.date().alias("__date"), pl.col(schema.TIME).dt.hour().alias("__hour"))
     out = []
@@ -578,20 +580,33 @@ class LakeSink:
         if due:
             self._flush_table(table)
 
-    def commit(self, table: str, df: pl.DataFrame, token: str) -> int:
+    def commit(self, table: str, df: pl.DataFrame, token: str, *,
+               partition: tuple[str, datetime] | None = None) -> int:
         """Write ``df`` now, bypassing the buffer: one file per partition, named with
         ``token`` (8 hex digits). A partition that already holds a file with this token is
         skipped, so replaying an interrupted commit (the agent's journal) never duplicates
         rows. Returns the rows written; raises LakeError when a partition cannot be written
-        (the partitions before it stay committed)."""
+        (the partitions before it stay committed).
+
+        ``partition=(host, time)``: the caller vouches that ``df`` is one host's rows of
+        the hour (the day, for static tables) of ``time``, without the host column and
+        already in the schema's exact types (the agent's own frames): no conformance
+        pass, no split."""
         if self._closed:
             raise LakeError(f"lake sink {self.root} is closed")
         _check_name("table", table)
         if not re.fullmatch(r"[0-9a-f]{8}", token):
             raise ValueError(f"commit token must be 8 hex digits, got {token!r}")
-        df = _normalize(table, df, self._hosts)
+        by_hour = default_partition_by_hour(table)
+        if partition is not None:
+            host, ts = partition
+            if host not in self._hosts:
+                self._hosts.add(_check_name("host", host))
+            groups = [(host, _partition_dir(self.root / table, host, ts, by_hour), df)]
+        else:
+            groups = _partition_groups(self.root / table, _normalize(table, df, self._hosts), by_hour)
         written = 0
-        for _, d, part in _partition_groups(self.root / table, df, default_partition_by_hour(table)):
+        for _, d, part in groups:
             if any(e.name.endswith(f"-{token}.parquet") for e in _scandir(d)):
                 continue
             try:

@@ -201,3 +201,25 @@ def test_streaming_sinks_get_every_flush_and_the_lake_the_same_rows_at_commit(tm
     got = _system(root)
     assert got["ctxt"].to_list() == sent["ctxt"].to_list()
     assert got["time"].to_list() == sent["time"].to_list()
+
+
+def test_a_commit_across_an_hour_boundary_splits_into_both_partitions(tmp_path: Path) -> None:
+    from ingest import schema
+    from ingest.agent import _Buffer
+
+    root = tmp_path / "lake"
+    sink = LakeSink(root)
+    hour = 3_600_000_000
+    start = (T0 // hour + 1) * hour - 300_000  # 0.3 s before an hour starts
+    buf = _Buffer(schema.SYSTEM)
+    buf.extend([start + i * 100_000 for i in range(6)], 6, {}, {"ctxt": list(range(6))})
+    assert buf.commit_to(sink, "system", "h", "0badcafe") == 6
+    buf.extend([start + 400_000], 1, {}, {"ctxt": [4]})
+    assert buf.commit_to(sink, "system", "h", "0badcafe") == 0  # a replay: that hour has this token
+    buf.extend([start + hour + 400_000 + i * 100_000 for i in range(3)], 3, {}, {"ctxt": [7, 8, 9]})
+    assert buf.commit_to(sink, "system", "h", "1badcafe") == 3  # one hour only: written directly
+    got = _system(root)
+    assert got["ctxt"].to_list() == [0, 1, 2, 3, 4, 5, 7, 8, 9]
+    hours = sorted(p.parent.name for p in (root / "system").rglob("*.parquet"))
+    assert hours[0] != hours[-1] and len(set(hours)) == 3
+    assert buf.n == 0 and buf.columns["time"] == []
