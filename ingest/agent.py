@@ -152,10 +152,20 @@ class _Buffer:
     def take(self, host: str) -> pl.DataFrame:
         """Every buffered row as a frame with the host column; the buffer is emptied."""
         df = self.frame(self.columns, host)
+        self.clear()
+        return df
+
+    def clear(self) -> None:
         for col in self.columns.values():
             col.clear()
         self.n = self.mark = 0
-        return df
+
+    def load(self, columns: dict[str, list[Any]]) -> None:
+        """Append rows given as columns (a journal's); missing columns become nulls."""
+        n = len(columns.get(schema.TIME, ()))
+        for name, col in self.columns.items():
+            col.extend(columns.get(name) or [None] * n)
+        self.n += n
 
     def frame(self, columns: dict[str, list[Any]], host: str | None) -> pl.DataFrame:
         """A typed frame from column lists (missing columns become nulls), with a
@@ -188,9 +198,7 @@ class _Buffer:
             written = lake.commit(name, df, token_hex, partition=part)
         else:
             written = lake.commit(name, self.frame(self.columns, host), token_hex)
-        for col in self.columns.values():
-            col.clear()
-        self.n = self.mark = 0
+        self.clear()
         return written
 
 
@@ -474,9 +482,7 @@ class Agent:
         if self._lake is None:
             for buf in self._buffers.values():
                 self.stats.rows_written += buf.mark
-                for col in buf.columns.values():
-                    col.clear()
-                buf.n = buf.mark = 0
+                buf.clear()
         elif self._clock() - self._last_commit >= self.config.commit_interval_s:
             self.commit()
         self.stats.flushes += 1
@@ -502,16 +508,8 @@ class Agent:
         if c is None:
             return
         if c.pending:
-            assert self._lake is not None
             name, buf = c.pending.pop(0)
-            rows = buf.n
-            try:
-                self.stats.rows_written += buf.commit_to(self._lake, name, self.config.host,
-                                                         journal_mod.token_hex(c.token))
-            except Exception as exc:  # the rows stay in the sealed journal
-                c.ok = False
-                log.error("lake commit of %d rows of %s failed (kept in journal %s): %s",
-                          rows, name, c.token, exc)
+            c.ok = self._commit_buffer(c.token, name, buf) and c.ok
         if not c.pending:
             self._end_commit()
 
@@ -530,17 +528,18 @@ class Agent:
         while self._committing is not None:
             self._commit_step()
 
-    def _commit_frames(self, token: str, frames: dict[str, pl.DataFrame]) -> bool:
+    def _commit_buffer(self, token: str, name: str, buf: _Buffer) -> bool:
+        """Write one table's rows under the journal's token; False (logged) on failure:
+        the rows stay in the sealed journal."""
         assert self._lake is not None
-        ok = True
-        for name, df in frames.items():
-            try:
-                self.stats.rows_written += self._lake.commit(name, df, journal_mod.token_hex(token))
-            except Exception as exc:
-                ok = False
-                log.error("lake commit of %d rows of %s failed (kept in journal %s): %s",
-                          df.height, name, token, exc)
-        return ok
+        rows = buf.n
+        try:
+            self.stats.rows_written += buf.commit_to(self._lake, name, self.config.host,
+                                                     journal_mod.token_hex(token))
+        except Exception as exc:
+            log.error("lake commit of %d rows of %s failed (kept in journal %s): %s", rows, name, token, exc)
+            return False
+        return True
 
     def _replay(self, token: str) -> None:
         assert self._journal is not None
@@ -550,17 +549,19 @@ class Agent:
         except journal_mod.JournalError as exc:
             log.error("%s; left in place", exc)
             return
-        frames: dict[str, pl.DataFrame] = {}
+        ok, rows = True, 0
         for name, cols in tables.items():
             m = schema.MEASUREMENTS.get(name)
             if m is None or not cols.get(schema.TIME):
                 log.error("journal %s: table %r is not a measurement; its rows are skipped", path, name)
                 continue
-            frames[name] = _Buffer(m).frame(cols, self.config.host)
-        if self._commit_frames(token, frames):
+            buf = _Buffer(m)
+            buf.load(cols)
+            rows += buf.n
+            ok = self._commit_buffer(token, name, buf) and ok
+        if ok:
             self._journal.discard(token)
-            log.info("journal %s: %d rows replayed into the lake", path,
-                     sum(df.height for df in frames.values()))
+            log.info("journal %s: %d rows replayed into the lake", path, rows)
 
     def replay_journals(self) -> None:
         """Commit the rows of journals left by an agent that died (or failed to commit)."""

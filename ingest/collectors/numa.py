@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ingest.collectors.base import Reading, SourceUnavailable, Value, proc_path
 from ingest.collectors.memory import parse_meminfo
-from ingest.collectors.procfs import ProcFile, key_values, parse_error
+from ingest.collectors.procfs import ProcFile, wanted_counters
 from ingest.schema import NUMA, Tier
 
 _STAT_FIELDS: tuple[str, ...] = NUMA.counters
@@ -52,23 +52,7 @@ class NumaCollector:
         for node, stat, mem, (stat_raw, mem_raw) in zip(
             self._nodes, self._stat, self._meminfo, data, strict=True
         ):
-            got: dict[str, Value] = {}
-            pairs = key_values(stat_raw)
-            if pairs is not None:
-                try:
-                    got = {n: int(pairs[k]) for k, n in _WANTED.items() if k in pairs}
-                    stat_raw = b""  # parsed: skip the line-by-line pass
-                except ValueError:
-                    got = {}  # the pass below names the bad line
-            for lineno, line in enumerate(stat_raw.split(b"\n") if stat_raw else (), start=1):
-                key, _, val = line.partition(b" ")
-                name = _WANTED.get(key)
-                if name is None:
-                    continue
-                try:
-                    got[name] = int(val)
-                except ValueError:
-                    raise parse_error(stat.path, lineno, line, "not a number") from None
+            got = wanted_counters(stat_raw, _WANTED, stat.path)
             for n in _STAT_FIELDS:
                 fields[n].append(got.get(n))
             info = (

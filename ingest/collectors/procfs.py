@@ -184,6 +184,29 @@ def key_values(data: bytes) -> dict[bytes, bytes] | None:
     return dict(zip(toks[0::2], toks[1::2], strict=True))
 
 
+def wanted_counters(data: bytes, wanted: dict[bytes, str], path: str) -> dict[str, int]:
+    """The ``wanted`` keys (file key -> field name) of a 'key value' file (vmstat,
+    numastat) as ints; absent keys are left out. :func:`key_values` in C first; text that is
+    not strictly pairs, or holds a bad number, goes line by line, which names the line."""
+    pairs = key_values(data)
+    if pairs is not None:
+        try:
+            return {n: int(pairs[k]) for k, n in wanted.items() if k in pairs}
+        except ValueError:
+            pass
+    got: dict[str, int] = {}
+    for lineno, line in enumerate(data.split(b"\n"), start=1):
+        key, _, val = line.partition(b" ")
+        name = wanted.get(key)
+        if name is None:
+            continue
+        try:
+            got[name] = int(val)
+        except ValueError:
+            raise parse_error(path, lineno, line, "not a number") from None
+    return got
+
+
 def parse_error(path: str, lineno: int, line: bytes | str, why: str) -> CollectorError:
     """A parse failure naming the file and the (1-based) line."""
     if isinstance(line, bytes):

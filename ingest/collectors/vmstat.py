@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ingest.collectors.base import Reading, Value, proc_path
-from ingest.collectors.procfs import ProcFile, key_values, parse_error
+from ingest.collectors.procfs import ProcFile, wanted_counters
 from ingest.schema import VMSTAT_COUNTERS, Tier
 
 _WANTED: dict[bytes, str] = {n.encode(): n for n in VMSTAT_COUNTERS}
@@ -30,27 +30,8 @@ class VmstatCollector:
         return self._file.read()
 
     def parse(self, data: bytes) -> list[Reading]:
-        pairs = key_values(data)
-        if pairs is not None:  # the usual 'key value' lines: dict built in C
-            try:
-                fast: dict[str, list[Value]] = {
-                    n: [int(pairs[k]) if k in pairs else None] for k, n in _WANTED.items()
-                }
-                return [Reading("vmstat", fields=fast)]
-            except ValueError:
-                pass  # the line-by-line pass below names the bad line
-        path = self._file.path
-        fields: dict[str, list[Value]] = {n: [None] for n in VMSTAT_COUNTERS}
-        wanted = _WANTED
-        for lineno, line in enumerate(data.split(b"\n"), start=1):
-            key, _, val = line.partition(b" ")
-            name = wanted.get(key)
-            if name is None:
-                continue
-            try:
-                fields[name][0] = int(val)
-            except ValueError:
-                raise parse_error(path, lineno, line, "not a number") from None
+        got = wanted_counters(data, _WANTED, self._file.path)
+        fields: dict[str, list[Value]] = {n: [got.get(n)] for n in VMSTAT_COUNTERS}
         return [Reading("vmstat", fields=fields)]
 
     def close(self) -> None:
