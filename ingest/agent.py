@@ -35,7 +35,7 @@ import pyarrow.compute  # noqa: F401  (imported here: a lazy import in the first
 
 from ingest import journal as journal_mod
 from ingest import schema
-from ingest.collectors.base import Collector, CollectorError, Reading, SourceUnavailable
+from ingest.collectors.base import Block, Collector, CollectorError, Reading, SourceUnavailable
 from ingest.counters import CounterStats, CounterTracker
 from ingest.journal import Journal
 from ingest.lake import LakeSink
@@ -51,8 +51,10 @@ log = logging.getLogger(__name__)
 #: /proc/interrupts alone costs a third of a full read.
 DEFAULT_TIERS: dict[str, str] = {"pressure": "medium"}
 
-#: raw samples waiting for parsing at most (about 10 s of every fast source at 100 ms)
-MAX_DEFERRED = 512
+#: raw samples waiting for parsing at most, by count and by their bytes (a big host's
+#: /proc/interrupts is ~0.6 MB a read); a flush parses them anyway
+MAX_DEFERRED = 4096
+MAX_DEFERRED_BYTES = 32 << 20
 
 
 @dataclass
@@ -237,6 +239,7 @@ class Agent:
             if callable(getattr(c, "sample", None)) and callable(getattr(c, "parse", None))
         }
         self._deferred: list[tuple[Collector, int, Any]] = []
+        self._deferred_bytes = 0  # of the deferred samples that are bytes
         self._sync_requests: list[threading.Event] = []
         self._committing: _Commit | None = None
         self._warm_up()
@@ -318,9 +321,13 @@ class Agent:
 
     @staticmethod
     def _measurement(r: Reading) -> schema.Measurement:
-        m = schema.MEASUREMENTS.get(r.measurement)
+        return Agent._measurement_named(r.measurement)
+
+    @staticmethod
+    def _measurement_named(name: str) -> schema.Measurement:
+        m = schema.MEASUREMENTS.get(name)
         if m is None:
-            raise CollectorError(f"collector produced unknown measurement {r.measurement!r}")
+            raise CollectorError(f"collector produced unknown measurement {name!r}")
         return m
 
     def _ingest_run(self, m: schema.Measurement, items: list[tuple[int, Reading]]) -> None:
@@ -346,23 +353,28 @@ class Agent:
     def _ingest_block(self, m: schema.Measurement, items: list[tuple[int, Reading]]) -> None:
         first = items[0][1]
         n = first.n_rows
+        ticks = len(items)
         if n == 0:
             return
-        ticks = len(items)
         if ticks == 1:
-            values: dict[str, list[Any]] = dict(first.fields)
-            times = [items[0][0]] * n
-            row_tags = first.tags
+            self._ingest_rows(m, [items[0][0]], n, first.tags, dict(first.fields))
         else:
             values = {f: [v for _, r in items for v in r.fields[f]] for f in first.fields}
-            times = [ts for ts, _ in items for _ in range(n)]
-            row_tags = {k: v * ticks for k, v in first.tags.items()}
+            self._ingest_rows(m, [ts for ts, _ in items], n, first.tags, values)
+
+    def _ingest_rows(self, m: schema.Measurement, stamps: list[int], n: int,
+                     tags: dict[str, list[str]], values: dict[str, list[Any]]) -> None:
+        """Buffer ``len(stamps)`` ticks of the same ``n`` series: ``tags`` for one tick,
+        ``values`` (owned: changed in place) tick after tick; counters become deltas."""
+        ticks = len(stamps)
         rows = n * ticks
+        times = [ts for ts in stamps for _ in range(n)] if n > 1 else list(stamps)
+        row_tags = tags if ticks == 1 else {k: v * ticks for k, v in tags.items()}
         if m.counters:
             tracker = self._trackers.get(m.name)
             if tracker is None:
                 tracker = self._trackers[m.name] = CounterTracker(m.counters, self._counter_stats)
-            tag_cols = [first.tags.get(t, [""] * n) for t in m.tags]
+            tag_cols = [tags.get(t, [""] * n) for t in m.tags]
             keys = list(zip(*tag_cols, strict=True)) if tag_cols else [()] * n
             values.update(tracker.deltas_run(keys, ticks, values))
             if m.sparse:
@@ -384,9 +396,12 @@ class Agent:
         sample = self._samplers.get(collector.name)
         try:
             if sample is not None:
-                self._deferred.append((collector, ts, sample()))
-                if len(self._deferred) >= MAX_DEFERRED:  # a long flush interval: bound the memory
-                    self._parse_deferred()
+                raw = sample()
+                self._deferred.append((collector, ts, raw))
+                if type(raw) is bytes:
+                    self._deferred_bytes += len(raw)
+                if len(self._deferred) >= MAX_DEFERRED or self._deferred_bytes >= MAX_DEFERRED_BYTES:
+                    self._parse_deferred()  # a long flush interval: bound the memory
             else:
                 self._ingest(collector.collect(), ts)
         except CollectorError as exc:
@@ -398,24 +413,62 @@ class Agent:
 
     def _parse_deferred(self) -> None:
         """Parse the raw samples of the collectors that split reading from parsing, in
-        tick order (counter deltas need it), all at once: the parsing code then runs hot."""
+        tick order (counter deltas need it), all at once: the parsing code then runs hot.
+        A collector with ``parse_batch`` gets all its samples in one call (numpy over the
+        whole batch); when it declines (None: a layout change, or nothing learnt yet),
+        each sample is parsed on its own."""
         deferred, self._deferred = self._deferred, []
-        runs: dict[str, list[tuple[int, Reading]]] = {}
+        self._deferred_bytes = 0
+        batches: dict[str, tuple[Collector, list[int], list[Any]]] = {}
         for collector, ts, raw in deferred:
-            try:
-                readings = collector.parse(raw)  # type: ignore[attr-defined]
-            except CollectorError as exc:
-                self.stats.errors += 1
-                log.error("collector %s: %s", collector.name, exc)
+            batch = batches.get(collector.name)
+            if batch is None:
+                batch = batches[collector.name] = (collector, [], [])
+            batch[1].append(ts)
+            batch[2].append(raw)
+        runs: dict[str, list[tuple[int, Reading]]] = {}
+        for collector, stamps, raws in batches.values():
+            if self._parse_batch(collector, stamps, raws):
                 continue
-            for r in readings:
-                runs.setdefault(r.measurement, []).append((ts, r))
+            for ts, raw in zip(stamps, raws, strict=True):
+                try:
+                    readings = collector.parse(raw)  # type: ignore[attr-defined]
+                except CollectorError as exc:
+                    self.stats.errors += 1
+                    log.error("collector %s: %s", collector.name, exc)
+                    continue
+                for r in readings:
+                    runs.setdefault(r.measurement, []).append((ts, r))
         for name, items in runs.items():
             try:
                 self._ingest_run(self._measurement(items[0][1]), items)
             except CollectorError as exc:
                 self.stats.errors += 1
                 log.error("measurement %s: %s", name, exc)
+
+    def _parse_batch(self, collector: Collector, stamps: list[int], raws: list[Any]) -> bool:
+        """Ingest ``raws`` through ``collector.parse_batch``; False when it declined."""
+        parse_batch = getattr(collector, "parse_batch", None)
+        if parse_batch is None or len(raws) < 2:
+            return False
+        # parse_batch changes no state when it declines (None) or raises: the samples
+        # are then parsed one by one, and an error names its sample
+        try:
+            blocks: list[Block] | None = parse_batch(raws)
+        except CollectorError:
+            return False
+        if blocks is None:
+            return False
+        for b in blocks:
+            n = len(b.fields[next(iter(b.fields))]) // b.ticks if b.fields else 0
+            if not n:
+                continue
+            try:
+                self._ingest_rows(self._measurement_named(b.measurement), stamps, n, b.tags, b.fields)
+            except CollectorError as exc:
+                self.stats.errors += 1
+                log.error("measurement %s: %s", b.measurement, exc)
+        return True
 
     def _collect_facts(self, ts: int) -> None:
         for c in self.collectors:

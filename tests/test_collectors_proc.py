@@ -423,7 +423,7 @@ def test_interrupt_wraps_are_corrected_per_cpu(tmp_path: Path) -> None:
     assert d[("LOC", "", "0")] == 150
     assert d[("24", "ACPI:Ged", "0")] == 0
     assert (tr.stats.wraps, tr.stats.resets) == (0, 0)  # node sums stay monotonic
-    assert c._reducer.resets == 1
+    assert c._table.reducer.resets == 1
     # an IRQ line freed (43) and the rest unchanged: the state of the others is kept
     t1 = (WRAP / "t1/proc/interrupts").read_text()
     _replace(

@@ -43,6 +43,19 @@ class Reading:
         return 0
 
 
+@dataclass(slots=True)
+class Block:
+    """The readings of ``ticks`` consecutive samples of the same series, from a
+    collector's optional ``parse_batch``: ``tags`` hold one tick's rows (``n``), every
+    field holds ``ticks * n`` values, tick after tick. Tag lists may be shared between
+    blocks and readings: never modified."""
+
+    measurement: str
+    ticks: int
+    tags: dict[str, list[str]] = field(default_factory=dict)
+    fields: dict[str, list[Value]] = field(default_factory=dict)
+
+
 class Collector(Protocol):
     #: registry name, e.g. "cpu"
     name: str

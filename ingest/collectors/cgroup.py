@@ -30,6 +30,16 @@ REFRESH_S = 1.0
 _V1_UNLIMITED = 1 << 60
 
 
+#: the files read per group, in order
+_V2_FILES: tuple[str, ...] = (
+    "cpu.stat", "cpu.max", "memory.current", "memory.max", "cpu.pressure", "memory.pressure",
+)
+_V1_FILES: tuple[tuple[str, str], ...] = (
+    ("acct", "cpuacct.usage"), ("cpu", "cpu.stat"), ("cpu", "cpu.cfs_quota_us"),
+    ("cpu", "cpu.cfs_period_us"), ("mem", "memory.usage_in_bytes"), ("mem", "memory.limit_in_bytes"),
+)
+
+
 def _kv(text: str | None) -> dict[str, str]:
     """'usage_usec 83155339\\nuser_usec ...' -> {'usage_usec': '83155339', ...}."""
     out: dict[str, str] = {}
@@ -49,7 +59,7 @@ def _int(text: str | None, path: Path | str) -> int | None:
         raise CollectorError(f"{path}: expected an integer, got {text[:60]!r}") from None
 
 
-def _psi_some_total(text: str | None, path: Path) -> int | None:
+def _psi_some_total(text: str | None, path: Path | str) -> int | None:
     if not text:
         return None
     for line in text.splitlines():
@@ -84,7 +94,7 @@ class CgroupCollector:
         # the group list and each group's directories are looked up at most once a second:
         # three directory scans and a stat per group and hierarchy were most of a collect
         self._listed_at = -1.0
-        self._dirs: dict[str, tuple[Path | None, ...]] = {}
+        self._plan: list[tuple[str, tuple[Path | None, ...]]] = []
         self.version: int
         if (base / "cgroup.controllers").exists():
             self.version = 2
@@ -127,8 +137,10 @@ class CgroupCollector:
             found = sorted(seen)
         return found + [p for p in self._extra if p not in found]
 
-    def _read(self, path: Path) -> str | None:
-        """A group file's stripped text; None when absent or gone (group removed)."""
+    def _read(self, path: Path | None) -> bytes | None:
+        """A group file's bytes; None when absent or gone (group removed)."""
+        if path is None:
+            return None
         try:
             f = self._files[path]
         except KeyError:
@@ -140,7 +152,7 @@ class CgroupCollector:
         if f is None:
             return None
         try:
-            return f.read().decode("utf-8", "replace").strip()
+            return f.read()
         except CollectorError:  # ENODEV: the group was removed since it was opened
             f.close()
             self._files[path] = None
@@ -161,79 +173,84 @@ class CgroupCollector:
         if names != self._groups:  # groups came or went: reopen everything lazily
             self._forget_files()
             self._groups = names
-        if self.version == 2:
-            self._dirs = {g: ((self._v2 / g) if (self._v2 / g).is_dir() else None,) for g in names}
-        else:
-            self._dirs = {
-                g: tuple(h / g if h is not None and (h / g).is_dir() else None
-                         for h in (self._cpu, self._acct, self._mem))
-                for g in names
+        # each group's files in the order of _V2_FILES / _V1_FILES (None: not there);
+        # a group in no hierarchy has nothing to say and is left out
+        self._plan = []
+        for g in names:
+            if self.version == 2:
+                d = self._v2 / g
+                if d.is_dir():
+                    self._plan.append((g, tuple(d / f for f in _V2_FILES)))
+                continue
+            dirs = {
+                key: (h / g if h is not None and (h / g).is_dir() else None)
+                for key, h in (("cpu", self._cpu), ("acct", self._acct), ("mem", self._mem))
             }
+            if any(dirs.values()):
+                self._plan.append(
+                    (g, tuple(None if dirs[k] is None else dirs[k] / f for k, f in _V1_FILES))  # type: ignore[operator]
+                )
 
     def collect(self) -> list[Reading]:
+        return self.parse(self.sample())
+
+    def sample(self) -> list[tuple[str, tuple[Path | None, ...], list[bytes | None]]]:
+        """The tick's reads (each group's files); :meth:`parse` can run later."""
         self._refresh()
-        names = self._groups
+        return [(g, paths, [self._read(p) for p in paths]) for g, paths in self._plan]
+
+    def parse(self, raw: list[tuple[str, tuple[Path | None, ...], list[bytes | None]]]) -> list[Reading]:
         fields: dict[str, list[Value]] = {f: [] for f in CGROUP.field_index}
         row = self._row_v2 if self.version == 2 else self._row_v1
         kept: list[str] = []
-        for g in names:
-            r = row(g)
-            if r is None:
-                continue  # a configured path that does not exist (yet): nothing to say
+        for g, paths, data in raw:
+            texts = [None if d is None else d.decode("utf-8", "replace").strip() for d in data]
             kept.append(g)
-            for k, v in r.items():
+            for k, v in row(paths, texts).items():
                 fields[k].append(v)
         return [Reading("cgroup", tags={"cgroup": kept}, fields=fields)]
 
-    def _row_v2(self, g: str) -> dict[str, Value] | None:
-        (d,) = self._dirs[g]
-        if d is None:
-            return None
-        stat = _kv(self._read(d / "cpu.stat"))
+    @staticmethod
+    def _row_v2(paths: tuple[Path | None, ...], texts: list[str | None]) -> dict[str, Value]:
+        p_stat, p_max, p_cur, p_mmax, p_cpsi, p_mpsi = (p or "" for p in paths)
+        t_stat, t_max, t_cur, t_mmax, t_cpsi, t_mpsi = texts
+        stat = _kv(t_stat)
         quota: float | None = None
-        cpu_max = self._read(d / "cpu.max")
-        if cpu_max:
-            q, _, period = cpu_max.partition(" ")
+        if t_max:
+            q, _, period = t_max.partition(" ")
             if q != "max":
-                p = _int(period, d / "cpu.max")
-                quota = (_int(q, d / "cpu.max") or 0) / p if p else None
+                p = _int(period, p_max)
+                quota = (_int(q, p_max) or 0) / p if p else None
         return {
-            "cpu_usage": _int(stat.get("usage_usec"), d / "cpu.stat"),
-            "nr_periods": _int(stat.get("nr_periods"), d / "cpu.stat"),
-            "nr_throttled": _int(stat.get("nr_throttled"), d / "cpu.stat"),
-            "throttled_time": _int(stat.get("throttled_usec"), d / "cpu.stat"),
+            "cpu_usage": _int(stat.get("usage_usec"), p_stat),
+            "nr_periods": _int(stat.get("nr_periods"), p_stat),
+            "nr_throttled": _int(stat.get("nr_throttled"), p_stat),
+            "throttled_time": _int(stat.get("throttled_usec"), p_stat),
             "cpu_quota_cores": quota,
-            "memory_current": _int(self._read(d / "memory.current"), d / "memory.current"),
-            "memory_max": _int(self._read(d / "memory.max"), d / "memory.max"),
-            "cpu_pressure_some": _psi_some_total(self._read(d / "cpu.pressure"), d / "cpu.pressure"),
-            "memory_pressure_some": _psi_some_total(
-                self._read(d / "memory.pressure"), d / "memory.pressure"
-            ),
+            "memory_current": _int(t_cur, p_cur),
+            "memory_max": _int(t_mmax, p_mmax),
+            "cpu_pressure_some": _psi_some_total(t_cpsi, p_cpsi),
+            "memory_pressure_some": _psi_some_total(t_mpsi, p_mpsi),
         }
 
-    def _row_v1(self, g: str) -> dict[str, Value] | None:
-        cpu, acct, mem = self._dirs[g]
-        if cpu is None and acct is None and mem is None:
-            return None
+    @staticmethod
+    def _row_v1(paths: tuple[Path | None, ...], texts: list[str | None]) -> dict[str, Value]:
+        p_usage, p_stat, p_quota, p_period, p_cur, p_lim = (p or "" for p in paths)
+        t_usage, t_stat, t_quota, t_period, t_cur, t_lim = texts
         out: dict[str, Value] = dict.fromkeys(CGROUP.field_index)
-        if acct is not None:
-            usage = _int(self._read(acct / "cpuacct.usage"), acct / "cpuacct.usage")
-            out["cpu_usage"] = None if usage is None else usage // 1000  # ns -> us
-        if cpu is not None:
-            stat = _kv(self._read(cpu / "cpu.stat"))
-            out["nr_periods"] = _int(stat.get("nr_periods"), cpu / "cpu.stat")
-            out["nr_throttled"] = _int(stat.get("nr_throttled"), cpu / "cpu.stat")
-            ns = _int(stat.get("throttled_time"), cpu / "cpu.stat")
-            out["throttled_time"] = None if ns is None else ns // 1000  # ns -> us
-            q = _int(self._read(cpu / "cpu.cfs_quota_us"), cpu / "cpu.cfs_quota_us")
-            p = _int(self._read(cpu / "cpu.cfs_period_us"), cpu / "cpu.cfs_period_us")
-            out["cpu_quota_cores"] = q / p if q is not None and q > 0 and p else None
-        if mem is not None:
-            out["memory_current"] = _int(
-                self._read(mem / "memory.usage_in_bytes"), mem / "memory.usage_in_bytes"
-            )
-            lim = _int(self._read(mem / "memory.limit_in_bytes"), mem / "memory.limit_in_bytes")
-            out["memory_max"] = None if lim is None or lim >= _V1_UNLIMITED else lim
+        usage = _int(t_usage, p_usage)
+        out["cpu_usage"] = None if usage is None else usage // 1000  # ns -> us
+        stat = _kv(t_stat)
+        out["nr_periods"] = _int(stat.get("nr_periods"), p_stat)
+        out["nr_throttled"] = _int(stat.get("nr_throttled"), p_stat)
+        ns = _int(stat.get("throttled_time"), p_stat)
+        out["throttled_time"] = None if ns is None else ns // 1000  # ns -> us
+        q = _int(t_quota, p_quota)
+        p = _int(t_period, p_period)
+        out["cpu_quota_cores"] = q / p if q is not None and q > 0 and p else None
+        out["memory_current"] = _int(t_cur, p_cur)
+        lim = _int(t_lim, p_lim)
+        out["memory_max"] = None if lim is None or lim >= _V1_UNLIMITED else lim
         return out
 
     def close(self) -> None:

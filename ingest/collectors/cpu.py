@@ -8,8 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ingest.collectors.base import CollectorError, Reading, SourceUnavailable, Value, proc_path
-from ingest.collectors.procfs import ProcFile, cpu_node_map, parse_error
+from ingest.collectors.base import (
+    Block,
+    CollectorError,
+    Reading,
+    SourceUnavailable,
+    Value,
+    proc_path,
+)
+from ingest.collectors.procfs import DigitTable, ProcFile, cpu_node_map, line_runs, parse_error
 from ingest.schema import CPU, Tier
 
 #: /proc/stat per-CPU columns in order (guest time is already inside user/nice)
@@ -46,6 +53,9 @@ class CpuCollector:
         self._cpu_tags: list[str] = []
         self._node_tags: list[str] = []
         self._load1: float | None = None
+        # batch parsing: /proc/stat without its 'intr' line, as a digit table (see parse_batch)
+        self._digits = DigitTable()
+        self._learnt_key: tuple[bytes, ...] = ()  # the CPUs of the learnt layout
         try:  # learn the CPUs now: sample() reads their cpufreq
             self.parse((self._stat.read(), None, None))
         except CollectorError:
@@ -88,22 +98,10 @@ class CpuCollector:
     def parse(self, raw: tuple[bytes, bytes | None, dict[bytes, Value] | None]) -> list[Reading]:
         stat, load_raw, freq_raw = raw
         labels, cols, ctxt, forks, running, blocked = parse_stat(stat, self._stat.path)
-        key_t = tuple(labels)
-        if key_t != self._tags_key:
-            self._tick = 0  # CPUs came or went: read their frequencies at the next sample
-            self._tags_key = key_t
-            self._cpu_tags = [lb[3:].decode() for lb in labels]
-            self._node_tags = [self._cpu_node.get(int(c), "0") for c in self._cpu_tags]
-            if self._want_freq:
-                self._freq = {lb: self._freq.get(lb) or self._freq_file(lb) for lb in labels}
-            self._last_freq = [None] * len(labels)
-        if freq_raw is not None:
-            self._last_freq = [freq_raw.get(lb) for lb in labels]
-        if load_raw is not None and self._loadavg is not None:
-            try:
-                self._load1 = float(load_raw.split(None, 1)[0])
-            except (ValueError, IndexError):
-                raise parse_error(self._loadavg.path, 1, load_raw, "expected a load average") from None
+        if self._digits.relearn:
+            self._learn(stat, labels, cols, (ctxt, forks, running, blocked))
+        self._set_cpus(labels)
+        self._side_reads(load_raw, freq_raw, labels)
         fields: dict[str, list[Value]] = dict(zip(_CPU_FIELDS, cols, strict=True))
         fields["freq_mhz"] = list(self._last_freq)
         return [
@@ -124,6 +122,88 @@ class CpuCollector:
             ),
         ]
 
+    def parse_batch(
+        self, raws: list[tuple[bytes, bytes | None, dict[bytes, Value] | None]]
+    ) -> list[Block] | None:
+        """Samples of the CPUs of the last parse, /proc/stat laid out as then: all the
+        counters of the batch in one numpy pass (:class:`DigitTable`); None otherwise."""
+        if self._learnt_key != self._tags_key:  # CPUs came or went since the layout was learnt
+            self._digits.relearn = True
+            return None
+        cut = [_without_intr(r[0]) for r in raws]
+        got = self._digits.values(cut) if None not in cut else None  # type: ignore[arg-type]
+        if got is None:
+            return None
+        n = len(raws)
+        labels = list(self._tags_key)
+        freq: list[Value] = []
+        load: list[Value] = []
+        for _, load_raw, freq_raw in raws:
+            self._side_reads(load_raw, freq_raw, labels)
+            freq.extend(self._last_freq)
+            load.append(self._load1)
+        none: list[Value] = [None] * (n * len(labels))
+        fields: dict[str, list[Value]] = {f: got.get(f) or none for f in _CPU_FIELDS}
+        fields["freq_mhz"] = freq
+        system: dict[str, list[Value]] = {
+            "ctxt": got["ctxt"],
+            "forks": got["forks"],
+            "procs_running": [float(v) for v in got["procs_running"]],  # type: ignore[arg-type]
+            "procs_blocked": [float(v) for v in got["procs_blocked"]],  # type: ignore[arg-type]
+            "load1": load,
+        }
+        tags = {"cpu": self._cpu_tags, "node": self._node_tags}
+        return [Block("cpu", n, tags=tags, fields=fields), Block("system", n, fields=system)]
+
+    def _learn(self, stat: bytes, labels: list[bytes], cols: list[list[Any]],
+               tail: tuple[int | None, int | None, float | None, float | None]) -> None:
+        """Learn where each value of a parsed /proc/stat lies among its digit runs, for
+        :meth:`parse_batch` (checked against the parse, else batches are declined)."""
+        self._learnt_key = tuple(labels)
+        cut = _without_intr(stat)
+        if cut is None or None in tail:
+            self._digits.disable()
+            return
+        lines = cut.split(b"\n")
+        starts = line_runs(cut)
+        cpu_lines = range(1, len(labels) + 1)  # 'cpuN v1 v2 ...': N is one run, the values follow
+        picks = {
+            f: [starts[i] + 1 + j for i in cpu_lines]
+            for j, f in enumerate(_CPU_FIELDS) if cols[j] and cols[j][0] is not None
+        }
+        expected: dict[str, list[Value]] = {f: cols[j] for j, f in enumerate(_CPU_FIELDS) if f in picks}
+        heads = {line.split(b" ", 1)[0]: i for i, line in enumerate(lines)}
+        for f, key, v in zip(("ctxt", "forks", "procs_running", "procs_blocked"),
+                             (b"ctxt", b"processes", b"procs_running", b"procs_blocked"), tail, strict=True):
+            if key not in heads:
+                self._digits.disable()
+                return
+            picks[f] = [starts[heads[key]]]
+            expected[f] = [int(v)]  # type: ignore[arg-type]
+        self._digits.learn(cut, picks, labels=[starts[i] for i in cpu_lines], expected=expected)
+
+    def _set_cpus(self, labels: list[bytes]) -> None:
+        key_t = tuple(labels)
+        if key_t != self._tags_key:
+            self._tick = 0  # CPUs came or went: read their frequencies at the next sample
+            self._tags_key = key_t
+            self._cpu_tags = [lb[3:].decode() for lb in labels]
+            self._node_tags = [self._cpu_node.get(int(c), "0") for c in self._cpu_tags]
+            if self._want_freq:
+                self._freq = {lb: self._freq.get(lb) or self._freq_file(lb) for lb in labels}
+            self._last_freq = [None] * len(labels)
+
+    def _side_reads(self, load_raw: bytes | None, freq_raw: dict[bytes, Value] | None,
+                    labels: list[bytes]) -> None:
+        """loadavg and cpufreq, read every ``freq_every`` ticks: kept for the ticks between."""
+        if freq_raw is not None:
+            self._last_freq = [freq_raw.get(lb) for lb in labels]
+        if load_raw is not None and self._loadavg is not None:
+            try:
+                self._load1 = float(load_raw.split(None, 1)[0])
+            except (ValueError, IndexError):
+                raise parse_error(self._loadavg.path, 1, load_raw, "expected a load average") from None
+
     def close(self) -> None:
         self._stat.close()
         if self._loadavg is not None:
@@ -132,6 +212,14 @@ class CpuCollector:
             if f is not None:
                 f.close()
         self._freq = {}
+
+
+def _without_intr(stat: bytes) -> bytes | None:
+    """/proc/stat without its 'intr' line: one count per interrupt number (thousands on a
+    big host), not stored; None when there is none."""
+    i = stat.find(b"\nintr ")
+    j = stat.find(b"\n", i + 1)
+    return None if i < 0 or j < 0 else stat[:i] + stat[j:]
 
 
 def _value_after(data: bytes, key: bytes) -> bytes | None:

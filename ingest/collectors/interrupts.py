@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.collectors.base import Reading, proc_path
+from ingest.collectors.base import Block, Reading, proc_path
 from ingest.collectors.procfs import (
-    NodeReducer,
+    CountGrid,
+    NodeTable,
     ProcFile,
     cpu_node_map,
     fixed_width_counts,
-    node_reading,
     parse_cpu_header,
     parse_error,
 )
@@ -55,7 +55,8 @@ class InterruptsCollector:
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/interrupts"))
-        self._reducer = NodeReducer(cpu_node_map(root))
+        self._table = NodeTable("interrupts", cpu_node_map(root))
+        self._grid = CountGrid()
         self._devices: dict[bytes, str] = {}
 
     def collect(self) -> list[Reading]:
@@ -66,14 +67,25 @@ class InterruptsCollector:
         return self._file.read()
 
     def parse(self, data: bytes) -> list[Reading]:
-        path = self._file.path
-        lines = data.split(b"\n")
-        cpus = parse_cpu_header(lines[0], path)
-        self._reducer.set_columns(cpus)
-        parsed = self._parse_grid(lines, len(cpus)) or self._parse_split(lines, len(cpus))
-        irqs, devices, values = parsed
-        keys: list[object] = list(zip(irqs, devices, strict=True))
-        return [node_reading("interrupts", self._reducer, {"irq": irqs, "device": devices}, keys, values)]
+        values = self._grid.counts(data)  # the same lines as last time: only the counts
+        if values is None:
+            path = self._file.path
+            lines = data.split(b"\n")
+            cpus = parse_cpu_header(lines[0], path)
+            self._table.reducer.set_columns(cpus)
+            parsed = self._parse_grid(data, lines, len(cpus))
+            if parsed is None:
+                self._grid = CountGrid()
+                parsed = self._parse_split(lines, len(cpus))
+            irqs, devices, values = parsed
+            self._table.set_rows({"irq": irqs, "device": devices}, list(zip(irqs, devices, strict=True)))
+        return [self._table.reading(values)]
+
+    def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
+        """Samples whose lines are all those of the last parse, in one numpy pass; None
+        (nothing changed) otherwise."""
+        values = self._grid.counts_many(raws)
+        return None if values is None else [self._table.block(values)]
 
     def _device(self, label: bytes, tail: bytes) -> str:
         if not label.isdigit():
@@ -84,14 +96,18 @@ class InterruptsCollector:
         return dev
 
     def _parse_grid(
-        self, lines: list[bytes], ncpu: int
+        self, data: bytes, lines: list[bytes], ncpu: int
     ) -> tuple[list[str], list[str], np.ndarray] | None:
-        """The kernel's layout: ' %10u' per CPU after 'IRQ:'. None if the text differs."""
+        """The kernel's layout: ' %10u' per CPU after 'IRQ:'. None if the text differs.
+        The layout is learnt (:class:`CountGrid`) for the next texts."""
         width = 11 * ncpu
         irqs: list[str] = []
         devices: list[str] = []
         regions: list[bytes] = []
+        starts: list[int] = []
+        pos = len(lines[0]) + 1
         for line in lines[1:]:
+            here, pos = pos, pos + len(line) + 1
             colon = line.find(b":")
             if colon < 0:
                 if line.strip():
@@ -108,8 +124,12 @@ class InterruptsCollector:
             irqs.append(label.decode())
             devices.append(self._device(label, line[end:]))
             regions.append(line[colon + 1 : end])
+            starts.append(here + colon + 1)
         values = fixed_width_counts(regions, ncpu)
-        return None if values is None else (irqs, devices, values)
+        if values is None:
+            return None
+        self._grid.learn(data, starts, ncpu)
+        return irqs, devices, values
 
     def _parse_split(
         self, lines: list[bytes], ncpu: int

@@ -9,12 +9,13 @@ import functools
 import re
 from pathlib import Path
 
-from ingest.collectors.base import Reading, Value, proc_path
-from ingest.collectors.procfs import ProcFile, parse_error
+from ingest.collectors.base import Block, Reading, Value, proc_path
+from ingest.collectors.procfs import LineLayout, ProcFile, parse_error
 from ingest.schema import MEMINFO_KEYS, Tier
 
 #: meminfo key (bytes) -> lake field
 _KEY_FIELD: dict[bytes, str] = {k.encode(): f for f, k in MEMINFO_KEYS.items()}
+_FIELDS: tuple[str, ...] = tuple(_KEY_FIELD.values())
 
 
 @functools.cache
@@ -61,6 +62,7 @@ class MemoryCollector:
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/meminfo"), whole=True)
+        self._layout = LineLayout()
 
     def collect(self) -> list[Reading]:
         return self.parse(self.sample())
@@ -70,9 +72,21 @@ class MemoryCollector:
         return self._file.read()
 
     def parse(self, data: bytes) -> list[Reading]:
-        values = parse_meminfo(data, self._file.path)
-        fields: dict[str, list[Value]] = {f: [values.get(k)] for k, f in _KEY_FIELD.items()}
+        got = self._layout.parse(data)
+        if got is None:
+            values = parse_meminfo(data, self._file.path)
+            got = {f: values[k] for k, f in _KEY_FIELD.items() if k in values}
+            self._layout.learn(data, b":", _KEY_FIELD)
+        fields: dict[str, list[Value]] = {f: [got.get(f)] for f in _FIELDS}
         return [Reading("memory", fields=fields)]
+
+    def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
+        """Samples laid out like the last parsed one, in one pass; None otherwise."""
+        got = self._layout.parse_many(raws)
+        if got is None:
+            return None
+        none: list[Value] = [None] * len(raws)
+        return [Block("memory", len(raws), fields={f: got.get(f) or list(none) for f in _FIELDS})]
 
     def close(self) -> None:
         self._file.close()

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ingest.collectors.base import Reading, SourceUnavailable, Value, proc_path
+from ingest.collectors.base import Block, Reading, SourceUnavailable, Value, proc_path
 from ingest.collectors.memory import parse_meminfo
-from ingest.collectors.procfs import ProcFile, wanted_counters
+from ingest.collectors.procfs import LineLayout, ProcFile, wanted_counters
 from ingest.schema import NUMA, Tier
 
 _STAT_FIELDS: tuple[str, ...] = NUMA.counters
 _WANTED: dict[bytes, str] = {n.encode(): n for n in _STAT_FIELDS}
+_MEM_WANTED: dict[bytes, str] = {b"MemFree": "mem_free", b"AnonHugePages": "anon_huge_pages"}
 
 
 class NumaCollector:
@@ -34,6 +35,8 @@ class NumaCollector:
         self._nodes = [str(n) for n in nodes]
         self._stat = [ProcFile(base / f"node{n}" / "numastat", whole=True) for n in nodes]
         self._meminfo: list[ProcFile | None] = []
+        self._stat_layout = [LineLayout() for _ in nodes]
+        self._mem_layout = [LineLayout() for _ in nodes]
         for n in nodes:
             try:
                 self._meminfo.append(ProcFile(base / f"node{n}" / "meminfo", whole=True))
@@ -49,20 +52,54 @@ class NumaCollector:
 
     def parse(self, data: list[tuple[bytes, bytes | None]]) -> list[Reading]:
         fields: dict[str, list[Value]] = {n: [] for n in NUMA.field_index}
-        for node, stat, mem, (stat_raw, mem_raw) in zip(
-            self._nodes, self._stat, self._meminfo, data, strict=True
+        for node, stat, mem, (stat_raw, mem_raw), stat_layout, mem_layout in zip(
+            self._nodes, self._stat, self._meminfo, data, self._stat_layout, self._mem_layout,
+            strict=True,
         ):
-            got = wanted_counters(stat_raw, _WANTED, stat.path)
+            got = stat_layout.parse(stat_raw)
+            if got is None:
+                got = wanted_counters(stat_raw, _WANTED, stat.path)
+                stat_layout.learn(stat_raw, b" ", _WANTED)
             for n in _STAT_FIELDS:
                 fields[n].append(got.get(n))
-            info = (
-                parse_meminfo(mem_raw, mem.path, prefix=f"Node {node} ".encode())
-                if mem and mem_raw is not None
-                else {}
-            )
-            fields["mem_free"].append(info.get(b"MemFree"))
-            fields["anon_huge_pages"].append(info.get(b"AnonHugePages"))
+            info: dict[str, int] = {}
+            if mem and mem_raw is not None:
+                learnt = mem_layout.parse(mem_raw)
+                if learnt is not None:
+                    info = learnt
+                else:
+                    prefix = f"Node {node} ".encode()
+                    full = parse_meminfo(mem_raw, mem.path, prefix=prefix)
+                    info = {f: full[k] for k, f in _MEM_WANTED.items() if k in full}
+                    mem_layout.learn(mem_raw, b":", _MEM_WANTED, strip=prefix)
+            fields["mem_free"].append(info.get("mem_free"))
+            fields["anon_huge_pages"].append(info.get("anon_huge_pages"))
         return [Reading("numa", tags={"node": list(self._nodes)}, fields=fields)]
+
+    def parse_batch(self, raws: list[list[tuple[bytes, bytes | None]]]) -> list[Block] | None:
+        """Samples laid out like the last parsed one, in one pass per file; None otherwise."""
+        n = len(raws)
+        none: list[Value] = [None] * n
+        per_node: list[dict[str, list[Value]]] = []
+        for j, (stat_layout, mem_layout, mem) in enumerate(
+            zip(self._stat_layout, self._mem_layout, self._meminfo, strict=True)
+        ):
+            stat = stat_layout.parse_many([r[j][0] for r in raws])
+            if stat is None:
+                return None
+            cols: dict[str, list[Value]] = {f: stat.get(f) or none for f in _STAT_FIELDS}
+            cols["mem_free"] = cols["anon_huge_pages"] = none
+            if mem is not None:
+                texts = [r[j][1] for r in raws]
+                info = mem_layout.parse_many(texts) if None not in texts else None  # type: ignore[arg-type]
+                if info is None:
+                    return None
+                cols["mem_free"] = info.get("mem_free") or none
+                cols["anon_huge_pages"] = info.get("anon_huge_pages") or none
+            per_node.append(cols)
+        # rows: tick after tick, the nodes in order within a tick
+        fields = {f: [v for t in range(n) for v in (c[f][t] for c in per_node)] for f in NUMA.field_index}
+        return [Block("numa", n, tags={"node": self._nodes}, fields=fields)]
 
     def close(self) -> None:
         for f in self._stat:

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ingest.collectors.base import CollectorError, Reading, SourceUnavailable, Value, proc_path
-from ingest.collectors.procfs import ProcFile, parse_error
+from ingest.collectors.base import (
+    Block,
+    CollectorError,
+    Reading,
+    SourceUnavailable,
+    Value,
+    proc_path,
+)
+from ingest.collectors.procfs import DigitTable, ProcFile, line_runs, parse_error
 from ingest.schema import Tier
 
 RESOURCES: tuple[str, ...] = ("cpu", "memory", "io")
@@ -62,6 +69,7 @@ class PressureCollector:
                 f"{proc_path(root, 'proc/pressure')} does not exist (kernel without PSI)"
             )
         self._resources = [r for r, _ in self._files]
+        self._digits = DigitTable()  # batches of the files joined (parse_batch), learnt from a parse
 
     def collect(self) -> list[Reading]:
         return self.parse(self.sample())
@@ -81,13 +89,54 @@ class PressureCollector:
             st.append(b)
             fa.append(c)
             ft.append(d)
-        return [
-            Reading(
-                "pressure",
-                tags={"resource": list(self._resources)},
-                fields={"some_avg10": sa, "full_avg10": fa, "some_total": st, "full_total": ft},
-            )
-        ]
+        fields: dict[str, list[Value]] = {"some_avg10": sa, "full_avg10": fa, "some_total": st, "full_total": ft}
+        if self._digits.relearn:
+            self._learn(data, fields)
+        return [Reading("pressure", tags={"resource": list(self._resources)}, fields=fields)]
+
+    def _learn(self, data: list[bytes], fields: dict[str, list[Value]]) -> None:
+        """Where the values lie among the digit runs of the files joined by newlines:
+        'some avg10=I.FF avg60=.. avg300=.. total=T' holds 10 runs, avg10's I and FF
+        the 2nd and 3rd ('10' of its name the 1st), T the 10th."""
+        joined = b"\n".join(data)
+        starts = line_runs(joined)
+        picks: dict[str, list[int]] = {}
+        labels: list[int] = []
+        for i, line in enumerate(joined.split(b"\n")):
+            kind = line[:5].decode("ascii", "replace")
+            if kind not in ("some ", "full "):
+                continue
+            labels += [starts[i], starts[i] + 3, starts[i] + 6]  # avg10, avg60, avg300
+            for key, at in (("_i", 1), ("_f", 2), ("_total", 9)):
+                picks.setdefault(kind[:4] + key, []).append(starts[i] + at)
+        if any(len(v) != len(self._resources) for v in picks.values()):
+            self._digits.disable()  # a 'full' line in some files only (cpu before 5.13)
+            return
+        totals: dict[str, list[Value]] = {f: fields[f] for f in ("some_total", "full_total") if f in picks}
+        self._digits.learn(joined, picks, labels=labels, expected=totals)
+        got = self._digits.values([joined])
+        averages = {f: fields[f] for f in ("some_avg10", "full_avg10") if f"{f[:4]}_i" in picks}
+        if got is None or self._avg10(got) != averages:
+            self._digits.disable()
+
+    @staticmethod
+    def _avg10(got: dict[str, list[Value]]) -> dict[str, list[Value]]:
+        # (I * 100 + FF) / 100 is the double nearest I.FF, as float(b"I.FF") gives
+        return {
+            f"{k}_avg10": [(i * 100 + f) / 100 for i, f in zip(got[k + "_i"], got[k + "_f"], strict=True)]  # type: ignore[operator]
+            for k in ("some", "full") if k + "_i" in got
+        }
+
+    def parse_batch(self, raws: list[list[bytes]]) -> list[Block] | None:
+        """Samples laid out like the learnt one, in one numpy pass; None otherwise."""
+        got = self._digits.values([b"\n".join(r) for r in raws])
+        if got is None:
+            return None
+        none: list[Value] = [None] * (len(raws) * len(self._resources))
+        fields = {"some_avg10": none, "full_avg10": none, "some_total": got["some_total"],
+                  "full_total": got.get("full_total") or none}
+        fields.update(self._avg10(got))
+        return [Block("pressure", len(raws), tags={"resource": self._resources}, fields=fields)]
 
     def close(self) -> None:
         for _, f in self._files:

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.collectors.base import CollectorError, Reading, SourceUnavailable, Value, proc_path
+from ingest.collectors.base import (
+    Block,
+    CollectorError,
+    Reading,
+    SourceUnavailable,
+    Value,
+    proc_path,
+)
 
 #: read size; ``whole`` files double it when a file does not fit
 _CHUNK = 65536
@@ -207,6 +214,208 @@ def wanted_counters(data: bytes, wanted: dict[bytes, str], path: str) -> dict[st
     return got
 
 
+_DIGITS_SPACE = b"0123456789 "
+#: translate table: digits stay, every other byte becomes a space
+_DIGITS_ONLY = bytes(b if 48 <= b <= 57 else 32 for b in range(256))
+
+
+def digit_runs(text: bytes) -> int:
+    """How many runs of decimal digits ``text`` holds."""
+    return len(text.translate(_DIGITS_ONLY).split())
+
+
+class DigitTable:
+    """A batch of texts that equal a learnt one but for their digits (a /proc file
+    between two reads) holds its numbers at the same places: every run of digits of the
+    whole batch is converted by numpy in one call, as a texts x runs table, and each
+    field is picked from its runs.
+
+    :meth:`learn` takes, from one text that the collector's own parser read, where each
+    field's values lie among the runs (:func:`line_runs` helps) and which runs belong to
+    names ('cpu12', 'eth0', 'pgalloc_dma32', a disk's major and minor): those must keep
+    their values. It checks the picks against that parse (``expected``) and otherwise
+    declines every batch. :meth:`values` declines (None) a batch in which a text differs
+    from the learnt one other than in its values, and sets ``relearn``: the collector
+    parses those texts one by one and learns again from the next one.
+
+    Spaces do not count in the comparison: padded values ('MemFree:  812340 kB', the
+    kernel's %8lu) shift when a value gains a digit. The count of runs per text must
+    match too, so a value split in two or merged is still caught."""
+
+    __slots__ = ("_template", "runs", "_labels", "_label_values", "_picks", "_scale", "relearn")
+
+    def __init__(self) -> None:
+        self._template = b""  # the learnt text without its digits and spaces
+        self.runs = -1  # digit runs per text; -1: nothing usable learnt, batches declined
+        self._labels = np.zeros(0, dtype=np.intp)
+        self._label_values = np.zeros(0, dtype=np.uint64)
+        self._picks: dict[str, np.ndarray] = {}
+        self._scale: dict[str, int] = {}
+        self.relearn = True  # learn at the next parse of a single text
+
+    def learn(
+        self,
+        text: bytes,
+        picks: dict[str, list[int]],
+        *,
+        labels: list[int] | tuple[int, ...] = (),
+        scale: dict[str, int] | None = None,
+        expected: dict[str, list[Value]] | None = None,
+    ) -> bool:
+        """Learn ``text``'s layout: ``picks`` field -> its runs (one per row), ``labels``
+        the runs of names, ``scale`` a factor per field (kB -> bytes). True when batches
+        can be read (the picks give ``expected``, the parser's values of ``text``)."""
+        self.relearn = False
+        self._template = text.translate(None, _DIGITS_SPACE)
+        self.runs = digit_runs(text)
+        self._labels = np.asarray(labels, dtype=np.intp)
+        self._picks = {f: np.asarray(ix, dtype=np.intp) for f, ix in picks.items()}
+        self._scale = {f: k for f, k in (scale or {}).items() if k != 1}
+        if any(ix.size and (ix.min() < 0 or ix.max() >= self.runs) for ix in self._picks.values()) or (
+            self._labels.size and (self._labels.min() < 0 or self._labels.max() >= self.runs)
+        ):
+            self.runs = -1
+            return False
+        self._label_values = np.zeros(0, dtype=np.uint64)
+        nums = self._numbers([text])
+        if nums is None:
+            self.runs = -1
+            return False
+        self._label_values = nums[0, self._labels]
+        if expected is not None:
+            got = self.values([text])
+            if got is None or any(got.get(f) != list(v) for f, v in expected.items()):
+                self.runs = -1  # e.g. a negative value: its digit run does not say it
+        self.relearn = False
+        return self.runs >= 0
+
+    def disable(self) -> None:
+        """Decline every batch (a layout this table cannot read) until :meth:`learn`."""
+        self.runs = -1
+        self.relearn = False
+
+    def values(self, texts: list[bytes]) -> dict[str, list[Value]] | None:
+        """Field -> its values, text after text (rows in pick order within a text);
+        None when a text is not laid out as the learnt one."""
+        nums = self._numbers(texts)
+        if nums is None:
+            self.relearn = self.relearn or self.runs >= 0
+            return None
+        out: dict[str, list[Value]] = {}
+        for f, ix in self._picks.items():
+            picked = nums[:, ix]
+            k = self._scale.get(f)
+            out[f] = (picked * np.uint64(k) if k else picked).ravel().tolist()
+        return out
+
+    def _numbers(self, texts: list[bytes]) -> np.ndarray | None:
+        n = len(texts)
+        if self.runs < 0 or not n:
+            return None
+        joined = b"\n".join(texts)  # a newline between texts: runs of two texts never merge
+        if joined.translate(None, _DIGITS_SPACE) != b"\n".join([self._template] * n):
+            return None
+        nums = np.fromstring(joined.translate(_DIGITS_ONLY), dtype=np.uint64, sep=" ")
+        if nums.size != n * self.runs:
+            return None
+        table = nums.reshape(n, self.runs)
+        if self._label_values.size and not (table[:, self._labels] == self._label_values).all():
+            return None
+        return table
+
+
+def line_runs(text: bytes) -> list[int]:
+    """The index (in :class:`DigitTable` order) of the first digit run of each line of
+    ``text`` (lines split at newlines), and, last, the total."""
+    starts = [0]
+    for line in text.split(b"\n"):
+        starts.append(starts[-1] + digit_runs(line))
+    return starts
+
+
+class LineLayout:
+    """Re-parses a file whose lines keep their places between reads (/proc/vmstat,
+    meminfo, numastat) by converting only the wanted lines.
+
+    :meth:`learn` records, from a text the full parser accepted, the line index of each
+    wanted key, the bytes that begin its line and whether it ends in ' kB'. :meth:`parse`
+    then splits the lines and converts those lines only. A text whose lines differ (their
+    count, a key not at its place, a value that is not a number) gives None: the caller
+    parses it in full, which names a bad line, and learns again.
+
+    :meth:`parse_many` reads a whole batch at once through a :class:`DigitTable` (a
+    value is the last digit run of its line; digits in keys are names)."""
+
+    __slots__ = ("_nlines", "_slots", "_digits", "_how")
+
+    def __init__(self) -> None:
+        self._nlines = -1
+        self._slots: tuple[tuple[int, bytes, str, bool], ...] = ()
+        self._digits = DigitTable()
+        self._how: tuple[bytes, dict[bytes, str], bytes] = (b"", {}, b"")
+
+    def learn(self, data: bytes, sep: bytes, wanted: dict[bytes, str], strip: bytes = b"") -> None:
+        """Learn the places of the ``wanted`` keys (file key -> field) in ``data``, whose
+        lines are 'key<sep>value'; ``strip`` is a prefix of every key ('Node 0 ')."""
+        lines = data.split(b"\n")
+        slots: dict[str, tuple[int, bytes, str, bool]] = {}
+        labels: list[int] = []
+        starts = line_runs(data)
+        for i, line in enumerate(lines):
+            key, found, rest = line.partition(sep)
+            if not found:
+                continue
+            labels.extend(range(starts[i], starts[i] + digit_runs(key)))
+            if strip and key.startswith(strip):
+                key = key[len(strip) :]
+            name = wanted.get(key.strip())
+            if name is not None:  # a repeated key: the last one counts, as in the full parsers
+                slots[name] = (i, line[: len(line) - len(rest)], name, rest.endswith(b" kB"))
+        self._slots = tuple(slots.values())
+        self._nlines = len(lines)
+        self._how = (sep, wanted, strip)
+        parsed = self._parse_lines(data) or {}
+        self._digits.learn(
+            data,
+            {name: [starts[i + 1] - 1] for i, _, name, _ in self._slots},  # the line's last run
+            labels=labels,
+            scale={name: 1024 for _, _, name, kb in self._slots if kb},
+            expected={k: [v] for k, v in parsed.items()},
+        )
+
+    def parse(self, data: bytes) -> dict[str, int] | None:
+        """Field -> value (kB lines in bytes) of the learnt keys; None when the layout differs."""
+        out = self._parse_lines(data)
+        if out is not None and self._digits.relearn:  # same lines, a batch was declined
+            self.learn(data, *self._how)
+        return out
+
+    def _parse_lines(self, data: bytes) -> dict[str, int] | None:
+        lines = data.split(b"\n")
+        if len(lines) != self._nlines:
+            return None
+        out: dict[str, int] = {}
+        try:
+            for i, head, name, kb in self._slots:
+                line = lines[i]
+                if not line.startswith(head):
+                    return None
+                if kb:
+                    if line[-3:] != b" kB":
+                        return None
+                    out[name] = int(line[len(head) : -3]) * 1024
+                else:
+                    out[name] = int(line[len(head) :])
+        except ValueError:
+            return None
+        return out
+
+    def parse_many(self, texts: list[bytes]) -> dict[str, list[Value]] | None:
+        """Field -> one value per text, when every text is the learnt one but for its
+        values (:class:`DigitTable`); None otherwise."""
+        return self._digits.values(texts)
+
+
 def parse_error(path: str, lineno: int, line: bytes | str, why: str) -> CollectorError:
     """A parse failure naming the file and the (1-based) line."""
     if isinstance(line, bytes):
@@ -271,6 +480,26 @@ class NodeReducer:
         total: np.ndarray = (values + carry) @ self._onehot
         return total
 
+    def reduce_many(self, keys: list[object], values: np.ndarray) -> np.ndarray:
+        """:meth:`reduce` of consecutive samples at once: ``values`` is samples x rows x
+        columns; returns samples x rows x nodes. The same sums as one call per sample."""
+        prev, carry = self._prev, self._carry
+        if prev is None or carry is None or keys != self._keys:
+            prev, carry = self._realign(keys, values[0])
+        before = np.concatenate((prev[None], values[:-1]))
+        dec = values < before
+        if dec.any():
+            wrap = dec & (((values - before) % _W32) < (1 << 31))
+            reset = dec & ~wrap
+            adjust = np.where(wrap, _W32, 0) + np.where(reset, before, 0)
+            carries = carry + np.cumsum(adjust, axis=0)
+            self.resets += int(reset.sum())
+        else:
+            carries = np.broadcast_to(carry, values.shape)
+        self._keys, self._prev, self._carry = keys, values[-1].copy(), carries[-1].copy()
+        total: np.ndarray = (values + carries) @ self._onehot
+        return total
+
     def _realign(self, keys: list[object], values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # rows appeared or vanished (IRQ requested/freed): keep the state of known rows
         prev = values.copy()
@@ -300,10 +529,9 @@ def parse_cpu_header(line: bytes, path: str) -> tuple[int, ...]:
 def fixed_width_counts(regions: list[bytes], ncols: int) -> np.ndarray | None:
     """Parse rows of ``ncols`` cells printed as ' %10u' (the kernel's format for per-CPU
     counts in /proc/interrupts and /proc/softirqs) without splitting strings: the bytes
-    become a digit matrix and one product with powers of ten. Most cells of a real
-    /proc/interrupts are zero ('         0'): only the others are converted (about 6x
-    faster on a 192-CPU host). Returns None when the text does not have that exact
-    layout (the caller falls back to splitting)."""
+    become a digit matrix and one product with powers of ten (see :func:`_cell_counts`).
+    Returns None when the text does not have that exact layout (the caller falls back to
+    splitting)."""
     n = len(regions)
     if not n:
         return np.zeros((0, ncols), dtype=np.int64)
@@ -313,30 +541,107 @@ def fixed_width_counts(regions: list[bytes], ncols: int) -> np.ndarray | None:
     cells = buf.reshape(-1, 11)
     if (cells[:, 0] != 32).any():  # every cell starts with its separating space
         return None
+    out = _cell_counts(cells[:, 1:])
+    return None if out is None else out.reshape(n, ncols)
+
+
+def _cell_counts(cells: np.ndarray) -> np.ndarray | None:
+    """(cells x 10) bytes of right-aligned decimal numbers -> int64 per cell; None if a
+    byte is neither a digit nor a leading space. Most cells of a real /proc/interrupts
+    are zero ('         0'): only the others are converted (about 6x faster on a
+    192-CPU host)."""
     out = np.zeros(cells.shape[0], dtype=np.int64)
-    nz = np.flatnonzero((cells[:, 10] != 48) | (cells[:, 9] != 32))
+    nz = np.flatnonzero((cells[:, 9] != 48) | (cells[:, 8] != 32))
     if nz.size:
-        sub = cells[nz, 1:]
+        sub = cells[nz]
         digits = sub - np.uint8(48)  # '0'..'9' -> 0..9; ' ' wraps to 240
         nondigit = digits > 9
         if (nondigit & (sub != 32)).any():
             return None
         digits[nondigit] = 0
         out[nz] = digits.astype(np.int64) @ _POW10
-    return out.reshape(n, ncols)
+    return out
+
+
+class CountGrid:
+    """Where the ' %10u' cells of a per-CPU table (/proc/interrupts, /proc/softirqs) lie
+    in its text, so that the next text of the same layout is read by gathering them.
+
+    Cells are fixed-width, so the text keeps its length and every byte outside the
+    digits (labels, devices, separators) until an IRQ line comes, goes or changes its
+    actions. :meth:`counts` checks exactly that (same length, same bytes outside the
+    digits) and converts the digits with numpy: no line splitting, no per-line Python.
+    Anything else gives None, and the caller parses in full and calls :meth:`learn`."""
+
+    __slots__ = ("_size", "_keep", "_template", "_digits", "_shape")
+
+    def __init__(self) -> None:
+        self._size = -1
+        self._keep = np.zeros(0, dtype=np.intp)
+        self._template = np.zeros(0, dtype=np.uint8)
+        self._digits = np.zeros((0, 10), dtype=np.intp)
+        self._shape = (0, 0)
+
+    def learn(self, data: bytes, row_starts: list[int], ncols: int) -> None:
+        """``row_starts``: the offset in ``data`` of each parsed row's first cell."""
+        buf = np.frombuffer(data, dtype=np.uint8)
+        first = np.asarray(row_starts, dtype=np.intp)[:, None] + 11 * np.arange(ncols, dtype=np.intp)
+        self._digits = first.reshape(-1, 1) + np.arange(1, 11, dtype=np.intp)
+        keep = np.ones(buf.size, dtype=bool)
+        keep[self._digits.ravel()] = False
+        self._keep = np.flatnonzero(keep)
+        self._template = buf[self._keep]
+        self._size = buf.size
+        self._shape = (len(row_starts), ncols)
+
+    def counts(self, data: bytes) -> np.ndarray | None:
+        """The rows x columns counts when ``data`` has the learnt layout, else None."""
+        many = self.counts_many([data])
+        return None if many is None else many[0]
+
+    def counts_many(self, texts: list[bytes]) -> np.ndarray | None:
+        """Samples x rows x columns counts when every text has the learnt layout, else
+        None: one numpy pass over the whole batch."""
+        size = self._size
+        if size < 0 or any(len(t) != size for t in texts):
+            return None
+        buf = np.frombuffer(b"".join(texts), dtype=np.uint8).reshape(len(texts), size)
+        if not (buf[:, self._keep] == self._template).all():
+            return None
+        out = _cell_counts(buf[:, self._digits].reshape(-1, 10))
+        return None if out is None else out.reshape(len(texts), *self._shape)
 
 
 _POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)
 
 
-def node_reading(measurement: str, reducer: NodeReducer, row_tags: dict[str, list[str]],
-                 keys: list[object], values: np.ndarray) -> Reading:
-    """Reduce per-CPU ``values`` (one row per key) to per-node ``count`` rows: each row's
-    tags repeated once per node, plus the ``node`` tag."""
-    sums = reducer.reduce(keys, values)
-    nodes = reducer.nodes
-    nn = len(nodes)
-    tags = {name: [v for v in col for _ in range(nn)] for name, col in row_tags.items()}
-    tags["node"] = nodes * len(keys)
-    counts: list[Value] = sums.ravel().tolist()
-    return Reading(measurement, tags=tags, fields={"count": counts})
+class NodeTable:
+    """Rows of per-CPU counts (IRQ lines, softirq types) as per-node ``count`` rows: each
+    row's tags repeated once per node, plus the ``node`` tag. The tags are built when the
+    rows change (:meth:`set_rows`), not at every reading; readings share them (read-only)."""
+
+    def __init__(self, measurement: str, cpu_node: dict[int, str]) -> None:
+        self.measurement = measurement
+        self.reducer = NodeReducer(cpu_node)
+        self._keys: list[object] = []
+        self._tags: dict[str, list[str]] = {}
+
+    def set_rows(self, row_tags: dict[str, list[str]], keys: list[object]) -> None:
+        """The rows' tags and identities (after :meth:`NodeReducer.set_columns`)."""
+        nodes = self.reducer.nodes
+        nn = len(nodes)
+        tags = {name: [v for v in col for _ in range(nn)] for name, col in row_tags.items()}
+        tags["node"] = nodes * len(keys)
+        self._keys, self._tags = keys, tags
+
+    def block(self, values: np.ndarray) -> Block:
+        """``values``: samples x rows x CPU columns, consecutive samples of the rows last set."""
+        sums = self.reducer.reduce_many(self._keys, values)
+        counts: list[Value] = sums.ravel().tolist()
+        return Block(self.measurement, values.shape[0], tags=self._tags, fields={"count": counts})
+
+    def reading(self, values: np.ndarray) -> Reading:
+        """``values``: rows x CPU columns (raw 32-bit counts) of the rows last set."""
+        sums = self.reducer.reduce(self._keys, values)
+        counts: list[Value] = sums.ravel().tolist()
+        return Reading(self.measurement, tags=dict(self._tags), fields={"count": counts})

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.collectors.base import Reading, proc_path
+from ingest.collectors.base import Block, Reading, proc_path
 from ingest.collectors.procfs import (
-    NodeReducer,
+    CountGrid,
+    NodeTable,
     ProcFile,
     cpu_node_map,
     fixed_width_counts,
-    node_reading,
     parse_cpu_header,
     parse_error,
 )
@@ -29,7 +29,8 @@ class SoftirqsCollector:
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/softirqs"), whole=True)
-        self._reducer = NodeReducer(cpu_node_map(root))
+        self._table = NodeTable("softirqs", cpu_node_map(root))
+        self._grid = CountGrid()
 
     def collect(self) -> list[Reading]:
         return self.parse(self.sample())
@@ -39,14 +40,29 @@ class SoftirqsCollector:
         return self._file.read()
 
     def parse(self, data: bytes) -> list[Reading]:
+        values = self._grid.counts(data)  # the same lines as last time: only the counts
+        if values is None:
+            values = self._parse_full(data)
+        return [self._table.reading(values)]
+
+    def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
+        """Samples whose lines are all those of the last parse, in one numpy pass; None
+        (nothing changed) otherwise."""
+        values = self._grid.counts_many(raws)
+        return None if values is None else [self._table.block(values)]
+
+    def _parse_full(self, data: bytes) -> np.ndarray:
         path = self._file.path
         lines = data.split(b"\n")
         cpus = parse_cpu_header(lines[0], path)
         ncpu = len(cpus)
-        self._reducer.set_columns(cpus)
+        self._table.reducer.set_columns(cpus)
         names: list[str] = []
         regions: list[bytes] = []
+        starts: list[int] = []
+        pos = len(lines[0]) + 1
         for lineno, line in enumerate(lines[1:], start=2):
+            here, pos = pos, pos + len(line) + 1
             colon = line.find(b":")
             if colon < 0:
                 if line.strip():
@@ -54,16 +70,21 @@ class SoftirqsCollector:
                 continue
             names.append(line[:colon].strip().decode())
             regions.append(line[colon + 1 :].rstrip())
+            starts.append(here + colon + 1)
         values = fixed_width_counts(regions, ncpu)
-        if values is None:
+        if values is not None:
+            self._grid.learn(data, starts, ncpu)
+        else:
             # not the usual layout: split (slower, and names the bad line)
+            self._grid = CountGrid()
             values = np.zeros((len(regions), ncpu), dtype=np.int64)
             for i, r in enumerate(regions):
                 parts = r.split()
                 if len(parts) != ncpu or not all(p.isdigit() for p in parts):
                     raise parse_error(path, i + 2, r, f"expected {ncpu} counts")
                 values[i] = [int(p) for p in parts]
-        return [node_reading("softirqs", self._reducer, {"softirq": list(names)}, list(names), values)]
+        self._table.set_rows({"softirq": names}, list(names))
+        return values
 
     def close(self) -> None:
         self._file.close()

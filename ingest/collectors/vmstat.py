@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ingest.collectors.base import Reading, Value, proc_path
-from ingest.collectors.procfs import ProcFile, wanted_counters
+from ingest.collectors.base import Block, Reading, Value, proc_path
+from ingest.collectors.procfs import LineLayout, ProcFile, wanted_counters
 from ingest.schema import VMSTAT_COUNTERS, Tier
 
 _WANTED: dict[bytes, str] = {n.encode(): n for n in VMSTAT_COUNTERS}
@@ -21,6 +21,7 @@ class VmstatCollector:
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/vmstat"))
+        self._layout = LineLayout()
 
     def collect(self) -> list[Reading]:
         return self.parse(self.sample())
@@ -30,9 +31,20 @@ class VmstatCollector:
         return self._file.read()
 
     def parse(self, data: bytes) -> list[Reading]:
-        got = wanted_counters(data, _WANTED, self._file.path)
+        got = self._layout.parse(data)
+        if got is None:
+            got = wanted_counters(data, _WANTED, self._file.path)
+            self._layout.learn(data, b" ", _WANTED)
         fields: dict[str, list[Value]] = {n: [got.get(n)] for n in VMSTAT_COUNTERS}
         return [Reading("vmstat", fields=fields)]
+
+    def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
+        """Samples laid out like the last parsed one, in one pass; None otherwise."""
+        got = self._layout.parse_many(raws)
+        if got is None:
+            return None
+        none: list[Value] = [None] * len(raws)
+        return [Block("vmstat", len(raws), fields={n: got.get(n) or list(none) for n in VMSTAT_COUNTERS})]
 
     def close(self) -> None:
         self._file.close()

@@ -1,0 +1,204 @@
+"""Batch parsing (``parse_batch``) gives exactly what parsing one sample at a time gives.
+
+The agent hands a collector all its raw samples of a flush at once; collectors that
+learnt the layout of their file read the whole batch with numpy and decline (None) when
+a sample's layout differs. These tests feed the same samples through the agent twice:
+once through ``parse_batch``, once one by one, and compare the buffered rows (after
+counter deltas), across value changes that move padded numbers to more digits and
+across lines that vanish and come back in the middle of a batch."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingest.agent import Agent, AgentConfig
+from ingest.collectors import REGISTRY
+from ingest.collectors.base import Reading
+from ingest.collectors.procfs import DigitTable, LineLayout
+
+DATA = Path(__file__).parent / "data" / "proc"
+NORMAL, MISSING, LARGE = (DATA / n for n in ("normal", "missing_fields", "large"))
+
+#: the files each batched collector reads (numa: every node's)
+SOURCES: dict[str, tuple[str, ...]] = {
+    "pressure": ("proc/pressure/*",),
+    "net": ("proc/net/dev",),
+    "tcp": ("proc/net/snmp",),
+    "disk": ("proc/diskstats",),
+    "cpu": ("proc/stat",),
+    "interrupts": ("proc/interrupts",),
+    "softirqs": ("proc/softirqs",),
+    "memory": ("proc/meminfo",),
+    "vmstat": ("proc/vmstat",),
+    "numa": ("sys/devices/system/node/node*/numastat", "sys/devices/system/node/node*/meminfo"),
+}
+CASES = [(n, NORMAL) for n in SOURCES] + [(n, LARGE) for n in SOURCES] + [
+    (n, MISSING) for n in SOURCES if n not in ("numa", "pressure")  # an old kernel: no NUMA, no PSI
+]
+
+
+class OneByOne:
+    """A collector seen without its parse_batch: the agent parses each sample alone."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.measurements = inner.measurements
+        self.tier = inner.tier
+
+    def collect(self) -> list[Reading]:
+        return list(self.inner.collect())
+
+    def sample(self) -> Any:
+        return self.inner.sample()
+
+    def parse(self, raw: Any) -> list[Reading]:
+        return list(self.inner.parse(raw))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _grow(text: str, k: int, keep: int = 0) -> str:
+    """Every value (a number after spaces or '=', before a space or the line's end; not
+    an IRQ label 'N:' nor 'Node N', nor in a line's first ``keep`` columns) grown by an
+    eighth plus k, right-aligned in its old width when it fits, as the kernel's padded
+    formats do: values move to more digits along the way."""
+
+    def grown(m: re.Match[str]) -> str:
+        lead, pad, digits = m.group(1), m.group(2), m.group(3)
+        v = str(min(int(digits) + int(digits) // 8 + k, 2**32 - 1))  # a kernel's %10u fits
+        width = len(pad) + len(digits)
+        return lead + (v.rjust(width) if len(v) < width else v)
+
+    def line(text: str) -> str:
+        head = re.match(r"\s*(?:\S+\s+){" + str(keep) + "}", text) if keep else None
+        cut = head.end() if head else 0
+        body = re.sub(r"(?<!Node)([ =])( *)(\d+)(?=[ \n]|$)", grown, text[cut:])
+        return text[:cut] + body
+
+    return "".join(line(x) for x in text.splitlines(True))
+
+
+def _drop_one_line(text: str) -> str:
+    lines = text.splitlines(True)
+    del lines[len(lines) // 2]  # a line in the middle: every later line moves up
+    return "".join(lines)
+
+
+def _write(path: Path, text: str) -> None:
+    with open(path, "r+b") as f:  # same inode: the collector's open fd reads the new content
+        f.truncate(0)
+        f.write(text.encode())
+
+
+def _agent(collector: Any) -> Agent:
+    return Agent(AgentConfig(lake=None, host="t", compact_every_s=0), [], collectors=[collector])
+
+
+def _rows(agent: Agent) -> dict[str, dict[str, list[Any]]]:
+    return {name: {c: list(v) for c, v in buf.columns.items()} for name, buf in agent._buffers.items()}
+
+
+def _feed(agent: Agent, collector: Any, raws: list[Any], chunks: list[int]) -> None:
+    at = 0
+    for size in chunks:
+        agent._deferred = [(collector, 1_000_000 * (i + 1), raws[i]) for i in range(at, at + size)]
+        agent._parse_deferred()
+        at += size
+
+
+@pytest.mark.parametrize(("name", "tree"), CASES, ids=[f"{n}-{t.name}" for n, t in CASES])
+def test_batches_equal_one_by_one(tmp_path: Path, name: str, tree: Path) -> None:
+    root = tmp_path / "t"
+    shutil.copytree(tree, root, symlinks=True)
+    files = [p for pattern in SOURCES[name] for p in sorted(root.glob(pattern))]
+    assert files, f"{tree.name} has no {SOURCES[name]}"
+    batched, single = REGISTRY[name](root), OneByOne(REGISTRY[name](root))
+    texts = {p: p.read_text() for p in files}
+    raws = []
+    for step in range(12):
+        for p in files:
+            texts[p] = _grow(texts[p], step, keep=3 if name == "disk" else 0)
+            # steps 5-7: a line gone (a layout change inside a batch), then back
+            _write(p, _drop_one_line(texts[p]) if 5 <= step <= 7 else texts[p])
+        raws.append(batched.sample())
+    a, b = _agent(batched), _agent(single)
+    for agent, c in ((a, batched), (b, single)):
+        _feed(agent, c, raws, [1, 3, 4, 4])
+    # a dropped line can break a file (snmp's 'Tcp:' names): both paths report the same samples
+    assert a.stats.errors == b.stats.errors
+    rows_a, rows_b = _rows(a), _rows(b)
+    assert rows_a == rows_b
+    assert sum(len(cols["time"]) for cols in rows_a.values()) > 0
+    # a batch of samples laid out alike is accepted (once the layout is learnt again:
+    # a padded value that gained a digit changes the text outside the digits)
+    if batched.parse_batch([raws[-1]] * 2) is None:
+        batched.parse(raws[-1])
+    assert batched.parse_batch([raws[-1]] * 2) is not None
+
+
+@pytest.mark.host
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_batches_equal_one_by_one_on_this_host(name: str) -> None:
+    batched = REGISTRY[name]("/")
+    single = OneByOne(REGISTRY[name]("/"))
+    raws = []
+    for _ in range(40):
+        raws.append(batched.sample())
+        sum(range(20_000))  # some work between reads: counters move
+        time.sleep(0.005)
+    a, b = _agent(batched), _agent(single)
+    for agent, c in ((a, batched), (b, single)):
+        _feed(agent, c, raws, [1, 19, 20])
+    assert _rows(a) == _rows(b)
+    assert a.stats.errors == 0
+    if batched.parse_batch([raws[-1]] * 2) is None:
+        batched.parse(raws[-1])
+    assert batched.parse_batch([raws[-1]] * 2) is not None
+
+
+def test_digit_table_declines_other_layouts() -> None:
+    t = DigitTable()
+    assert t.values([b"cpu0 1 2\nctxt 3\n"]) is None  # nothing learnt
+    # runs: 0 (the name cpu0), 10, 200, 7
+    assert t.learn(b"cpu0 10 200\nctxt 7\n", {"user": [1], "ctxt": [3]}, labels=[0],
+                   expected={"user": [10], "ctxt": [7]})
+    got = t.values([b"cpu0 11 201\nctxt 9\n", b"cpu0 12 99999\nctxt 10\n"])
+    assert got == {"user": [11, 12], "ctxt": [9, 10]}
+    assert t.values([b"cpu0  11   201\nctxt  9\n"]) is not None  # other padding
+    assert not t.relearn
+    assert t.values([b"cpu0 11 201\nctxx 9\n"]) is None  # another key
+    assert t.relearn  # the collector learns again from its next single parse
+    assert t.values([b"cpu0 11 201 5\nctxt 9\n"]) is None  # one more value
+    assert t.values([b"cpu0 11 2 01\nctxt 9\n"]) is None  # a value split in two
+    assert t.values([b"cpu0 11 -201\nctxt 9\n"]) is None  # a sign the digits do not carry
+    assert t.values([b"cpu1 11 201\nctxt 9\n"]) is None  # another name, same letters
+    # picks that do not give the parser's values: every batch is declined
+    assert not t.learn(b"x -5\ny 7\n", {"x": [0]}, expected={"x": [-5]})
+    assert t.values([b"x -5\ny 7\n"]) is None
+
+
+def test_line_layout_relearns_after_a_declined_batch() -> None:
+    wanted = {b"MemFree": "free", b"Cached": "cached"}
+    lay = LineLayout()
+    first = b"MemTotal:  1000 kB\nMemFree:    500 kB\nCached:      9 kB\n"
+    assert lay.parse(first) is None  # nothing learnt yet
+    lay.learn(first, b":", wanted)
+    assert lay.parse_many([first]) == {"free": [512000], "cached": [9216]}
+    wider = first.replace(b"      9 kB", b"  10000 kB")  # a padded value with more digits
+    assert lay.parse_many([first, wider]) == {"free": [512000] * 2, "cached": [9216, 10240000]}
+    other = first.replace(b"1000 kB", b"1000 MB")  # an unwanted line changed otherwise
+    assert lay.parse_many([first, other]) is None
+    assert lay.parse(other) == {"free": 512000, "cached": 9216}  # per text; learns again
+    assert lay.parse_many([other, other]) == {"free": [512000] * 2, "cached": [9216] * 2}
+    negative = b"nr_x -5\nnr_y 7\n"  # a value whose sign the digit runs would lose
+    lay.learn(negative, b" ", {b"nr_x": "x", b"nr_y": "y"})
+    assert lay.parse(negative) == {"x": -5, "y": 7}
+    assert lay.parse_many([negative]) is None
