@@ -377,9 +377,12 @@ class Agent:
             tag_cols = [tags.get(t, [""] * n) for t in m.tags]
             keys = list(zip(*tag_cols, strict=True)) if tag_cols else [()] * n
             values.update(tracker.deltas_run(keys, ticks, values))
-            if m.sparse:
+            if m.sparse:  # rows whose counters all stayed still (or are null) are left out
                 counters = [values[c] for c in m.counters if c in values]
-                keep = [i for i in range(rows) if any(col[i] for col in counters)]
+                if len(counters) == 1:
+                    keep = [i for i, v in enumerate(counters[0]) if v]
+                else:
+                    keep = [i for i in range(rows) if any(col[i] for col in counters)]
                 if len(keep) < rows:
                     if not keep:
                         return
