@@ -94,7 +94,8 @@ class CgroupCollector:
         # the group list and each group's directories are looked up at most once a second:
         # three directory scans and a stat per group and hierarchy were most of a collect
         self._listed_at = -1.0
-        self._plan: list[tuple[str, tuple[Path | None, ...]]] = []
+        # per group: its files' paths and the files kept open (None: absent or gone)
+        self._plan: list[tuple[str, tuple[Path | None, ...], list[ProcFile | None]]] = []
         self.version: int
         if (base / "cgroup.controllers").exists():
             self.version = 2
@@ -137,26 +138,19 @@ class CgroupCollector:
             found = sorted(seen)
         return found + [p for p in self._extra if p not in found]
 
-    def _read(self, path: Path | None) -> bytes | None:
-        """A group file's bytes; None when absent or gone (group removed)."""
+    def _open(self, path: Path | None) -> ProcFile | None:
+        """A group file kept open; None when absent."""
         if path is None:
             return None
         try:
-            f = self._files[path]
+            return self._files[path]
         except KeyError:
             try:
-                f = ProcFile(path, whole=True, size=4096)
+                f: ProcFile | None = ProcFile(path, whole=True, size=4096)
             except (SourceUnavailable, CollectorError):
                 f = None
             self._files[path] = f
-        if f is None:
-            return None
-        try:
-            return f.read()
-        except CollectorError:  # ENODEV: the group was removed since it was opened
-            f.close()
-            self._files[path] = None
-            return None
+            return f
 
     def _forget_files(self) -> None:
         for f in self._files.values():
@@ -177,19 +171,21 @@ class CgroupCollector:
         # a group in no hierarchy has nothing to say and is left out
         self._plan = []
         for g in names:
+            paths: tuple[Path | None, ...]
             if self.version == 2:
                 d = self._v2 / g
-                if d.is_dir():
-                    self._plan.append((g, tuple(d / f for f in _V2_FILES)))
-                continue
-            dirs = {
-                key: (h / g if h is not None and (h / g).is_dir() else None)
-                for key, h in (("cpu", self._cpu), ("acct", self._acct), ("mem", self._mem))
-            }
-            if any(dirs.values()):
-                self._plan.append(
-                    (g, tuple(None if dirs[k] is None else dirs[k] / f for k, f in _V1_FILES))  # type: ignore[operator]
-                )
+                if not d.is_dir():
+                    continue
+                paths = tuple(d / f for f in _V2_FILES)
+            else:
+                dirs = {
+                    key: (h / g if h is not None and (h / g).is_dir() else None)
+                    for key, h in (("cpu", self._cpu), ("acct", self._acct), ("mem", self._mem))
+                }
+                if not any(dirs.values()):
+                    continue
+                paths = tuple(None if dirs[k] is None else dirs[k] / f for k, f in _V1_FILES)  # type: ignore[operator]
+            self._plan.append((g, paths, [self._open(p) for p in paths]))
 
     def collect(self) -> list[Reading]:
         return self.parse(self.sample())
@@ -197,7 +193,21 @@ class CgroupCollector:
     def sample(self) -> list[tuple[str, tuple[Path | None, ...], list[bytes | None]]]:
         """The tick's reads (each group's files); :meth:`parse` can run later."""
         self._refresh()
-        return [(g, paths, [self._read(p) for p in paths]) for g, paths in self._plan]
+        out = []
+        for g, paths, files in self._plan:
+            data: list[bytes | None] = []
+            for k, f in enumerate(files):
+                if f is None:
+                    data.append(None)
+                    continue
+                try:
+                    data.append(f.read())
+                except CollectorError:  # ENODEV: the group was removed since it was opened
+                    f.close()
+                    files[k] = self._files[paths[k]] = None  # type: ignore[index]
+                    data.append(None)
+            out.append((g, paths, data))
+        return out
 
     def parse(self, raw: list[tuple[str, tuple[Path | None, ...], list[bytes | None]]]) -> list[Reading]:
         fields: dict[str, list[Value]] = {f: [] for f in CGROUP.field_index}
