@@ -460,6 +460,9 @@ class Agent:
             blocks: list[Block] | None = parse_batch(raws)
         except CollectorError:
             return False
+        except Exception:  # a fault of the fast path must not lose the samples
+            log.exception("collector %s: batch parse failed; parsing its samples one by one", collector.name)
+            return False
         if blocks is None:
             return False
         for b in blocks:

@@ -202,3 +202,17 @@ def test_line_layout_relearns_after_a_declined_batch() -> None:
     lay.learn(negative, b" ", {b"nr_x": "x", b"nr_y": "y"})
     assert lay.parse(negative) == {"x": -5, "y": 7}
     assert lay.parse_many([negative]) is None
+
+
+def test_a_failing_batch_parse_falls_back_to_single_parses(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(OneByOne):
+        def parse_batch(self, raws: list[Any]) -> None:
+            raise IndexError("a bug in the fast path")
+
+    broken, single = Broken(REGISTRY["vmstat"](NORMAL)), OneByOne(REGISTRY["vmstat"](NORMAL))
+    raws = [broken.sample() for _ in range(5)]
+    a, b = _agent(broken), _agent(single)
+    _feed(a, broken, raws, [5])
+    _feed(b, single, raws, [5])
+    assert _rows(a) == _rows(b) and len(_rows(a)["vmstat"]["time"]) == 5
+    assert "batch parse failed" in caplog.text
