@@ -31,10 +31,11 @@ Output (:func:`compute_features`): ``host``, ``window_start``, ``window_end``
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -54,7 +55,6 @@ KEYS: tuple[str, ...] = (HOST, WINDOW_START, WINDOW_END)
 _B = "_b"  # bucket start
 _DEV = "_dev"  # device of a row ("" for host-wide tables)
 _DUR = "_dur"  # covered window duration, seconds
-_FIRST = "_first"
 _LAST = "_last"
 _T = "_t"  # sample time, µs
 _LOCAL = "_local"  # an interrupt row counted on its device's own NUMA node
@@ -123,12 +123,25 @@ class _Plan:
     ``buckets``: name -> (row expression, its aggregation per bucket: sum, count of
     non-null, max or min; counts are summed over the buckets of a window);
     ``features``: family -> expression over the window columns and ``_dur`` (s);
-    ``zero_fill``: families whose missing value means 0 (rates of sparse tables)."""
+    ``zero_fill``: families whose missing value means 0 (rates of sparse tables);
+    ``exprs``: the expressions derived from the plan, built once per plan (see
+    :func:`_derived`: with plans cached per schema, rebuilding them on every call cost
+    ~5 % of the features' time)."""
 
     device: pl.Expr | None
     buckets: dict[str, tuple[pl.Expr, Agg]]
     features: dict[str, pl.Expr]
     zero_fill: tuple[str, ...] = ()
+    exprs: dict[tuple[object, ...], list[pl.Expr]] = field(default_factory=dict, compare=False, repr=False)
+
+
+def _derived(plan: _Plan, key: tuple[object, ...], build: Callable[[], list[pl.Expr]]) -> list[pl.Expr]:
+    """``plan``'s expressions for ``key``, built by ``build`` the first time (expressions
+    are immutable: sharing them between queries is safe)."""
+    got = plan.exprs.get(key)
+    if got is None:
+        got = plan.exprs[key] = build()
+    return got
 
 
 def _c(name: str) -> pl.Expr:
@@ -508,18 +521,20 @@ def _irq_device_map(irq_names: Sequence[str], facts: pl.DataFrame) -> dict[str, 
     """IRQ action name -> (fact device, its node): the device whose name or PCI address
     occurs in the action name (``mlx5_comp3@pci:0000:17:00.0`` -> ``mlx5_0`` by PCI)."""
     out: dict[str, tuple[str, int]] = {}
-    rows = facts.to_dicts()
+    # per fact row once: its PCI address (full, and without the domain) and name pattern
+    rows = []
+    for dev, pci, node in facts.select("device", "pci", "node").iter_rows():
+        short = (pci.split(":", 1)[1] if pci.count(":") == 2 else pci) if pci else ""
+        pattern = re.compile(rf"(^|[^a-z0-9]){re.escape(dev.lower())}(?![0-9])") if dev else None
+        rows.append((dev, pci, short, node, pattern))
     for name in irq_names:
         low = name.lower()
         best: tuple[int, str, int] | None = None
-        for r in rows:
-            dev, pci, node = r["device"], r["pci"], r["node"]
-            if pci:
-                short = pci.split(":", 1)[1] if pci.count(":") == 2 else pci
-                if pci in low or (len(short) >= 7 and short in low):
-                    best = (2, dev, node)  # the first PCI match wins
-                    break
-            if best is None and dev and re.search(rf"(^|[^a-z0-9]){re.escape(dev.lower())}(?![0-9])", low):
+        for dev, pci, short, node, pattern in rows:
+            if pci and (pci in low or (len(short) >= 7 and short in low)):
+                best = (2, dev, node)  # the first PCI match wins
+                break
+            if best is None and pattern is not None and pattern.search(low):
                 best = (1, dev, node)
         if best is not None:
             out[name] = (best[1], best[2])
@@ -557,12 +572,12 @@ def _attach_irq_devices(lf: pl.LazyFrame, host_facts: pl.DataFrame | None) -> pl
     return lf.join(mapping.lazy(), on=list(keys), how="inner", maintain_order="left")
 
 
-def _irq_rows(lf: pl.LazyFrame, facts: pl.DataFrame, plan: _Plan, spec: WindowSpec) -> pl.DataFrame | None:
-    """The :func:`bucket_rows` of :func:`_attach_irq_devices`' rows, mapped per series
-    instead of joined per row: one host's interrupt rows form a (samples x series) grid
-    (see :func:`_reduce_buckets`), so the few series' (IRQ action, node) are mapped
-    and the result is repeated over the samples. None (the caller joins) for anything
-    else: several hosts, irregular rows. ``facts``: :func:`_facts_nodes`."""
+def _irq_series(lf: pl.LazyFrame, facts: pl.DataFrame, spec: WindowSpec
+                ) -> tuple[pl.DataFrame, tuple[int, int, bool], list[str | None], np.ndarray] | None:
+    """One host's interrupt rows as a (samples x series) grid (see :func:`_reduce_buckets`)
+    with each series' device (None: no facts for it) and locality (the row's node is the
+    device's own), from the few series' (IRQ action, node): (rows, (samples, series,
+    time-major), devices, local). None for anything else: several hosts, irregular rows."""
     b_us = round(spec.bucket * 1e6)
     t = pl.col(TIME).cast(pl.Int64)
     raw = lf.select(pl.col(HOST).cast(pl.String), pl.col("device").cast(pl.String),
@@ -594,6 +609,17 @@ def _irq_rows(lf: pl.LazyFrame, facts: pl.DataFrame, plan: _Plan, spec: WindowSp
     devs = [mapping[d][0] if d in mapping else None for d in series["device"].to_list()]
     local = np.array([d in mapping and nd is not None and mapping[d][1] == nd
                       for d, nd in zip(series["device"].to_list(), node, strict=True)], dtype=bool)
+    return raw, shape, devs, local
+
+
+def _irq_rows(lf: pl.LazyFrame, facts: pl.DataFrame, plan: _Plan, spec: WindowSpec) -> pl.DataFrame | None:
+    """The :func:`bucket_rows` of :func:`_attach_irq_devices`' rows, mapped per series
+    instead of joined per row (:func:`_irq_series`) and repeated over the samples. None
+    (the caller joins) where the rows are no one-host grid. ``facts``: :func:`_facts_nodes`."""
+    got = _irq_series(lf, facts, spec)
+    if got is None:
+        return None
+    raw, (n_t, k, time_major), devs, local = got
     sidx = np.tile(np.arange(k), n_t) if time_major else np.repeat(np.arange(k), n_t)
     out = raw.select(HOST, pl.Series(_DEV, devs, dtype=pl.String).gather(sidx), _T, _B, "count",
                      pl.Series(_LOCAL, local[sidx]))
@@ -601,6 +627,48 @@ def _irq_rows(lf: pl.LazyFrame, facts: pl.DataFrame, plan: _Plan, spec: WindowSp
     if not kept.all():  # IRQs of devices without facts: dropped, as by the inner join
         out = out.filter(pl.Series(kept[sidx]))
     return out.select(HOST, _DEV, _T, _B, *[e.alias(c) for c, (e, _) in plan.buckets.items()])
+
+
+def _irq_buckets(lf: pl.LazyFrame, facts: pl.DataFrame, plan: _Plan, spec: WindowSpec) -> pl.DataFrame | None:
+    """:func:`_reduce_buckets` of :func:`_irq_rows` without the per-row frame: each
+    series' interrupt counts summed per bucket over the grid, then the series summed per
+    device (all, and the local ones): integer sums, exact in any order. Same frame as
+    the reduction gives (row order aside); None where :func:`_irq_rows` is None or the
+    plan/dtypes are not the built-in ones."""
+    if set(plan.buckets) != {"count", "local"}:
+        return None
+    got = _irq_series(lf, facts, spec)
+    if got is None or got[0]["count"].dtype != pl.Int64:
+        return None
+    raw, (n_t, k, time_major), devs, local = got
+    c = raw["count"]
+    v = (c.fill_null(0) if c.null_count() else c).to_numpy()  # polars' sum skips nulls
+    b = raw[_B].to_numpy()
+    bb = b[::k][:n_t] if time_major else b[:n_t]
+    r_at = np.flatnonzero(np.r_[True, bb[1:] != bb[:-1]])
+    per = (np.add.reduceat(v.reshape(n_t, k), r_at, axis=0) if time_major
+           else np.add.reduceat(v.reshape(k, n_t), r_at, axis=1).T)  # (buckets, series)
+    kept = np.array([d is not None for d in devs], dtype=bool)
+    if not kept.any():
+        return None
+    # devices as the reduction names them; series naming one device are summed
+    named = pl.Series(_DEV, [d for d in devs if d is not None], dtype=pl.String).to_frame().select(
+        _device_expr(plan).alias(_DEV))[_DEV]
+    names = named.unique(maintain_order=True).to_list()
+    idx = {d: i for i, d in enumerate(names)}
+    codes = np.array([idx[d] for d in named.to_list()], dtype=np.int64)
+    perm = np.argsort(codes, kind="stable")
+    g_at = np.flatnonzero(np.r_[True, np.diff(codes[perm]) != 0])
+    sel = per[:, kept][:, perm]
+    cnt = np.add.reduceat(sel, g_at, axis=1)
+    loc = np.add.reduceat(sel * local[kept][perm][None, :], g_at, axis=1)
+    n_r, n_d = r_at.size, len(names)
+    return pl.DataFrame([
+        pl.Series(HOST, [raw[HOST][0]], dtype=pl.String).gather(np.zeros(n_r * n_d, dtype=np.int64)),
+        pl.Series(_B, np.tile(bb[r_at], n_d)),
+        pl.Series("count", cnt.T.ravel()), pl.Series("local", loc.T.ravel()),
+        pl.Series(_DEV, names, dtype=pl.String).gather(np.repeat(np.arange(n_d), n_r)),
+    ])
 
 
 def _tables(
@@ -625,8 +693,7 @@ def _tables(
                     continue
                 lf = attached
 
-        builder = _PLANS.get(name)
-        plan = builder(cols) if builder is not None else _plan_generic(name, sch)
+        plan = _plan_of(name, tuple(sch.items()))
         if plan.device is not None and name in _PLANS:
             tag_cols = plan.device.meta.root_names()
             if not set(tag_cols) <= cols | {_DEV}:
@@ -634,6 +701,15 @@ def _tables(
         if plan.features:
             out[name] = (lf, plan)
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_of(name: str, columns: tuple[tuple[str, pl.DataType], ...]) -> _Plan:
+    """A measurement's plan for its (column, dtype) pairs; cached: plans are immutable
+    expressions, and building them cost ~5 % of the features' time per host-hour."""
+    builder = _PLANS.get(name)
+    sch = pl.Schema(columns)
+    return builder(set(sch)) if builder is not None else _plan_generic(name, sch)
 
 
 def _tags(plan: _Plan) -> list[str]:
@@ -646,14 +722,22 @@ def bucket_rows(lf: pl.LazyFrame, plan: _Plan, spec: WindowSpec) -> pl.LazyFrame
     of the bucket length; cheaper than datetime truncation) and one column per bucket
     aggregation. Row order is the input's (:func:`_reduce_buckets` relies on it)."""
     b_us = round(spec.bucket * 1e6)
-    t = pl.col(TIME).cast(pl.Int64)
-    return lf.select(pl.col(HOST).cast(pl.String), *_tags(plan), t.alias(_T), (t // b_us * b_us).alias(_B),
-                     *[e.alias(n) for n, (e, _) in plan.buckets.items()])
+
+    def build() -> list[pl.Expr]:
+        t = pl.col(TIME).cast(pl.Int64)
+        return [pl.col(HOST).cast(pl.String), *[pl.col(c) for c in _tags(plan)], t.alias(_T),
+                (t // b_us * b_us).alias(_B), *[e.alias(n) for n, (e, _) in plan.buckets.items()]]
+
+    return lf.select(_derived(plan, ("rows", b_us), build))
 
 
 def _group_by_buckets(rows: pl.LazyFrame, plan: _Plan) -> pl.LazyFrame:
-    how = {"sum": pl.Expr.sum, "count": pl.Expr.count, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
-    return rows.group_by(HOST, *_tags(plan), _B).agg([how[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
+    def build() -> list[pl.Expr]:
+        how = {"sum": pl.Expr.sum, "count": pl.Expr.count, "mean": pl.Expr.mean, "max": pl.Expr.max,
+               "min": pl.Expr.min}
+        return [how[a](pl.col(n)) for n, (_, a) in plan.buckets.items()]
+
+    return rows.group_by(HOST, *_tags(plan), _B).agg(_derived(plan, ("group_by",), build))
 
 
 def bucket_frame(lf: pl.LazyFrame, plan: _Plan, spec: WindowSpec) -> pl.LazyFrame:
@@ -671,16 +755,18 @@ def _reduce_buckets(rows: pl.DataFrame, plan: _Plan) -> pl.DataFrame:
     same series in the same order - so a host's rows are a (samples x series) grid,
     time-major as the agent and the lake store them or series-major as concatenated
     per-series frames are; then the reduction is numpy ``reduceat`` over contiguous
-    runs, several times cheaper than a hash ``group_by`` over strings. Anything
-    irregular (sparse tables with omitted rows, out-of-order samples, NaN under a
-    max/min, float32 sums) takes the ``group_by``."""
+    runs, several times cheaper than a hash ``group_by`` over strings. Null readings
+    (a counter's first delta) are corrected after the reduction when they are few
+    (at most one in ``_SPARSE_NULLS`` rows), masked when many. Anything irregular
+    (sparse tables with omitted rows, out-of-order samples, NaN under a max/min,
+    float32 sums) takes the ``group_by``."""
     target = _group_by_buckets(rows.lazy(), plan)
     if rows.height < _REGULAR_MIN_ROWS:
-        return _with_device(target.collect(), plan)
+        return _with_device(target.collect(engine="in-memory"), plan)
     out = _regular_buckets(rows, plan, target.collect_schema())
     if out is None:
         log.debug("bucket rows of %s are not a regular grid: group_by", list(plan.buckets)[:3])
-        return _with_device(target.collect(), plan)
+        return _with_device(target.collect(engine="in-memory"), plan)
     return out
 
 
@@ -715,11 +801,11 @@ def _regular_buckets(rows: pl.DataFrame, plan: _Plan, out_schema: pl.Schema) -> 
         parts.append(got[0])
         merge |= got[1]
     out = pl.concat(parts) if len(parts) > 1 else parts[0]
-    grouped = out.select([pl.col(c).cast(dt) for c, dt in out_schema.items()])  # as the group_by gives it
+    cast = {c: pl.col(c).cast(dt) for c, dt in out_schema.items()}  # dtypes as the group_by gives them
     if merge:
-        return _with_device(grouped, plan)
-    dev = out[_NAMED].alias(_DEV) if _NAMED in out.columns else pl.Series(_DEV, [""] * out.height, dtype=pl.String)
-    return grouped.select(HOST, _B, *plan.buckets).with_columns(dev)
+        return _with_device(out.select(list(cast.values())), plan)
+    dev = pl.col(_NAMED) if _NAMED in out.columns else pl.lit("", dtype=pl.String)
+    return out.select(cast[HOST], cast[_B], *[cast[n] for n in plan.buckets], dev.alias(_DEV))
 
 
 def _grid_shape(t: np.ndarray, b: np.ndarray) -> tuple[int, int, bool] | None:
@@ -811,26 +897,54 @@ def _regular_host(rows: pl.DataFrame, plan: _Plan) -> tuple[pl.DataFrame, bool] 
     # samples per (bucket, group) when a column has no nulls
     full = np.outer(np.diff(r_at, append=n_t), np.bincount(codes, minlength=n_g))
     full_ok = None if full.all() else full > 0
+
+    def cells(i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bucket, group) of the rows ``i``: where they land in a reduction."""
+        t, j = np.divmod(i, k) if time_major else np.divmod(i, n_t)[::-1]
+        return np.searchsorted(r_at, t, side="right") - 1, codes[j]
+
     cols: dict[str, pl.Series] = {}
     for name, (_, agg) in plan.buckets.items():
         s = rows[name]
-        valid = s.is_not_null().to_numpy() if s.null_count() else None
-        v = (s.fill_null(0) if valid is not None else s).to_numpy()
-        cnt = full if valid is None else reduce(valid.astype(np.int64), np.add)
-        has = full_ok if valid is None else cnt > 0
+        n_null = s.null_count()
+        cnt, has, fix = full, full_ok, None
+        if not n_null:
+            v = s.to_numpy()
+        elif n_null * _SPARSE_NULLS <= n:
+            # few nulls (a counter's first delta per series): the values buffer as it is,
+            # the rows under nulls set or subtracted afterwards (no mask of every row)
+            null_i = s.is_null().arg_true().to_numpy()
+            at = cells(null_i)
+            v = _values_buffer(s)
+            if agg == "sum" and v.dtype.kind == "i":
+                fix = (at, v[null_i])  # exact for integers: subtract what lies under the nulls
+            else:
+                v = v.copy()
+                v[null_i] = _fill_value(v.dtype, agg)
+            if agg != "sum":
+                cnt = full.copy()
+                np.subtract.at(cnt, at, 1)
+                has = None if cnt.all() else cnt > 0
+        else:
+            valid = s.is_not_null().to_numpy()
+            v = s.fill_null(0).to_numpy()
+            if agg != "sum":
+                cnt = reduce(valid.astype(np.int64), np.add)
+                has = cnt > 0
+            if agg in ("max", "min"):
+                v = np.where(valid, v, _fill_value(v.dtype, agg))
         if agg == "count":
             r, ok = cnt, None
         elif agg in ("sum", "mean"):
             r, ok = reduce(v, np.add), None  # polars: the sum of no values is 0
+            if fix is not None:
+                np.subtract.at(r, fix[0], fix[1])
             if agg == "mean":
                 with np.errstate(invalid="ignore", divide="ignore"):
                     r, ok = r / cnt, has
         else:
             if v.dtype.kind == "f" and np.isnan(v).any():
                 return None  # polars' max/min skip NaN; leave that to it
-            if valid is not None:
-                lo, hi = (-np.inf, np.inf) if v.dtype.kind == "f" else (np.iinfo(v.dtype).min, np.iinfo(v.dtype).max)
-                v = np.where(valid, v, lo if agg == "max" else hi)
             r, ok = reduce(v, np.maximum if agg == "max" else np.minimum), has
         cols[name] = _masked(name, r.T.ravel(), None if ok is None or ok.all() else ok.T.ravel())
     # group-major output: group 0's buckets, then group 1's ...
@@ -845,6 +959,28 @@ def _regular_host(rows: pl.DataFrame, plan: _Plan) -> tuple[pl.DataFrame, bool] 
     if names is not None:
         data.append(names.gather(idx))
     return pl.DataFrame([*data, *cols.values()]), names is not None and names.n_unique() < n_g
+
+
+#: a column with at most one null in this many rows is corrected null by null
+_SPARSE_NULLS = 16
+
+
+def _fill_value(dtype: np.dtype, agg: Agg) -> float:
+    """What stands in for a null in a reduction: 0 for sums, the identity for max/min."""
+    if agg not in ("max", "min"):
+        return 0
+    if dtype.kind == "f":
+        return -np.inf if agg == "max" else np.inf
+    info = np.iinfo(dtype)
+    return int(info.min if agg == "max" else info.max)
+
+
+def _values_buffer(s: pl.Series) -> np.ndarray:
+    """The values of a numeric series without a copy, nulls included as whatever lies
+    under them (read-only; the caller masks or subtracts those rows)."""
+    arr = s.rechunk().to_arrow()
+    dt = np.dtype(arr.type.to_pandas_dtype())
+    return np.frombuffer(arr.buffers()[1], dtype=dt, count=len(arr), offset=arr.offset * dt.itemsize)
 
 
 def _masked(name: str, values: np.ndarray, valid: np.ndarray | None) -> pl.Series:
@@ -900,12 +1036,21 @@ def _grid(bks: Sequence[pl.DataFrame], spec: WindowSpec) -> _Grid:
     b_us = round(spec.bucket * 1e6)
     s_us = round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
-    ext = (  # one query (a collect per table costs more than its group_by)
-        pl.concat([bk.lazy().group_by(HOST).agg(pl.col(_B).min().alias(_FIRST), pl.col(_B).max().alias(_LAST))
-                   for bk in bks])
-        .group_by(HOST).agg(pl.col(_FIRST).min(), pl.col(_LAST).max()).sort(HOST).collect(engine="in-memory")
-    )
-    hosts, firsts, lasts = ext[HOST].to_list(), ext[_FIRST].to_numpy(), ext[_LAST].to_numpy()
+    span: dict[str, tuple[int, int]] = {}
+    for bk in bks:  # one host per table is the usual case: its extent without a query
+        hs = bk[HOST]
+        if hs.null_count() == 0 and (hs == hs[0]).all():
+            b = bk[_B].to_numpy()
+            ext = [(hs[0], int(b.min()), int(b.max()))]
+        else:
+            ext = bk.group_by(HOST).agg(pl.col(_B).min(), pl.col(_B).max().alias(_LAST)).rows()
+        for h, lo, hi in ext:
+            old = span.get(h)
+            span[h] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+    # Polars' sort order: nulls first, then by code point (= UTF-8 byte order)
+    hosts = sorted(span, key=lambda h: (h is not None, h or ""))
+    firsts = np.array([span[h][0] for h in hosts], dtype=np.int64)
+    lasts = np.array([span[h][1] for h in hosts], dtype=np.int64)
     # a host with less than one window of data still gets its grid extended to one window
     nbs = np.maximum((lasts - firsts) // b_us + 1, m).astype(np.int64)
     off = np.concatenate([[0], np.cumsum(nbs)])
@@ -934,14 +1079,25 @@ def _table_windows(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[list[str
     device's rows in the grid's window order. The bucket rows are scattered to their
     (device, grid) positions, which are arithmetic: no join."""
     cols = list(plan.buckets)
-    devs = bk[_DEV].unique().sort()
+    # device and host of every row by runs of equal values (bucket rows come device by
+    # device): a search per run, not per row
+    runs = bk[_DEV].rle()
+    devs = runs.struct.field("value").unique().sort()
+    dev = np.repeat(devs.search_sorted(runs.struct.field("value")).to_numpy(), runs.struct.field("len").to_numpy())
     n_dev, n_grid = devs.len(), grid.frame.height
-    h = grid.hosts.search_sorted(bk[HOST]).to_numpy()
-    pos = (devs.search_sorted(bk[_DEV]).to_numpy() * n_grid + grid.off[h]
-           + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us)
+    if grid.hosts.len() == 1:
+        h = np.zeros(bk.height, dtype=np.int64)
+    else:
+        runs = bk[HOST].rle()
+        h = np.repeat(grid.hosts.search_sorted(runs.struct.field("value")).to_numpy(),
+                      runs.struct.field("len").to_numpy())
+    pos = dev * n_grid + grid.off[h] + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us
     # the dense frame by ONE gather: a grid position without a bucket row gathers null
     src = np.full(n_dev * n_grid, -1, dtype=np.int64)
     src[pos] = np.arange(pos.size)
+    if src.size == bk.height and bool((src == np.arange(src.size)).all()):
+        dense = bk.lazy().select(cols)  # already in (device, grid) order, nothing missing (regular tables)
+        return _windows_of(dense, devs, plan, grid)
     at = pl.Series(src, dtype=pl.Int64)
     if (src < 0).any():
         at = pl.select(pl.when(at >= 0).then(at)).to_series()
@@ -955,20 +1111,24 @@ def _windows_of(g: pl.LazyFrame | pl.DataFrame, devs: pl.Series, plan: _Plan, gr
     kept rows, the features (``zero_fill`` ones with 0 for null) - one query: each
     collect has a fixed cost that, over 14 tables, was ~10 % of the features' time."""
     n_dev, m = devs.len(), grid.m
-    g = g.lazy()
-    if m > 1:
+
+    def rolled() -> list[pl.Expr]:
+        if m <= 1:
+            return [pl.col(n) for n in plan.buckets]
         # rows whose window would reach into the previous (device, host) group are never
         # kept (their window starts before the host's first bucket), so no .over() needed
         roll = {"sum": pl.Expr.rolling_sum, "count": pl.Expr.rolling_sum, "mean": pl.Expr.rolling_mean,
                 "max": pl.Expr.rolling_max, "min": pl.Expr.rolling_min}
-        g = g.select(*[roll[a](pl.col(n), m, min_samples=1) for n, (_, a) in plan.buckets.items()])
-    else:
-        g = g.select(list(plan.buckets))
+        return [roll[a](pl.col(n), m, min_samples=1) for n, (_, a) in plan.buckets.items()]
+
+    def features() -> list[pl.Expr]:
+        zero = set(plan.zero_fill)  # sparse tables: a device without rows in a window had no events
+        return [(_safe(e).fill_null(0.0) if fam in zero else _safe(e)).alias(fam) for fam, e in plan.features.items()]
+
     keep = np.tile(grid.keep, n_dev)
-    w = g.filter(pl.lit(pl.Series(keep))).with_columns(pl.lit(pl.Series(_DUR, np.tile(grid.dur, n_dev))))
-    zero = set(plan.zero_fill)  # sparse tables: a device without rows in a window had no events
-    feats = w.select([(_safe(e).fill_null(0.0) if fam in zero else _safe(e)).alias(fam)
-                      for fam, e in plan.features.items()]).collect(engine="in-memory")
+    w = g.lazy().select(_derived(plan, ("roll", m), rolled)).filter(pl.lit(pl.Series(keep))).with_columns(
+        pl.lit(pl.Series(_DUR, np.tile(grid.dur, n_dev))))
+    feats = w.select(_derived(plan, ("features",), features)).collect(engine="in-memory")
     return [str(d) for d in devs.to_list()], feats
 
 
@@ -999,21 +1159,20 @@ def compute_features(
     bks = {}
     for name in names:  # one table at a time: peak memory is the largest table's rows
         lf, plan = tables[name]
-        rows = None
+        bk = None
         if name == "interrupts":  # the raw frame: devices mapped per series, else joined per row
             facts = _facts_nodes(host_facts)
             if facts.is_empty():
                 log.info("no numa_node facts: irq.locality and irq.rate are not computed")
                 continue
-            rows = _irq_rows(lf, facts, plan, spec)
-            if rows is None:
+            bk = _irq_buckets(lf, facts, plan, spec)
+            if bk is None:
                 attached = _attach_irq_devices(lf, host_facts)
                 if attached is None:
                     continue
                 lf = attached
-        if rows is None:
-            rows = bucket_rows(lf, plan, spec).collect(engine="in-memory")
-        bk = _reduce_buckets(rows, plan)
+        if bk is None:
+            bk = _reduce_buckets(bucket_rows(lf, plan, spec).collect(engine="in-memory"), plan)
         if bk.height:
             bks[name] = bk
     if not bks:

@@ -395,11 +395,12 @@ def evidence_weights(cols: Sequence[str], config: AnalyticsConfig) -> tuple[np.n
 
 def _fit(config: AnalyticsConfig, ref: np.ndarray, floors: np.ndarray, sign: np.ndarray,
          weight: np.ndarray, capped: bool = False) -> tuple[_Fit, np.ndarray]:
-    scaler = RobustStandardizer(floors=floors).fit(ref)
-    z = _evidence(scaler.transform(ref), sign, weight)
-    # z is finite by construction (transform zeroes the rest) and the parameters are the
+    # the detection matrix holds finite values or NaN (features are null, never inf), z is
+    # finite by construction (transform zeroes the rest) and the parameters are the
     # config's: sklearn's per-call finiteness scans and parameter checks only cost time
     with config_context(assume_finite=True, skip_parameter_validation=True):
+        scaler = RobustStandardizer(floors=floors).fit(ref)
+        z = _evidence(scaler.transform(ref), sign, weight)
         models = {d: config.make_detector(d, capped=capped).fit(z) for d in config.detectors}
     return _Fit(scaler, models, sign, weight), z
 
@@ -407,7 +408,8 @@ def _fit(config: AnalyticsConfig, ref: np.ndarray, floors: np.ndarray, sign: np.
 def _fit_and_score(config: AnalyticsConfig, X: np.ndarray, ref_rows: np.ndarray, target: np.ndarray,
                    floors: np.ndarray, sign: np.ndarray, weight: np.ndarray, capped: bool = False
                    ) -> tuple[_Fit, dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    fit, _ = _fit(config, X[ref_rows], floors, sign, weight, capped)
+    # (all rows, in order: the matrix itself, not a copy; nothing writes into it)
+    fit, _ = _fit(config, X if ref_rows.size == X.shape[0] else X[ref_rows], floors, sign, weight, capped)
     pos = np.searchsorted(ref_rows, target)
     if target.size and pos.max() < ref_rows.size and np.array_equal(ref_rows[pos], target):
         # the targets are reference rows (self reference): reuse the fit's scores
@@ -552,9 +554,17 @@ def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: Analytic
         # trailing medians over k blocks, then each block takes the window of k blocks
         # centred on it, shifted inward at the ends of the host's data (a truncated window
         # at the end of an interval would let a final checkpoint be half of it)
-        med = pl.col(cols).rolling_median(k, min_samples=1)
-        one_host = blocks[HOST].n_unique() == 1  # then .over() only costs time
-        trail = blocks.select(med if one_host else med.over(HOST)).to_numpy()
+        trail = np.array(blocks.select(cols).to_numpy())  # (writable: one column may come zero-copy)
+        # a column whose block means never change (a power limit, a link width: a third
+        # of them) is its own running median: only the others are computed
+        moving = np.ones(len(cols), dtype=bool)
+        if trail.shape[0]:
+            with np.errstate(invalid="ignore"):
+                moving = ~(np.isfinite(trail).all(axis=0) & (trail.max(axis=0) == trail.min(axis=0)))
+        if moving.any():
+            med = pl.col([c for c, m in zip(cols, moving.tolist(), strict=True) if m]).rolling_median(k, min_samples=1)
+            one_host = blocks[HOST].n_unique() == 1  # then .over() only costs time
+            trail[:, moving] = blocks.select(med if one_host else med.over(HOST)).to_numpy()
         starts = np.flatnonzero(np.r_[True, hosts_b[1:] != hosts_b[:-1]])
         lengths = np.diff(np.r_[starts, hosts_b.size])
         first = np.repeat(starts, lengths)

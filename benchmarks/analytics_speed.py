@@ -188,13 +188,15 @@ def synth_frames(host: str = "host-a", seconds: float = 3600.0, start: datetime 
 
 
 def _sim_frames(seconds: float) -> dict[str, pl.DataFrame]:
-    """Frames from the simulator (if it offers a frames API); raises ImportError if not."""
-    from ingest import simulator
+    """Frames of one host of the simulator's shipped healthy scenario, seed 1 (the
+    simulator's own tables: ground truth and workload are left out)."""
+    from ingest.simulator import resolve_scenario
+    from ingest.simulator.run import simulate_frames
 
-    fn = getattr(simulator, "simulate_frames", None)
-    if fn is None:
-        raise ImportError("ingest.simulator has no simulate_frames()")
-    return dict(fn(hosts=1, duration=timedelta(seconds=seconds), seed=1))
+    frames, _ = simulate_frames(resolve_scenario("healthy").with_overrides(hosts=1, duration_s=seconds, seed=1))
+    for name in ("labels", "workload"):
+        frames.pop(name, None)
+    return frames
 
 
 def bench_memory(repeat: int, source: str) -> dict[str, float]:

@@ -256,3 +256,49 @@ def test_a_short_phase_is_not_flagged_but_a_sustained_step_is() -> None:
     # without smoothing and persistence the burst is flagged: the mechanism, not luck
     raw = analyze({}, AnalyticsConfig(reference="self", smooth=timedelta(0), min_run=1), features=feats)
     assert set(raw.findings["window_start"].to_list()) & set(ws[400:430])
+
+
+def test_smoothing_of_constant_columns_equals_the_running_median() -> None:
+    """Columns whose block means never change skip the running median: the matrix is
+    the one the plain per-host rolling median gives, bit for bit (two hosts; a constant,
+    a moving, a partly null and an all-null column; a frame of one column)."""
+    from analytics.pipeline import _detection_matrix
+
+    rng = np.random.default_rng(3)
+    t0 = pl.datetime(2025, 1, 6, time_zone="UTC")
+    n = 400
+    parts = []
+    for host, off in (("a", 0.0), ("b", 5.0)):
+        moving = rng.normal(off, 1.0, n)
+        partly = np.where(np.arange(n) < 130, np.nan, rng.normal(0, 1, n))
+        parts.append(pl.DataFrame({
+            "host": [host] * n, "cpu.busy_share": np.full(n, 0.5), "cpu.load1": moving,
+            "cpu.iowait_share": partly, "cpu.steal_share": np.full(n, np.nan),
+        }).with_columns(pl.col("cpu.iowait_share", "cpu.steal_share").fill_nan(None),
+                        window_start=t0 + pl.duration(seconds=pl.int_range(pl.len())),
+                        window_end=t0 + pl.duration(seconds=pl.int_range(pl.len()) + 3)))
+    feats = pl.concat(parts).select("host", "window_start", "window_end", pl.exclude("host", "window_start",
+                                                                                    "window_end"))
+    cfg = AnalyticsConfig()
+    for cols in (["cpu.busy_share", "cpu.load1", "cpu.iowait_share", "cpu.steal_share"], ["cpu.load1"]):
+        X, edge = _detection_matrix(feats, cols, cfg)
+        # the reference: every column through Polars' running median of the 10-s block means
+        bid = (pl.col("window_start").dt.epoch("us") // 10_000_000).alias("_blk")
+        blocks = feats.group_by("host", bid).agg(pl.col(cols).mean()).sort("host", "_blk")
+        trail = blocks.select(pl.col(cols).rolling_median(12, min_samples=1).over("host")).to_numpy()
+        if len(cols) == 1:
+            assert np.isfinite(X).all() and np.ptp(X) > 1.0  # a moving column, smoothed
+        else:
+            assert np.isfinite(X[:, 0]).all() and (X[:, 0] == 0.5).all()
+            assert not np.isfinite(X[:, 3]).any()  # all null stays null
+            ref_at = blocks.with_row_index("_i").select("host", "_blk", "_i")
+            at = feats.select("host", bid).join(ref_at, on=["host", "_blk"], how="left", maintain_order="left")["_i"]
+            # interior blocks take the centred window: compare where no edge shift applies
+            inner = ~edge
+            hb = blocks["host"].to_numpy()
+            shift = np.zeros(len(hb), dtype=int)
+            for h in ("a", "b"):
+                idx = np.flatnonzero(hb == h)
+                shift[idx] = np.clip(np.arange(idx.size) + 6, 11, idx.size - 1) + idx[0]
+            ref = trail[shift[at.to_numpy()]]
+            np.testing.assert_array_equal(X[inner], ref[inner])

@@ -213,3 +213,34 @@ def test_ledoit_wolf_covariance_is_sklearns_bit_for_bit(shape: tuple[int, int]) 
     got = _ledoit_wolf_cov(X)
     assert got.dtype == np.float64 and got.shape == (shape[1], shape[1])
     assert np.array_equal(got, ref)
+
+
+def test_forest_leaf_routing_equals_the_walk_across_row_blocks() -> None:
+    """The scoring walk (leaves routed to themselves, rows in cache-sized blocks) reaches
+    the leaves of the bookkeeping walk, so scores are those of the plain per-level walk."""
+    from analytics import detectors as D
+
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(3 * D._LEAF_BLOCK + 17, 9))
+    X[:, 2] = 1.0  # a constant channel: never split on
+    X[: D._LEAF_BLOCK // 2, 4] += 5.0
+    det = IsolationForestDetector(random_state=1, standardize=False).fit(X)
+    node, _ = det._walk(X)
+    T, N = det.feature_.shape
+    np.testing.assert_array_equal(det._leaves(X), np.arange(T)[:, None] * N + node)
+    path = det.leaf_path_.ravel().take(np.arange(T)[:, None] * N + node).mean(axis=0)
+    np.testing.assert_array_equal(det.score_samples(X), 2.0 ** (-path / det.c_psi_))
+    # a forest without a usable feature: every row at the roots
+    flat = IsolationForestDetector(random_state=1, standardize=False).fit(np.ones((40, 3)))
+    assert (flat._leaves(np.ones((5, 3))) % flat.feature_.shape[1] == 0).all()
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 4096])
+def test_column_median_by_one_selection_is_numpys(n: int) -> None:
+    from analytics.detectors import _median0
+
+    A = np.random.default_rng(n).normal(size=(n, 5)).astype(np.float32)
+    A[:, 1] = np.round(A[:, 1])  # ties
+    got = _median0(A)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, np.median(A.astype(np.float64), axis=0))

@@ -359,8 +359,12 @@ def test_irq_devices_mapped_per_series_equal_the_per_row_join(layout: str) -> No
     frames = synth.synth_frames(seconds=160)  # 20 480 interrupt rows: above the fast path's minimum
     facts = frames.pop("host_facts")
     irq = frames["interrupts"]
-    # one IRQ line's node unknown (null): its rows are kept, never local
-    irq = irq.with_columns(node=pl.when(pl.col("irq") == pl.col("irq").min()).then(None).otherwise(pl.col("node")))
+    # one IRQ line's node unknown (null): its rows are kept, never local; the first
+    # sample's counts are null (a counter's first delta)
+    irq = irq.with_columns(node=pl.when(pl.col("irq") == pl.col("irq").min()).then(None).otherwise(pl.col("node")),
+                           count=pl.when(pl.col("time") == pl.col("time").min()).then(None).otherwise(pl.col("count")))
+    # series in an order that is not the devices' (the reduction sums them per device)
+    irq = irq.sort(pl.col("irq").cast(pl.Int64) % 8, "irq", maintain_order=True)  # queue 0 of every NIC first
     if layout == "time_major":
         irq = irq.sort("time", maintain_order=True)
     nic = facts.filter(pl.col("category") == "nic")["device"].sort()[0]
@@ -374,6 +378,12 @@ def test_irq_devices_mapped_per_series_equal_the_per_row_join(layout: str) -> No
         assert got is not None, f"{what}: a regular one-host grid must be mapped per series"
         assert got.equals(ref), what
         assert ref["local"].sum() > 0 and ref["local"].sum() < ref["count"].sum(), what
+        # ... and reduced straight from the grid, the buckets of the reduction of those rows
+        bk = F._irq_buckets(irq.lazy(), F._facts_nodes(f), plan, spec)
+        bk_ref = F._reduce_buckets(ref, plan)
+        assert bk is not None, what
+        keys = ["host", "_dev", "_b"]
+        assert bk.select(bk_ref.columns).sort(keys).equals(bk_ref.sort(keys)), what
         if f is not facts:
             assert got.height < irq.height and nic not in got["_dev"].unique().to_list(), what
     # not a grid (shuffled rows) or several hosts: None, and the features still come by the join
@@ -384,3 +394,89 @@ def test_irq_devices_mapped_per_series_equal_the_per_row_join(layout: str) -> No
     a = compute_features({"interrupts": irq.lazy()}, host_facts=facts)
     b = compute_features({"interrupts": shuffled.lazy()}, host_facts=facts)
     assert a.width > 10 and a.equals(b)
+
+
+def _grid_frame(n_t: int, devs: list[str], time_major: bool, nulls: dict[str, np.ndarray]) -> pl.DataFrame:
+    """A hand-built regular table at 100 ms: ``n_t`` samples of one series per device;
+    a counter ``c`` (Int64), a gauge ``g`` (Float64); ``nulls``: column -> bool mask
+    (series x samples) of the null readings."""
+    rng = np.random.default_rng(len(devs) * n_t)
+    k = len(devs)
+    t = int(T0.timestamp() * 1e6) + np.arange(n_t, dtype=np.int64) * 100_000  # µs
+    c = rng.integers(0, 1000, (k, n_t))
+    g = rng.normal(50.0, 5.0, (k, n_t))
+    cols: dict[str, object] = {"time": np.tile(t, k), "host": ["h"] * (k * n_t), "dev": np.repeat(devs, n_t),
+                               "c": c.ravel(), "g": g.ravel()}
+    df = pl.DataFrame(cols).with_columns(pl.col("time").cast(pl.Datetime("us", "UTC")))
+    if time_major:
+        df = df.sort("time", maintain_order=True)
+    for name, mask in nulls.items():  # scatter keeps the values under the nulls, as real buffers may
+        at = np.flatnonzero(mask.T.ravel() if time_major else mask.ravel())
+        df = df.with_columns(df[name].scatter(at, None))
+    return df
+
+
+@pytest.mark.parametrize("time_major", [False, True])
+def test_bucket_kernel_with_sparse_and_dense_nulls_equals_the_group_by(time_major: bool) -> None:
+    """The fast path's null handling: few nulls are subtracted/masked null by null (a
+    counter's first delta, a gap, a channel appearing mid-interval), many take the dense
+    masks; every aggregation (sum, count, mean, max, min) equals Polars' group_by."""
+    from analytics import features as F
+
+    plan = F._Plan(pl.col("dev"), {"c": (pl.col("c"), "sum"), "c_n": (pl.col("c"), "count"),
+                                   "c_max": (pl.col("c"), "max"), "g": (pl.col("g"), "mean"),
+                                   "g_max": (pl.col("g"), "max"), "g_min": (pl.col("g"), "min"),
+                                   "g_n": (pl.col("g"), "count")}, {})
+    k, n_t = 4, 400  # 40 s of 4 series
+    first = np.zeros((k, n_t), dtype=bool)
+    first[:, 0] = True  # each counter's first delta
+    first[1, 123] = True  # a counter gap
+    late = np.zeros((k, n_t), dtype=bool)
+    late[2, :55] = True  # a gauge channel appearing mid-interval (5.5 s in: a partial bucket)
+    late[0, 17] = True
+    many = np.zeros((k, n_t), dtype=bool)
+    many[:, ::2] = True  # half the rows: the dense path
+    cases = {"sparse": {"c": first, "g": late}, "dense": {"c": many, "g": many}, "none": {}}
+    spec = WindowSpec()
+    for what, nulls in cases.items():
+        df = _grid_frame(n_t, [f"d{i}" for i in range(k)], time_major, nulls)
+        rows = F.bucket_rows(df.lazy(), plan, spec).collect()
+        ref = F._group_by_buckets(rows.lazy(), plan).collect()
+        fast = F._regular_buckets(rows, plan, ref.schema)
+        assert fast is not None, what
+        _assert_same_buckets(fast, ref, plan)
+        if what == "sparse":  # exact for the integer counter, null where a bucket had no gauge reading
+            keys = ["_dev", "_b"]
+            f, r = fast.sort(keys), F._with_device(ref, plan).sort(keys)
+            assert f["c"].equals(r["c"]) and f["c_max"].equals(r["c_max"])
+            assert f.filter(pl.col("_dev") == "d2")["g"].null_count() == 5
+
+
+def test_bucket_kernel_single_sample_and_values_buffer_of_a_slice() -> None:
+    from analytics import features as F
+
+    plan = F._Plan(pl.col("dev"), {"c": (pl.col("c"), "sum"), "g": (pl.col("g"), "mean")}, {})
+    df = _grid_frame(1, ["d0", "d1"], True, {"c": np.array([[True], [False]])})
+    rows = F.bucket_rows(df.lazy(), plan, WindowSpec()).collect()
+    ref = F._group_by_buckets(rows.lazy(), plan).collect()
+    fast = F._regular_buckets(rows, plan, ref.schema)
+    assert fast is not None and fast.height == 2
+    _assert_same_buckets(fast, ref, plan)
+    assert fast.sort("_dev")["c"].to_list() == [0, df["c"][1]]  # polars: the sum of no values is 0
+    # the zero-copy buffer keeps a slice's offset; the rows under nulls hold whatever was there
+    s = pl.Series("x", np.arange(10, dtype=np.int64)).scatter([2, 7], None).slice(3, 6)
+    buf = F._values_buffer(s)
+    assert buf.tolist()[:4] == [3, 4, 5, 6] and buf[-1] == 8 and len(buf) == 6
+
+
+def test_plans_are_cached_per_schema() -> None:
+    from analytics import features as F
+
+    a = F._plan_of("disk", (("time", pl.Datetime("us", "UTC")), ("host", pl.String()), ("device", pl.String()),
+                            ("reads", pl.Int64()), ("writes", pl.Int64())))
+    b = F._plan_of("disk", (("time", pl.Datetime("us", "UTC")), ("host", pl.String()), ("device", pl.String()),
+                            ("reads", pl.Int64()), ("writes", pl.Int64())))
+    c = F._plan_of("disk", (("time", pl.Datetime("us", "UTC")), ("host", pl.String()), ("device", pl.String()),
+                            ("reads", pl.Int64())))
+    assert a is b and a is not c
+    assert "disk.write_iops" in a.features and "disk.write_iops" not in c.features
