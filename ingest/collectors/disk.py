@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ingest.collectors.base import Block, Reading, Value, proc_path
-from ingest.collectors.procfs import DigitTable, ProcFile, digit_runs, line_runs, parse_error
+from ingest.collectors.procfs import DigitTable, ProcFile, digit_runs, learn_rows, parse_error
 from ingest.schema import Tier
 
 #: lake field -> column of /proc/diskstats after major, minor, name
@@ -88,21 +88,14 @@ class DiskCollector:
         return [Reading("disk", tags={"device": names}, fields=fields)]
 
     def _learn(self, data: bytes, names: list[str], fields: dict[str, list[Value]]) -> None:
-        starts = line_runs(data)
-        labels: list[int] = []
-        first: list[int] = []  # each whole disk's first counter run
-        for i, line in enumerate(data.split(b"\n")):
+        def row_of(line: bytes) -> tuple[int, bool] | None:
             parts = line.split(None, 3)
             if len(parts) < 4:
-                continue
-            label_runs = 2 + digit_runs(parts[2])  # major, minor, digits of the name
-            labels.extend(range(starts[i], starts[i] + label_runs))
-            if self._is_whole(parts[2]):
-                first.append(starts[i] + label_runs)
-        picks = {f: [b + j for b in first] for f, j in _COLS.items()}
-        picks["in_flight"] = [b + _IN_FLIGHT for b in first]
+                return None
+            return 2 + digit_runs(parts[2]), self._is_whole(parts[2])  # major, minor, the name's digits
+
         self._names = names
-        self._digits.learn(data, picks, labels=labels, expected=fields)
+        learn_rows(self._digits, data, row_of, {**_COLS, "in_flight": _IN_FLIGHT}, fields)
 
     def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
         """Samples laid out like the learnt one (same disks), in one numpy pass."""

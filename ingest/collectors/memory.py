@@ -82,11 +82,7 @@ class MemoryCollector:
 
     def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
         """Samples laid out like the last parsed one, in one pass; None otherwise."""
-        got = self._layout.parse_many(raws)
-        if got is None:
-            return None
-        none: list[Value] = [None] * len(raws)
-        return [Block("memory", len(raws), fields={f: got.get(f) or list(none) for f in _FIELDS})]
+        return self._layout.block("memory", _FIELDS, raws)
 
     def close(self) -> None:
         self._file.close()

@@ -7,7 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ingest.collectors.base import Block, Reading, Value, proc_path
-from ingest.collectors.procfs import DigitTable, ProcFile, digit_runs, line_runs, parse_error
+from ingest.collectors.procfs import (
+    DigitTable,
+    ProcFile,
+    digit_runs,
+    learn_rows,
+    line_runs,
+    parse_error,
+)
 from ingest.schema import Tier
 
 #: lake field -> column of /proc/net/dev after the interface name
@@ -83,20 +90,14 @@ class NetCollector:
         return [Reading("net", tags={"interface": names}, fields=fields)]
 
     def _learn(self, data: bytes, names: list[str], fields: dict[str, list[Value]]) -> None:
-        starts = line_runs(data)
-        labels: list[int] = []
-        first: list[int] = []  # each reported interface's first counter run
-        for i, line in enumerate(data.split(b"\n")):
-            name, sep, _ = line.partition(b":")
-            if i < 2 or not sep:
-                continue
-            label_runs = digit_runs(name + sep)  # 'eth0', 'enp65s0f1np1'
-            labels.extend(range(starts[i], starts[i] + label_runs))
-            if name.strip() not in self._skip:
-                first.append(starts[i] + label_runs)
-        picks = {f: [b + j for b in first] for f, j in _NETDEV_COLS.items()}
+        def row_of(line: bytes) -> tuple[int, bool] | None:
+            name, sep, rest = line.partition(b":")
+            if not sep or b"|" in rest:  # the two header lines hold '|'
+                return None
+            return digit_runs(name + sep), name.strip() not in self._skip  # 'eth0', 'enp65s0f1np1'
+
         self._names = names
-        self._digits.learn(data, picks, labels=labels, expected=fields)
+        learn_rows(self._digits, data, row_of, _NETDEV_COLS, fields)
 
     def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
         """Samples laid out like the learnt one (same interfaces), in one numpy pass."""

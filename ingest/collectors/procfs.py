@@ -9,7 +9,7 @@ object, no decoding (parsing works on ``bytes``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -324,6 +324,32 @@ class DigitTable:
         return table
 
 
+def learn_rows(
+    table: DigitTable,
+    data: bytes,
+    row_of: Callable[[bytes], tuple[int, bool] | None],
+    columns: dict[str, int],
+    expected: dict[str, list[Value]],
+) -> None:
+    """Teach ``table`` a file of one row per line ('eth0: v0 v1 ...', '8 0 sda v0 ...'):
+    ``row_of(line)`` gives how many digit runs the line's name holds (they must keep
+    their values) and whether the row is reported, or None for a line that is no row;
+    ``columns`` maps each field to its value's place after the name."""
+    starts = line_runs(data)
+    labels: list[int] = []
+    first: list[int] = []  # each reported row's first value run
+    for i, line in enumerate(data.split(b"\n")):
+        row = row_of(line)
+        if row is None:
+            continue
+        name_runs, reported = row
+        labels.extend(range(starts[i], starts[i] + name_runs))
+        if reported:
+            first.append(starts[i] + name_runs)
+    picks = {f: [b + j for b in first] for f, j in columns.items()}
+    table.learn(data, picks, labels=labels, expected=expected)
+
+
 def line_runs(text: bytes) -> list[int]:
     """The index (in :class:`DigitTable` order) of the first digit run of each line of
     ``text`` (lines split at newlines), and, last, the total."""
@@ -414,6 +440,15 @@ class LineLayout:
         """Field -> one value per text, when every text is the learnt one but for its
         values (:class:`DigitTable`); None otherwise."""
         return self._digits.values(texts)
+
+    def block(self, measurement: str, fields: Iterable[str], texts: list[bytes]) -> list[Block] | None:
+        """:meth:`parse_many` as the one-row-per-text block of ``measurement`` (the
+        ``fields`` the file lacks are null); None when a text is laid out otherwise."""
+        got = self.parse_many(texts)
+        if got is None:
+            return None
+        none: list[Value] = [None] * len(texts)
+        return [Block(measurement, len(texts), fields={f: got.get(f) or none for f in fields})]
 
 
 def parse_error(path: str, lineno: int, line: bytes | str, why: str) -> CollectorError:

@@ -40,11 +40,7 @@ class VmstatCollector:
 
     def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
         """Samples laid out like the last parsed one, in one pass; None otherwise."""
-        got = self._layout.parse_many(raws)
-        if got is None:
-            return None
-        none: list[Value] = [None] * len(raws)
-        return [Block("vmstat", len(raws), fields={n: got.get(n) or list(none) for n in VMSTAT_COUNTERS})]
+        return self._layout.block("vmstat", VMSTAT_COUNTERS, raws)
 
     def close(self) -> None:
         self._file.close()
