@@ -14,8 +14,9 @@ The same code serves sweeps, post-mortems and evaluation. Two stages keep it che
    buckets from its first to its last (over all tables); each table's devices x that
    grid, trailing rolling sums/means/max/min over the buckets of a window (a window is
    evaluated at the row of its last bucket), the kept window rows, then the derived
-   ratios as plain expressions. All tables share the grid's row order, so the wide frame
-   is a horizontal stack, without joins.
+   ratios as plain expressions, one query for all tables with equally many devices.
+   All tables share the grid's row order, so the wide frame is a horizontal stack,
+   without joins.
 
 Counters are stored as deltas (see :mod:`ingest.schema`), so "sum of deltas / window
 duration" is a rate. A window that runs past the end of a host's data is normalised
@@ -646,8 +647,14 @@ def _irq_buckets(lf: pl.LazyFrame, facts: pl.DataFrame, plan: _Plan, spec: Windo
     b = raw[_B].to_numpy()
     bb = b[::k][:n_t] if time_major else b[:n_t]
     r_at = np.flatnonzero(np.r_[True, bb[1:] != bb[:-1]])
-    per = (np.add.reduceat(v.reshape(n_t, k), r_at, axis=0) if time_major
-           else np.add.reduceat(v.reshape(k, n_t), r_at, axis=1).T)  # (buckets, series)
+    n_r = r_at.size
+    if n_t % n_r == 0 and (np.diff(r_at) == n_t // n_r).all():  # equal buckets: einsum, ~10x
+        run = n_t // n_r  # faster than reduceat over many short runs (integer sums: exact)
+        per = (np.einsum("rlk->rk", v.reshape(n_r, run, k)).T if time_major
+               else np.einsum("krl->kr", v.reshape(k, n_r, run)))
+    else:
+        per = (np.add.reduceat(v.reshape(n_t, k), r_at, axis=0).T if time_major
+               else np.add.reduceat(v.reshape(k, n_t), r_at, axis=1))  # (series, buckets)
     kept = np.array([d is not None for d in devs], dtype=bool)
     if not kept.any():
         return None
@@ -659,14 +666,16 @@ def _irq_buckets(lf: pl.LazyFrame, facts: pl.DataFrame, plan: _Plan, spec: Windo
     codes = np.array([idx[d] for d in named.to_list()], dtype=np.int64)
     perm = np.argsort(codes, kind="stable")
     g_at = np.flatnonzero(np.r_[True, np.diff(codes[perm]) != 0])
-    sel = per[:, kept][:, perm]
-    cnt = np.add.reduceat(sel, g_at, axis=1)
-    loc = np.add.reduceat(sel * local[kept][perm][None, :], g_at, axis=1)
-    n_r, n_d = r_at.size, len(names)
+    # series -> devices over whole rows of (series, buckets): ~10x faster than along
+    # the buckets' short rows
+    sel = per[np.flatnonzero(kept)[perm]]
+    cnt = np.add.reduceat(sel, g_at, axis=0)
+    loc = np.add.reduceat(sel * local[kept][perm][:, None], g_at, axis=0)
+    n_d = len(names)
     return pl.DataFrame([
         pl.Series(HOST, [raw[HOST][0]], dtype=pl.String).gather(np.zeros(n_r * n_d, dtype=np.int64)),
         pl.Series(_B, np.tile(bb[r_at], n_d)),
-        pl.Series("count", cnt.T.ravel()), pl.Series("local", loc.T.ravel()),
+        pl.Series("count", cnt.ravel()), pl.Series("local", loc.ravel()),
         pl.Series(_DEV, names, dtype=pl.String).gather(np.repeat(np.arange(n_d), n_r)),
     ])
 
@@ -1076,8 +1085,15 @@ def _table_windows(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[list[str
     trailing rolling aggregations over ``m`` buckets (sum/count -> sum, mean -> mean of
     the bucket means, max/min), the kept window rows, then the plan's features. Returns
     the devices and a frame of ``len(devices) * n_windows`` rows, device-major, each
-    device's rows in the grid's window order. The bucket rows are scattered to their
-    (device, grid) positions, which are arithmetic: no join."""
+    device's rows in the grid's window order."""
+    devs, dense = _dense(bk, plan, grid)
+    return _windows_of(dense, devs, plan, grid)
+
+
+def _dense(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[pl.Series, pl.LazyFrame]:
+    """The table's devices and its bucket columns laid out as (device x grid) rows,
+    device-major (lazy). The bucket rows are scattered to their (device, grid)
+    positions, which are arithmetic: no join."""
     cols = list(plan.buckets)
     # device and host of every row by runs of equal values (bucket rows come device by
     # device): a search per run, not per row
@@ -1096,23 +1112,15 @@ def _table_windows(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[list[str
     src = np.full(n_dev * n_grid, -1, dtype=np.int64)
     src[pos] = np.arange(pos.size)
     if src.size == bk.height and bool((src == np.arange(src.size)).all()):
-        dense = bk.lazy().select(cols)  # already in (device, grid) order, nothing missing (regular tables)
-        return _windows_of(dense, devs, plan, grid)
+        return devs, bk.lazy().select(cols)  # already in (device, grid) order, nothing missing (regular tables)
     at = pl.Series(src, dtype=pl.Int64)
     if (src < 0).any():
         at = pl.select(pl.when(at >= 0).then(at)).to_series()
-    dense = bk.lazy().select(pl.col(cols).gather(at.cast(pl.get_index_type())))
-    return _windows_of(dense, devs, plan, grid)
+    return devs, bk.lazy().select(pl.col(cols).gather(at.cast(pl.get_index_type())))
 
 
-def _windows_of(g: pl.LazyFrame | pl.DataFrame, devs: pl.Series, plan: _Plan, grid: _Grid
-                ) -> tuple[list[str], pl.DataFrame]:
-    """The rolling window aggregations of the dense (device x grid) bucket columns, the
-    kept rows, the features (``zero_fill`` ones with 0 for null) - one query: each
-    collect has a fixed cost that, over 14 tables, was ~10 % of the features' time."""
-    n_dev, m = devs.len(), grid.m
-
-    def rolled() -> list[pl.Expr]:
+def _rolled(plan: _Plan, m: int) -> list[pl.Expr]:
+    def build() -> list[pl.Expr]:
         if m <= 1:
             return [pl.col(n) for n in plan.buckets]
         # rows whose window would reach into the previous (device, host) group are never
@@ -1121,15 +1129,59 @@ def _windows_of(g: pl.LazyFrame | pl.DataFrame, devs: pl.Series, plan: _Plan, gr
                 "max": pl.Expr.rolling_max, "min": pl.Expr.rolling_min}
         return [roll[a](pl.col(n), m, min_samples=1) for n, (_, a) in plan.buckets.items()]
 
-    def features() -> list[pl.Expr]:
+    return _derived(plan, ("roll", m), build)
+
+
+def _feature_exprs(plan: _Plan) -> list[pl.Expr]:
+    def build() -> list[pl.Expr]:
         zero = set(plan.zero_fill)  # sparse tables: a device without rows in a window had no events
         return [(_safe(e).fill_null(0.0) if fam in zero else _safe(e)).alias(fam) for fam, e in plan.features.items()]
 
+    return _derived(plan, ("features",), build)
+
+
+def _windows_of(g: pl.LazyFrame | pl.DataFrame, devs: pl.Series, plan: _Plan, grid: _Grid
+                ) -> tuple[list[str], pl.DataFrame]:
+    """The rolling window aggregations of the dense (device x grid) bucket columns, the
+    kept rows, the features (``zero_fill`` ones with 0 for null) - one query: each
+    collect has a fixed cost that, over 14 tables, was ~10 % of the features' time."""
+    return [str(d) for d in devs.to_list()], _windows_query(g.lazy(), [plan], devs.len(), grid)
+
+
+def _windows_query(g: pl.LazyFrame, plans: Sequence[_Plan], n_dev: int, grid: _Grid) -> pl.DataFrame:
+    """:func:`_windows_of` of several tables with ``n_dev`` devices each, their dense
+    columns side by side in ``g`` (bucket and feature names distinct): one query."""
     keep = np.tile(grid.keep, n_dev)
-    w = g.lazy().select(_derived(plan, ("roll", m), rolled)).filter(pl.lit(pl.Series(keep))).with_columns(
+    w = g.select([e for p in plans for e in _rolled(p, grid.m)]).filter(pl.lit(pl.Series(keep))).with_columns(
         pl.lit(pl.Series(_DUR, np.tile(grid.dur, n_dev))))
-    feats = w.select(_derived(plan, ("features",), features)).collect(engine="in-memory")
-    return [str(d) for d in devs.to_list()], feats
+    return w.select([e for p in plans for e in _feature_exprs(p)]).collect(engine="in-memory")
+
+
+def _all_windows(bks: Mapping[str, pl.DataFrame], plans: Mapping[str, _Plan], grid: _Grid
+                 ) -> dict[str, tuple[list[str], pl.DataFrame]]:
+    """:func:`_table_windows` of every table, tables with equally many devices in one
+    query (their dense frames have equal heights and the same row order): 14 -> 9
+    queries per host-hour, ~5-10 ms less. Tables whose bucket or feature names collide
+    with another's of the group get their own query."""
+    groups: dict[int, list[tuple[str, pl.Series, pl.LazyFrame, set[str]]]] = {}
+    alone: list[tuple[str, pl.Series, pl.LazyFrame]] = []
+    for name, bk in bks.items():
+        devs, dense = _dense(bk, plans[name], grid)
+        names = {*plans[name].buckets, *plans[name].features}
+        members = groups.setdefault(devs.len(), [])
+        if _DUR in names or any(names & other for *_, other in members):
+            alone.append((name, devs, dense))
+        else:
+            members.append((name, devs, dense, names))
+    out: dict[str, tuple[list[str], pl.DataFrame]] = {}
+    for n_dev, members in groups.items():
+        g = members[0][2] if len(members) == 1 else pl.concat([d for _, _, d, _ in members], how="horizontal")
+        feats = _windows_query(g, [plans[name] for name, *_ in members], n_dev, grid)
+        for name, devs, _, _ in members:
+            out[name] = ([str(d) for d in devs.to_list()], feats.select(list(plans[name].features)))
+    for name, devs, dense in alone:
+        out[name] = _windows_of(dense, devs, plans[name], grid)
+    return out
 
 
 def _table_windows_polars(bk: pl.DataFrame, plan: _Plan, grid: _Grid) -> tuple[list[str], pl.DataFrame]:
@@ -1180,9 +1232,9 @@ def compute_features(
     grid = _grid(list(bks.values()), spec)
     n_win = grid.index.height
     cols: dict[str, pl.Series] = {}
-    for name, bk in bks.items():
-        plan = tables[name][1]
-        devs, feats = _table_windows(bk, plan, grid)
+    windows = _all_windows(bks, {name: tables[name][1] for name in bks}, grid)
+    for name in bks:  # (in table order: the first of two equal feature names is kept)
+        devs, feats = windows[name]
         for i, dev in enumerate(devs):
             part = feats.slice(i * n_win, n_win)
             for fam in feats.columns:

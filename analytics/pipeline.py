@@ -548,7 +548,9 @@ def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: Analytic
     k = min(w, 12)
     block_us = max(1, w // k) * stride_us
     bid = (pl.col(WINDOW_START).dt.epoch("us") // block_us).alias("_blk")
-    blocks = feats.group_by(HOST, bid).agg(pl.col(cols).cast(pl.Float64).mean()).sort(HOST, "_blk")
+    # maintain_order: the same means (each group's rows in row order either way) at about
+    # half the cost of the hash grouping on the usual (host, time)-sorted frame
+    blocks = feats.group_by(HOST, bid, maintain_order=True).agg(pl.col(cols).cast(pl.Float64).mean()).sort(HOST, "_blk")
     hosts_b = blocks[HOST].to_numpy()
     if k > 1:
         # trailing medians over k blocks, then each block takes the window of k blocks

@@ -334,6 +334,38 @@ def test_window_scatter_equals_the_join_on_the_grid() -> None:
         assert got.equals(ref, null_equal=True), name
 
 
+def test_window_queries_of_tables_with_equal_device_counts_merged_equal_one_per_table() -> None:
+    from analytics import features as F
+
+    synth = load_synth()
+    frames = synth.synth_frames(seconds=40)
+    facts = frames.pop("host_facts")
+    other = synth.synth_frames(host="host-b", seconds=25, seed=5, start=T0 + timedelta(seconds=3))
+    frames = {k: pl.concat([v, other[k]]) for k, v in frames.items() if k != "host_facts"}
+    tables = F._tables({k: v.lazy() for k, v in frames.items()}, facts)
+    spec = WindowSpec(length_s=3, stride_s=1)
+    bks = {}
+    for name, (lf, plan) in tables.items():
+        bk = F._reduce_buckets(F.bucket_rows(lf, plan, spec).collect(), plan)
+        # gaps (the gather path) in one table of each device count, regular in the others
+        bks[name] = bk.filter(pl.int_range(pl.len()) % 5 != 2) if name in ("system", "cpu", "gpu") else bk
+    grid = F._grid(list(bks.values()), spec)
+    plans = {name: tables[name][1] for name in bks}
+    # a second `tcp`: its bucket and feature names collide with tcp's, so it must get a
+    # query of its own (same values as tcp's)
+    bks["tcp_copy"], plans["tcp_copy"] = bks["tcp"], plans["tcp"]
+    n_dev = [len(F._table_windows(bk, plans[name], grid)[0]) for name, bk in bks.items()]
+    assert max(n_dev.count(n) for n in n_dev) >= 4  # several tables share a query
+    got = F._all_windows(bks, plans, grid)
+    assert set(got) == set(bks)
+    for name, bk in bks.items():
+        devs, ref = F._table_windows(bk, plans[name], grid)
+        assert got[name][0] == devs, name
+        assert got[name][1].columns == ref.columns, name
+        assert got[name][1].equals(ref, null_equal=True), name
+    assert got["tcp_copy"][1].equals(got["tcp"][1], null_equal=True)
+
+
 def test_bucket_fast_path_merges_tag_values_that_name_one_device() -> None:
     from analytics import features as F
 
@@ -370,7 +402,11 @@ def test_irq_devices_mapped_per_series_equal_the_per_row_join(layout: str) -> No
     nic = facts.filter(pl.col("category") == "nic")["device"].sort()[0]
     spec = WindowSpec()
     plan = F._plan_interrupts(set(irq.columns))
-    for what, f in {"all facts": facts, f"no facts for {nic}": facts.filter(pl.col("device").fill_null("") != nic)}.items():
+    cases = {"all facts": facts, f"no facts for {nic}": facts.filter(pl.col("device").fill_null("") != nic)}
+    # buckets of 1 and 4 samples (equal runs), and of 3 with a last one of 1 sample (160 s)
+    for (what, f), spec in [*((c, WindowSpec()) for c in cases.items()),
+                            (("4-s buckets", facts), WindowSpec(length_s=8, stride_s=4)),
+                            (("3-s buckets, last partial", facts), WindowSpec(length_s=6, stride_s=3))]:
         attached = F._attach_irq_devices(irq.lazy(), f)
         assert attached is not None
         ref = F.bucket_rows(attached, plan, spec).collect()
@@ -386,6 +422,7 @@ def test_irq_devices_mapped_per_series_equal_the_per_row_join(layout: str) -> No
         assert bk.select(bk_ref.columns).sort(keys).equals(bk_ref.sort(keys)), what
         if f is not facts:
             assert got.height < irq.height and nic not in got["_dev"].unique().to_list(), what
+    spec = WindowSpec()
     # not a grid (shuffled rows) or several hosts: None, and the features still come by the join
     shuffled = irq.sample(fraction=1.0, shuffle=True, seed=4)
     assert F._irq_rows(shuffled.lazy(), F._facts_nodes(facts), plan, spec) is None
