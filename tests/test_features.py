@@ -308,7 +308,8 @@ def test_features_do_not_depend_on_the_row_order() -> None:
         assert_frame_equal(out[k], out["series_major"], check_exact=False, rel_tol=1e-12, abs_tol=1e-15)
 
 
-def test_window_scatter_equals_the_join_on_the_grid() -> None:
+def _two_host_buckets() -> tuple[dict, WindowSpec, dict[str, pl.DataFrame]]:
+    """Tables of two synthetic hosts (40 s and 25 s, offset by 3 s) and their buckets."""
     from analytics import features as F
 
     synth = load_synth()
@@ -318,9 +319,17 @@ def test_window_scatter_equals_the_join_on_the_grid() -> None:
     frames = {k: pl.concat([v, other[k]]) for k, v in frames.items() if k != "host_facts"}
     tables = F._tables({k: v.lazy() for k, v in frames.items()}, facts)
     spec = WindowSpec(length_s=3, stride_s=1)
+    buckets = {name: F._reduce_buckets(F.bucket_rows(lf, plan, spec).collect(), plan)
+               for name, (lf, plan) in tables.items()}
+    return tables, spec, buckets
+
+
+def test_window_scatter_equals_the_join_on_the_grid() -> None:
+    from analytics import features as F
+
+    tables, spec, buckets = _two_host_buckets()
     bks = {}
-    for name, (lf, plan) in tables.items():
-        bk = F._reduce_buckets(F.bucket_rows(lf, plan, spec).collect(), plan)
+    for name, bk in buckets.items():
         # gaps: every 7th bucket row, and one device of host-b altogether
         first_dev = bk["_dev"].min()
         bks[name] = bk.filter((pl.int_range(pl.len()) % 7 != 3)
@@ -337,16 +346,9 @@ def test_window_scatter_equals_the_join_on_the_grid() -> None:
 def test_window_queries_of_tables_with_equal_device_counts_merged_equal_one_per_table() -> None:
     from analytics import features as F
 
-    synth = load_synth()
-    frames = synth.synth_frames(seconds=40)
-    facts = frames.pop("host_facts")
-    other = synth.synth_frames(host="host-b", seconds=25, seed=5, start=T0 + timedelta(seconds=3))
-    frames = {k: pl.concat([v, other[k]]) for k, v in frames.items() if k != "host_facts"}
-    tables = F._tables({k: v.lazy() for k, v in frames.items()}, facts)
-    spec = WindowSpec(length_s=3, stride_s=1)
+    tables, spec, buckets = _two_host_buckets()
     bks = {}
-    for name, (lf, plan) in tables.items():
-        bk = F._reduce_buckets(F.bucket_rows(lf, plan, spec).collect(), plan)
+    for name, bk in buckets.items():
         # gaps (the gather path) in one table of each device count, regular in the others
         bks[name] = bk.filter(pl.int_range(pl.len()) % 5 != 2) if name in ("system", "cpu", "gpu") else bk
     grid = F._grid(list(bks.values()), spec)
