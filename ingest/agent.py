@@ -243,6 +243,7 @@ class Agent:
         self._sync_requests: list[threading.Event] = []
         self._committing: _Commit | None = None
         self._warm_up()
+        self._prime()
         self.replay_journals()
         self._last_commit = clock()
 
@@ -258,6 +259,20 @@ class Agent:
 
             with tempfile.TemporaryDirectory(prefix="unveil-warmup-") as tmp:
                 lake_mod.write_table(tmp, schema.SYSTEM.name, df)
+
+    def _prime(self) -> None:
+        """Parse one sample of each collector that reads batches, and drop it: the
+        collectors learn their files' layouts now, so the first flush reads its samples in
+        batches instead of one by one (tens of milliseconds that could make a tick late).
+        Errors are left to the first ticks to report."""
+        for c in self.collectors:
+            sample = self._samplers.get(c.name)
+            if sample is None or not callable(getattr(c, "parse_batch", None)):
+                continue
+            try:
+                c.parse(sample())  # type: ignore[attr-defined]
+            except (CollectorError, OSError):
+                pass
 
     # ------------------------------------------------------------------ set-up
     def _build_collectors(self) -> list[Collector]:
