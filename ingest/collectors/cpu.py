@@ -138,10 +138,15 @@ class CpuCollector:
         labels = list(self._tags_key)
         freq: list[Value] = []
         load: list[Value] = []
-        for _, load_raw, freq_raw in raws:
-            self._side_reads(load_raw, freq_raw, labels)
-            freq.extend(self._last_freq)
-            load.append(self._load1)
+        before = self._last_freq, self._load1
+        try:
+            for _, load_raw, freq_raw in raws:
+                self._side_reads(load_raw, freq_raw, labels)
+                freq.extend(self._last_freq)
+                load.append(self._load1)
+        except CollectorError:
+            self._last_freq, self._load1 = before  # declined: changed nothing
+            raise
         none: list[Value] = [None] * (n * len(labels))
         fields: dict[str, list[Value]] = {f: got.get(f) or none for f in _CPU_FIELDS}
         fields["freq_mhz"] = freq

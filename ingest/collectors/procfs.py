@@ -274,20 +274,20 @@ class DigitTable:
         if any(ix.size and (ix.min() < 0 or ix.max() >= self.runs) for ix in self._picks.values()) or (
             self._labels.size and (self._labels.min() < 0 or self._labels.max() >= self.runs)
         ):
-            self.runs = -1
+            self.disable()
             return False
         self._label_values = np.zeros(0, dtype=np.uint64)
         nums = self._numbers([text])
         if nums is None:
-            self.runs = -1
+            self.disable()
             return False
         self._label_values = nums[0, self._labels]
         if expected is not None:
             got = self.values([text])
             if got is None or any(got.get(f) != list(v) for f, v in expected.items()):
-                self.runs = -1  # e.g. a negative value: its digit run does not say it
-        self.relearn = False
-        return self.runs >= 0
+                self.disable()  # e.g. a negative value: its digit run does not say it
+                return False
+        return True
 
     def disable(self) -> None:
         """Decline every batch (a layout this table cannot read) until :meth:`learn`."""
