@@ -592,16 +592,8 @@ def _irq_series(lf: pl.LazyFrame, facts: pl.DataFrame, spec: WindowSpec
     if shape is None:
         return None
     n_t, k, time_major = shape
-    for tag in ("device", "node"):  # every row carries its series' IRQ action and node
-        s = raw[tag]
-        if time_major:
-            if not _same_as(s.slice(k), s.slice(0, n - k)).all():
-                return None
-        elif k > 1 or n_t < n:
-            eq = _same_as(s.slice(1), s.slice(0, n - 1)).to_numpy()
-            eq[n_t - 1::n_t] = True
-            if not eq.all():
-                return None
+    if not _tags_follow_grid(raw, ("device", "node"), n_t, k, time_major):  # IRQ action and node
+        return None
     first = np.arange(k) if time_major else np.arange(k) * n_t
     series = raw.select("device", "node").gather(first)
     names = [d for d in series["device"].unique().to_list() if d is not None]
@@ -839,6 +831,23 @@ def _grid_shape(t: np.ndarray, b: np.ndarray) -> tuple[int, int, bool] | None:
     return None
 
 
+def _tags_follow_grid(rows: pl.DataFrame, tags: Sequence[str], n_t: int, k: int, time_major: bool) -> bool:
+    """Whether every row of a samples x series grid (``n_t`` samples of ``k`` series,
+    time-major or series-major) carries its series' values of ``tags``."""
+    n = rows.height
+    for tag in tags:
+        s = rows[tag]
+        if time_major:
+            if not _same_as(s.slice(k), s.slice(0, n - k)).all():
+                return False
+        elif k > 1 or n_t < n:
+            eq = _same_as(s.slice(1), s.slice(0, n - 1)).to_numpy()
+            eq[n_t - 1::n_t] = True  # a new series may start there
+            if not eq.all():
+                return False
+    return True
+
+
 def _same_as(s: pl.Series, other: pl.Series) -> pl.Series:
     return s.eq_missing(other) if s.null_count() or other.null_count() else s == other
 
@@ -853,16 +862,8 @@ def _regular_host(rows: pl.DataFrame, plan: _Plan) -> tuple[pl.DataFrame, bool] 
         return None
     n_t, k, time_major = shape
     tags = _tags(plan)
-    for tag in tags:  # every row carries its series' tags
-        s = rows[tag]
-        if time_major:
-            if not _same_as(s.slice(k), s.slice(0, n - k)).all():
-                return None
-        elif k > 1 or n_t < n:
-            eq = _same_as(s.slice(1), s.slice(0, n - 1)).to_numpy()
-            eq[n_t - 1::n_t] = True  # a new series may start there
-            if not eq.all():
-                return None
+    if not _tags_follow_grid(rows, tags, n_t, k, time_major):
+        return None
     first = np.arange(k) if time_major else np.arange(k) * n_t  # each series' first row
     # series -> group of equal tag tuples, in order of first appearance
     keys = rows.select(tags).gather(first).rows() if tags else [()] * k
