@@ -127,14 +127,81 @@ def _float_matrix(X: ArrayLike) -> Array:
     return np.asarray(X, dtype=np.float64)
 
 
+class RepeatedRows:
+    """A tall matrix stored as the rows it repeats: ``X = rows[index]``, every row of
+    ``rows`` used at least once. The pipeline's detection matrix is one: its smoothed
+    features change once per 10-s block while windows start every second, so about nine
+    rows of ten are repeats. The detectors accept it wherever they accept a matrix and
+    fit and score ``rows`` with their multiplicities: the results of ``X`` (row order
+    included: samples are drawn from the positions of ``X``) at a fraction of the cost.
+    Results equal those of the dense matrix up to rounding (weighted sums, matrix
+    products over fewer rows)."""
+
+    __slots__ = ("rows", "index", "_identity")
+
+    def __init__(self, rows: ArrayLike, index: ArrayLike | None = None) -> None:
+        self.rows: NDArray[Any] = np.asarray(rows)
+        if index is None:
+            self.index = np.arange(self.rows.shape[0] if self.rows.ndim else 0, dtype=np.intp)
+            self._identity = True
+        else:
+            self.index = np.asarray(index, dtype=np.intp)
+            self._identity = self.index.size == self.rows.shape[0] and bool(
+                (self.index == np.arange(self.index.size)).all())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.index.size), int(self.rows.shape[1]))
+
+    def weights(self) -> NDArray[np.int64] | None:
+        """How many rows of ``X`` each of ``rows`` stands for; None when each stands for one."""
+        if self._identity or self.index.size == self.rows.shape[0]:
+            return None
+        return np.bincount(self.index, minlength=self.rows.shape[0])
+
+    def take(self, positions: ArrayLike) -> RepeatedRows:
+        """``X[positions]`` (rows no longer used are dropped)."""
+        sel = self.index[np.asarray(positions, dtype=np.intp)]
+        if sel.size and np.all(sel[1:] > sel[:-1]):  # increasing: each row once, in order
+            return RepeatedRows(self.rows[sel])
+        used, inverse = np.unique(sel, return_inverse=True)
+        return RepeatedRows(self.rows[used], inverse)
+
+    def gather(self, positions: ArrayLike) -> NDArray[Any]:
+        """``X[positions]`` as a dense array."""
+        return np.asarray(self.rows[self.index[np.asarray(positions, dtype=np.intp)]])
+
+    def dense(self) -> NDArray[Any]:
+        return self.rows if self._identity else np.asarray(self.rows[self.index])
+
+    def expand(self, values: NDArray[Any]) -> NDArray[Any]:
+        """Per-row values of ``rows`` as values per row of ``X``."""
+        return values if self._identity else np.asarray(values[self.index])
+
+    def with_rows(self, rows: ArrayLike) -> RepeatedRows:
+        """The same repetition of other rows (a row-wise transform of ``rows``)."""
+        out = RepeatedRows.__new__(RepeatedRows)
+        out.rows, out.index, out._identity = np.asarray(rows), self.index, self._identity
+        return out
+
+
+def _validated(estimator: BaseEstimator, X: ArrayLike | RepeatedRows, **checks: Any) -> RepeatedRows:
+    """``validate_data`` (resetting the estimator's input checks: a fit) of a matrix or of
+    the rows of a :class:`RepeatedRows`, as float64 with NaN allowed."""
+    kw: dict[str, Any] = {"ensure_all_finite": "allow-nan", "dtype": np.float64, **checks}
+    if isinstance(X, RepeatedRows):  # (every row is used: as many rows as X has, at least one)
+        return X.with_rows(np.asarray(validate_data(estimator, X.rows, **kw)))
+    return RepeatedRows(np.asarray(validate_data(estimator, X, **kw)))
+
+
 #: rows used for the per-feature median/MAD: above it a deterministic every-k-th thinning
 #: (the median of 4096 rows is within ~0.02 sigma of the full one; sorting dominates the cost)
 STATS_MAX_ROWS = 4096
 
 
-def _thin(X: Array, limit: int = STATS_MAX_ROWS) -> Array:
+def _thin(X: RepeatedRows, limit: int = STATS_MAX_ROWS) -> RepeatedRows:
     n = X.shape[0]
-    return X if n <= limit else X[np.linspace(0, n - 1, limit).astype(np.int64)]
+    return X if n <= limit else X.take(np.linspace(0, n - 1, limit).astype(np.int64))
 
 
 def _median0(A: NDArray[np.floating[Any]]) -> Array:
@@ -143,11 +210,14 @@ def _median0(A: NDArray[np.floating[Any]]) -> Array:
     return _median_rows(np.array(A.T, order="C", copy=True))
 
 
-def _median_rows(A: NDArray[np.floating[Any]]) -> Array:
+def _median_rows(A: NDArray[np.floating[Any]], weights: NDArray[np.int64] | None = None) -> Array:
     """Row medians of a C-ordered (columns x values) array, partitioned IN PLACE (each
     row keeps its values, reordered): one selection per row, the lower middle value of
     an even count as the largest of the lower half. Contiguous rows select several
-    times faster than strided columns."""
+    times faster than strided columns. With ``weights`` (value j stands for
+    ``weights[j]`` values): the median of the multiset, the same numbers."""
+    if weights is not None:
+        return _weighted_median_rows(A, weights)
     n = A.shape[1]
     k = n // 2
     A.partition(k, axis=1)
@@ -156,29 +226,70 @@ def _median_rows(A: NDArray[np.floating[Any]]) -> Array:
     return (A[:, :k].max(axis=1).astype(np.float64) + A[:, k].astype(np.float64)) / 2.0
 
 
-def _robust_stats(X: Array, finite: NDArray[np.bool_]) -> tuple[Array, Array, Array]:
-    """Per-column median, MAD and std over the finite values (fast path for complete
-    columns: np.nanmedian is several times slower than a partition)."""
-    p = X.shape[1]
+def _weighted_median_rows(A: NDArray[np.floating[Any]], weights: NDArray[np.int64]) -> Array:
+    """Row medians of ``A`` where value j counts ``weights[j]`` times; NaN values do not
+    count (a row of NaN only: NaN). As :func:`_median_rows` and ``np.nanmedian`` compute
+    them: the middle value, or the mean of the two middle ones in float64."""
+    m = A.shape[0]
+    order = np.argsort(A, axis=1)  # NaN last
+    S = np.take_along_axis(A, order, axis=1)
+    w = weights[order]
+    nan = np.isnan(S)
+    if nan.any():
+        w = np.where(nan, 0, w)
+    cw = np.cumsum(w, axis=1)
+    total = cw[:, -1] if cw.shape[1] else np.zeros(m, dtype=np.int64)
+    k = total // 2
+    ar = np.arange(m)
+    hi = S[ar, np.argmax(cw > k[:, None], axis=1)].astype(np.float64)
+    lo = S[ar, np.argmax(cw > (k - 1)[:, None], axis=1)].astype(np.float64)
+    out = np.where(total % 2 == 1, hi, (lo + hi) / 2.0)
+    return np.where(total > 0, out, np.nan)
+
+
+def _weighted_std0(X: Array, weights: NDArray[np.int64]) -> Array:
+    """Column standard deviations (ddof 0) of rows weighted by ``weights``, NaN ignored."""
+    w = np.where(np.isnan(X), 0.0, weights[:, None].astype(np.float64))
+    x = np.where(w > 0, X, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        total = w.sum(axis=0)
+        mean = (w * x).sum(axis=0) / total
+        return np.asarray(np.sqrt((w * (x - mean) ** 2).sum(axis=0) / total))
+
+
+def _robust_stats(X: RepeatedRows, finite: NDArray[np.bool_]) -> tuple[Array, Array, Array]:
+    """Per-column median, MAD and std over the finite values (``finite``: of ``X.rows``;
+    fast path for complete columns: np.nanmedian is several times slower than a
+    partition)."""
+    p = X.rows.shape[1]
     med, mad, std = np.empty(p), np.empty(p), np.empty(p)
     full = finite.all(axis=0)
+    T = _thin(X)
+    w = T.weights()
     if full.any():
-        Xf = _thin(X) if full.all() else _thin(X)[:, full]
+        Xf = T.rows if full.all() else T.rows[:, full]
         # float32 columns as rows, selected in place: the median reorders each row, which
-        # leaves the multiset of |x - median| (the MAD's input) as it was
+        # leaves the multiset of |x - median| (the MAD's input) as it was - and the weights
+        # are per column of `rows`, which the selection moves: weighted rows are sorted
+        # copies instead
         rows = np.array(Xf.T, dtype=np.float32, order="C")
-        m = _median_rows(rows)
+        m = _median_rows(rows, w)
         med[full] = m
         np.subtract(rows, m.astype(np.float32)[:, None], out=rows)
-        mad[full] = _median_rows(np.abs(rows, out=rows))
-        std[full] = Xf.std(axis=0)
+        mad[full] = _median_rows(np.abs(rows, out=rows), w)
+        std[full] = Xf.std(axis=0) if w is None else _weighted_std0(Xf, w)
     if (~full).any():
-        Xp = np.where(finite[:, ~full], X[:, ~full], np.nan)
-        Xp = _thin(Xp)
+        Xp = T.rows[:, ~full]
+        Xp = np.where(np.isfinite(Xp), Xp, np.nan)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            m = np.nanmedian(Xp, axis=0)
-            med[~full], mad[~full], std[~full] = m, np.nanmedian(np.abs(Xp - m), axis=0), np.nanstd(Xp, axis=0)
+            if w is None:
+                m = np.nanmedian(Xp, axis=0)
+                med[~full], mad[~full] = m, np.nanmedian(np.abs(Xp - m), axis=0)
+            else:
+                m = _weighted_median_rows(np.ascontiguousarray(Xp.T), w)
+                med[~full], mad[~full] = m, _weighted_median_rows(np.ascontiguousarray(np.abs(Xp - m).T), w)
+            std[~full] = np.nanstd(Xp, axis=0) if w is None else _weighted_std0(Xp, w)
     return med, mad, std
 
 
@@ -192,18 +303,18 @@ class RobustStandardizer(TransformerMixin, BaseEstimator):
         self.std_frac = std_frac
         self.rel_floor = rel_floor
 
-    def fit(self, X: ArrayLike, y: object = None) -> RobustStandardizer:
-        X = np.asarray(validate_data(self, X, ensure_all_finite="allow-nan", dtype=np.float64))
+    def fit(self, X: ArrayLike | RepeatedRows, y: object = None) -> RobustStandardizer:
+        R = _validated(self, X)
         if self.std_frac < 0 or self.rel_floor < 0:
             raise ValueError("RobustStandardizer: std_frac and rel_floor must be >= 0")
-        p = X.shape[1]
+        p = R.shape[1]
         floors: Array = np.zeros(p) if self.floors is None else np.asarray(self.floors, dtype=np.float64)
         if floors.shape != (p,):
             raise ValueError(f"RobustStandardizer: floors has shape {floors.shape}, expected ({p},)")
-        finite = np.isfinite(X)
+        finite = np.isfinite(R.rows)
         self.in_use_ = finite.any(axis=0)
-        med, mad, std = (_robust_stats(X, finite) if self.in_use_.all()  # (no copy of the matrix)
-                         else _robust_stats(X[:, self.in_use_], finite[:, self.in_use_]))
+        med, mad, std = (_robust_stats(R, finite) if self.in_use_.all()  # (no copy of the matrix)
+                         else _robust_stats(R.with_rows(R.rows[:, self.in_use_]), finite[:, self.in_use_]))
         center = np.zeros(p)
         scale = np.ones(p)
         center[self.in_use_] = med
@@ -220,6 +331,10 @@ class RobustStandardizer(TransformerMixin, BaseEstimator):
         self.center_ = center
         self.scale_ = scale
         return self
+
+    def transform_rows(self, X: RepeatedRows) -> RepeatedRows:
+        """:meth:`transform` of a matrix of repeated rows (row-wise: its rows only)."""
+        return X.with_rows(self.transform(X.rows))
 
     def transform(self, X: ArrayLike) -> Array:
         """z-scores; missing values and features unused in the reference give 0."""
@@ -269,6 +384,14 @@ class _Detector(BaseEstimator):
         self.scaler_ = None
         return _finite(X)
 
+    def _fit_scaler_rows(self, X: RepeatedRows) -> RepeatedRows:
+        """:meth:`_fit_scaler` of a matrix of repeated rows."""
+        if self.standardize:
+            self.scaler_ = RobustStandardizer(floors=self.floors).fit(X)
+            return self.scaler_.transform_rows(X)
+        self.scaler_ = None
+        return X.with_rows(_finite(X.rows))
+
     def _z(self, X: ArrayLike) -> Array:
         check_is_fitted(self)
         X = np.asarray(validate_data(self, X, reset=False, ensure_all_finite="allow-nan", dtype=np.float64))
@@ -276,11 +399,15 @@ class _Detector(BaseEstimator):
             return self.scaler_.transform(X)
         return _finite(X)
 
-    def _validate(self, X: ArrayLike) -> Array:
-        X = validate_data(self, X, ensure_all_finite="allow-nan", dtype=np.float64, ensure_min_samples=1)
+    def _validate(self, X: ArrayLike | RepeatedRows) -> Array:
+        """The matrix to fit, dense (detectors without a repeated-rows path)."""
+        return self._validate_rows(X).dense()
+
+    def _validate_rows(self, X: ArrayLike | RepeatedRows) -> RepeatedRows:
+        R = _validated(self, X, ensure_min_samples=1)
         if not (np.isfinite(self.threshold_k) and self.threshold_k > 0):
             raise ValueError(f"{type(self).__name__}: threshold_k must be a positive number, not {self.threshold_k!r}")
-        return np.asarray(X)
+        return R
 
     #: the smallest threshold that makes sense for the score whatever the reference
     #: (a reference with almost no spread would otherwise flag the slightest wobble)
@@ -307,6 +434,10 @@ class _Detector(BaseEstimator):
 
     def _score_z(self, z: Array) -> Array:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _score_rows(self, z: RepeatedRows) -> Array:
+        """Scores of every row of a matrix of repeated rows (each distinct row scored once)."""
+        return z.expand(self._score_z(z.rows))
 
     def score_samples(self, X: ArrayLike) -> Array:
         """Anomaly score per row: higher = more anomalous."""
@@ -356,12 +487,11 @@ class RobustZScore(_Detector):
         self.floors = floors
         self.threshold_k = threshold_k
 
-    def fit(self, X: ArrayLike, y: object = None) -> RobustZScore:
-        X = self._validate(X)
+    def fit(self, X: ArrayLike | RepeatedRows, y: object = None) -> RobustZScore:
+        R = self._validate_rows(X)
         if self.aggregate not in ("max", "rms"):
             raise ValueError(f"RobustZScore: aggregate must be 'max' or 'rms', not {self.aggregate!r}")
-        z = self._fit_scaler(X)
-        self._calibrate(self._score_z(z))
+        self._calibrate(self._score_rows(self._fit_scaler_rows(R)))
         return self
 
     def _score_z(self, z: Array) -> Array:
@@ -442,41 +572,44 @@ class IsolationForestDetector(_Detector):
             raise ValueError(f"IsolationForestDetector: max_samples must be a positive int, not {ms!r}")
         return min(int(ms), n)
 
-    def fit(self, X: ArrayLike, y: object = None) -> IsolationForestDetector:
-        X = self._validate(X)
+    def fit(self, X: ArrayLike | RepeatedRows, y: object = None) -> IsolationForestDetector:
+        R = self._validate_rows(X)
         if self.backend not in ("numpy", "sklearn"):
             raise ValueError(f"IsolationForestDetector: backend must be 'numpy' or 'sklearn', not {self.backend!r}")
         if not (isinstance(self.n_estimators, int | np.integer) and self.n_estimators >= 1):
             raise ValueError(f"IsolationForestDetector: n_estimators must be a positive int, not {self.n_estimators!r}")
         if not (isinstance(self.n_candidates, int | np.integer) and self.n_candidates >= 1):
             raise ValueError(f"IsolationForestDetector: n_candidates must be a positive int, not {self.n_candidates!r}")
-        z = self._fit_scaler(X)
+        z = self._fit_scaler_rows(R)
         psi = self._psi(z.shape[0])
         self.forest_: IsolationForest | None = None
         if self.backend == "sklearn":
             self.forest_ = IsolationForest(n_estimators=self.n_estimators, max_samples=psi,
-                                           random_state=self.random_state).fit(z)
+                                           random_state=self.random_state).fit(z.dense())
         else:
             self._grow(z, psi, check_random_state(self.random_state))
-        self._calibrate(self._score_z(z))
+        self._calibrate(self._score_rows(z))
         return self
 
     # ------------------------------------------------------------------ numpy forest
-    def _grow(self, z: Array, psi: int, rng: np.random.RandomState) -> None:
+    def _grow(self, z: RepeatedRows, psi: int, rng: np.random.RandomState) -> None:
         """Grow every tree at once, level by level. Trees are complete binary trees in
-        array layout (children of node i: 2i+1, 2i+2); ``feature_ = -1`` marks a leaf."""
+        array layout (children of node i: 2i+1, 2i+2); ``feature_ = -1`` marks a leaf.
+        Samples are drawn among the rows of the full matrix, values read from its
+        distinct rows."""
         n, p = z.shape
         T, K = int(self.n_estimators), int(self.n_candidates)
         depth = max(1, int(np.ceil(np.log2(max(psi, 2)))))
         N = 2 ** (depth + 1) - 1
-        usable = np.flatnonzero(np.ptp(z, axis=0) > 0) if n else np.zeros(0, dtype=np.int64)
-        zf = np.ascontiguousarray(z).ravel()
+        usable = np.flatnonzero(np.ptp(z.rows, axis=0) > 0) if n else np.zeros(0, dtype=np.int64)
+        zf = np.ascontiguousarray(z.rows).ravel()
         feature = np.full((T, N), -1, dtype=np.int64)
         threshold = np.zeros((T, N))
         if psi < n:
             sample = np.argpartition(rng.random_sample((T, n)), psi - 1, axis=1)[:, :psi]
         else:
             sample = np.tile(np.arange(n), (T, 1))
+        sample = z.index[sample]  # positions in the matrix -> its distinct rows
         node = np.zeros((T, psi), dtype=np.int64)
         tree = np.repeat(np.arange(T), psi).reshape(T, psi)
         active = np.ones((T, psi), dtype=bool)
@@ -709,34 +842,36 @@ class MahalanobisDetector(_Detector):
         self.threshold_k = threshold_k
         self.random_state = random_state
 
-    def fit(self, X: ArrayLike, y: object = None) -> MahalanobisDetector:
-        X = self._validate(X)
+    def fit(self, X: ArrayLike | RepeatedRows, y: object = None) -> MahalanobisDetector:
+        R = self._validate_rows(X)
         if self.method not in ("trimmed_lw", "mcd"):
             raise ValueError(f"MahalanobisDetector: method must be 'trimmed_lw' or 'mcd', not {self.method!r}")
         if not 0.0 < self.support_fraction <= 1.0:
             raise ValueError(f"MahalanobisDetector: support_fraction must be in (0, 1], not {self.support_fraction!r}")
-        z = self._fit_scaler(X)
+        z = self._fit_scaler_rows(R)
         n, p = z.shape
         rng = check_random_state(self.random_state)
-        fit_rows = z if n <= self.max_fit_rows else z[np.sort(rng.choice(n, self.max_fit_rows, replace=False))]
-        self.active_ = np.ptp(fit_rows, axis=0) > 1e-9 if n else np.zeros(p, dtype=bool)
-        za = fit_rows[:, self.active_]
+        fit_rows = z if n <= self.max_fit_rows else z.take(np.sort(rng.choice(n, self.max_fit_rows, replace=False)))
+        n_fit = fit_rows.shape[0]
+        self.active_ = np.ptp(fit_rows.rows, axis=0) > 1e-9 if n else np.zeros(p, dtype=bool)
+        za = fit_rows.rows[:, self.active_]  # (distinct rows; fit_rows.index says which row is which)
         q = za.shape[1]
         loc, prec = np.zeros(q), np.eye(q)
-        if q and za.shape[0] > 2:
-            if self.method == "mcd" and za.shape[0] > q + 1:
-                mcd = MinCovDet(support_fraction=self.support_fraction, random_state=self.random_state).fit(za)
+        if q and n_fit > 2:
+            if self.method == "mcd" and n_fit > q + 1:
+                mcd = MinCovDet(support_fraction=self.support_fraction, random_state=self.random_state).fit(
+                    fit_rows.expand(za))
                 loc, prec = mcd.location_, mcd.get_precision()
             else:
-                h = max(2, int(np.ceil(self.support_fraction * za.shape[0])))
-                dist = np.mean(za * za, axis=1)
+                h = max(2, int(np.ceil(self.support_fraction * n_fit)))
+                dist = fit_rows.expand(np.mean(za * za, axis=1))
                 # the trimmed core and the ranking distances of the C-steps in float32 (ample
                 # precision for ranking); the covariance is float64, as LedoitWolf.fit made it
                 # (it subtracts a float64 location); the scores below are float64
                 za32 = za.astype(np.float32)
                 steps = 1 + max(0, self.c_steps)
                 for step in range(steps):
-                    core = za32[np.argsort(dist, kind="stable")[:h]]
+                    core = za32[fit_rows.index[np.argsort(dist, kind="stable")[:h]]]
                     loc = core.mean(axis=0, dtype=np.float64)
                     cov = _ledoit_wolf_cov(core - loc.astype(np.float32))
                     # variances no smaller than the robust scale (1 in z units): a bursty
@@ -746,11 +881,11 @@ class MahalanobisDetector(_Detector):
                     prec = _spd_inverse(cov)
                     if step + 1 < steps:
                         d32 = za32 - loc.astype(np.float32)
-                        dist = np.einsum("ij,ij->i", d32 @ prec.astype(np.float32), d32)
+                        dist = fit_rows.expand(np.einsum("ij,ij->i", d32 @ prec.astype(np.float32), d32))
         self.location_ = np.zeros(p)
         self.location_[self.active_] = loc
         self.precision_ = prec
-        self._calibrate(self._score_z(z))
+        self._calibrate(self._score_rows(z))
         return self
 
     def _split(self, z: Array) -> tuple[Array, Array]:

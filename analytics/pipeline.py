@@ -64,6 +64,7 @@ from analytics.catalog import FAMILIES, lookup
 from analytics.detectors import (
     IsolationForestDetector,
     MahalanobisDetector,
+    RepeatedRows,
     RobustStandardizer,
     RobustZScore,
     _Detector,
@@ -358,6 +359,9 @@ class _Fit:
         with a direction of trouble, down-weighted for workload-activity features."""
         return _evidence(self.scaler.transform(X), self.sign, self.weight)
 
+    def evidence_rows(self, X: RepeatedRows) -> RepeatedRows:
+        return X.with_rows(self.evidence(X.rows))
+
 
 def _evidence(z: np.ndarray, sign: np.ndarray, weight: np.ndarray) -> np.ndarray:
     if sign.any():  # one pass: up-features clipped below at 0, down-features above
@@ -393,28 +397,28 @@ def evidence_weights(cols: Sequence[str], config: AnalyticsConfig) -> tuple[np.n
     return sign, weight
 
 
-def _fit(config: AnalyticsConfig, ref: np.ndarray, floors: np.ndarray, sign: np.ndarray,
-         weight: np.ndarray, capped: bool = False) -> tuple[_Fit, np.ndarray]:
+def _fit(config: AnalyticsConfig, ref: RepeatedRows, floors: np.ndarray, sign: np.ndarray,
+         weight: np.ndarray, capped: bool = False) -> tuple[_Fit, RepeatedRows]:
     # the detection matrix holds finite values or NaN (features are null, never inf), z is
     # finite by construction (transform zeroes the rest) and the parameters are the
     # config's: sklearn's per-call finiteness scans and parameter checks only cost time
     with config_context(assume_finite=True, skip_parameter_validation=True):
         scaler = RobustStandardizer(floors=floors).fit(ref)
-        z = _evidence(scaler.transform(ref), sign, weight)
+        z = ref.with_rows(_evidence(scaler.transform(ref.rows), sign, weight))
         models = {d: config.make_detector(d, capped=capped).fit(z) for d in config.detectors}
     return _Fit(scaler, models, sign, weight), z
 
 
-def _fit_and_score(config: AnalyticsConfig, X: np.ndarray, ref_rows: np.ndarray, target: np.ndarray,
+def _fit_and_score(config: AnalyticsConfig, X: RepeatedRows, ref_rows: np.ndarray, target: np.ndarray,
                    floors: np.ndarray, sign: np.ndarray, weight: np.ndarray, capped: bool = False
                    ) -> tuple[_Fit, dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
     # (all rows, in order: the matrix itself, not a copy; nothing writes into it)
-    fit, _ = _fit(config, X if ref_rows.size == X.shape[0] else X[ref_rows], floors, sign, weight, capped)
+    fit, _ = _fit(config, X if ref_rows.size == X.shape[0] else X.take(ref_rows), floors, sign, weight, capped)
     pos = np.searchsorted(ref_rows, target)
     if target.size and pos.max() < ref_rows.size and np.array_equal(ref_rows[pos], target):
         # the targets are reference rows (self reference): reuse the fit's scores
         return fit, *_score(config, fit, None, pos)
-    return fit, *_score(config, fit, fit.evidence(X[target]))
+    return fit, *_score(config, fit, fit.evidence_rows(X.take(target)))
 
 
 def _combine(margins: np.ndarray, rank: int) -> np.ndarray:
@@ -485,12 +489,12 @@ def _recalibrate_cohort(config: AnalyticsConfig, blocks: Sequence[_Block]) -> No
         b.combined = _combine(np.vstack(margins[id(b)]), config.combine_rank)
 
 
-def _score(config: AnalyticsConfig, fit: _Fit, z: np.ndarray | None, ref_pos: np.ndarray | None = None
+def _score(config: AnalyticsConfig, fit: _Fit, z: RepeatedRows | None, ref_pos: np.ndarray | None = None
            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
     """Scores, flags and combined margins of z (None: the reference rows at ``ref_pos``)."""
     scores, flags, margins = {}, {}, []
     for name, det in fit.models.items():
-        s = det.reference_scores_[ref_pos] if z is None else det._score_z(z)
+        s = det.reference_scores_[ref_pos] if z is None else det._score_rows(z)
         scores[name] = s
         flags[name] = scores_to_labels(s, det.threshold_)
         margins.append(det.margin(s))
@@ -519,7 +523,7 @@ def persistent(flags: np.ndarray, starts_us: np.ndarray, stride_us: int, min_run
 
 
 def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: AnalyticsConfig
-                      ) -> tuple[np.ndarray, np.ndarray]:
+                      ) -> tuple[RepeatedRows, np.ndarray]:
     """The matrix the detectors see: each feature's centred running median over
     ``config.smooth`` of the host's windows (``smooth`` <= one stride: the raw
     features). Workload phases shorter than half of it (a checkpoint, an evaluation
@@ -537,14 +541,17 @@ def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: Analytic
     window would let a final checkpoint be half of it), so there the smoothed value is
     not centred on the window: the second result marks those *edge* rows, whose verdict
     must also hold on the raw window (see :func:`analyze`): a fault that stopped 30 s
-    before the end is not extended to the end, a checkpoint at the end is not flagged."""
+    before the end is not extended to the end, a checkpoint at the end is not flagged.
+
+    The matrix comes as its block rows and each window's block (:class:`RepeatedRows`):
+    the detectors fit and score each block once, not each of its ten windows."""
     no_edge = np.zeros(feats.height, dtype=bool)
     if not cols:
-        return np.zeros((feats.height, 0)), no_edge
+        return RepeatedRows(np.zeros((feats.height, 0))), no_edge
     stride_us = round(config.window.stride_s * 1e6)
     w = round(config.smooth.total_seconds() * 1e6 / stride_us)
     if w <= 1:
-        return feats.select(cols).to_numpy().astype(np.float64, copy=False), no_edge
+        return RepeatedRows(feats.select(cols).to_numpy().astype(np.float64, copy=False)), no_edge
     k = min(w, 12)
     block_us = max(1, w // k) * stride_us
     bid = (pl.col(WINDOW_START).dt.epoch("us") // block_us).alias("_blk")
@@ -579,7 +586,7 @@ def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: Analytic
     # each window's block, by a join of the keys only
     at = feats.select(HOST, bid).join(blocks.select(HOST, "_blk").with_row_index("_i"), on=[HOST, "_blk"],
                                       how="left", maintain_order="left")["_i"].to_numpy()
-    return np.asarray(values[at], dtype=np.float64), shifted[at]
+    return RepeatedRows(np.asarray(values, dtype=np.float64), at), shifted[at]
 
 
 def _confirm_edges(feats: pl.DataFrame, cols: Sequence[str], config: AnalyticsConfig, blocks: Sequence[_Block],
@@ -600,13 +607,13 @@ def _confirm_edges(feats: pl.DataFrame, cols: Sequence[str], config: AnalyticsCo
         b.combined[sel] = np.minimum(b.combined[sel], _combine(np.vstack(margins), config.combine_rank))
 
 
-def _host_level(X: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _host_level(X: RepeatedRows, rows: np.ndarray) -> np.ndarray:
     """Per-feature median of a host's windows (NaN where it has no value)."""
     if not rows.size:
         return np.full(X.shape[1], np.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-        return np.asarray(np.nanmedian(X[rows], axis=0))
+        return np.asarray(np.nanmedian(X.gather(rows), axis=0))
 
 
 def _peer_spread(levels: np.ndarray) -> np.ndarray:
@@ -740,7 +747,7 @@ def _scores_table(feats: pl.DataFrame, blocks: Sequence[_Block]) -> pl.DataFrame
     return pl.concat(parts).select([pl.col(c).cast(t) for c, t in SCORES_SCHEMA.items()])
 
 
-def _findings_table(feats: pl.DataFrame, X: np.ndarray, cols: Sequence[str], blocks: Sequence[_Block],
+def _findings_table(feats: pl.DataFrame, X: RepeatedRows, cols: Sequence[str], blocks: Sequence[_Block],
                     config: AnalyticsConfig) -> pl.DataFrame:
     # best reference per window: the flagged block with the largest combined score
     best: dict[int, tuple[float, _Block, int]] = {}
@@ -763,14 +770,14 @@ def _findings_table(feats: pl.DataFrame, X: np.ndarray, cols: Sequence[str], blo
         b = block_of[bid]
         rows = np.array([r for r, _ in items], dtype=np.int64)
         local = np.array([i for _, i in items], dtype=np.int64)
-        z = b.fit.evidence(X[rows])
+        z = b.fit.evidence(X.gather(rows))
         flagged_by = [tuple(d for d in b.flags if b.flags[d][i]) or tuple(b.fit.models) for i in local]
         # one vectorised explanation per set of flagging detectors
         for dets in dict.fromkeys(flagged_by):
             sel = np.array([n for n, f in enumerate(flagged_by) if f == dets], dtype=np.int64)
             contrib = {d: b.fit.models[d].contributions(z[sel]) for d in dets}
             # the window's own (unsmoothed) values; the reference is the smoothed median
-            raw = feats.select(cols)[rows[sel]].to_numpy().astype(np.float64) if cols else X[rows[sel]]
+            raw = feats.select(cols)[rows[sel]].to_numpy().astype(np.float64) if cols else X.gather(rows[sel])
             t, prof = attribution.explain(contrib, raw, b.fit.scaler.center_, cols, config.top_k)
             tops += t
             profiles.append(prof)

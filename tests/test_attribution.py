@@ -285,13 +285,13 @@ def test_block_means_of_the_smoothing_equal_the_hash_grouping_bit_for_bit(order:
     assert got.equals(ref)
     # and the matrix: each window's smoothed values are its host's (12-block medians of
     # the block means): one host's matrix alone is the same
-    X, _ = _detection_matrix(feats, cols, AnalyticsConfig())
+    X = _detection_matrix(feats, cols, AnalyticsConfig())[0].dense()
     host_a = feats["host"].to_numpy() == "a"
-    Xa, _ = _detection_matrix(feats.filter(pl.col("host") == "a"), cols, AnalyticsConfig())
+    Xa = _detection_matrix(feats.filter(pl.col("host") == "a"), cols, AnalyticsConfig())[0].dense()
     assert np.isfinite(X).all() and np.array_equal(X[host_a], Xa)
     # ... and, up to the order of the sums, the matrix of the sorted frame, row for row
     srt = feats.with_row_index("_r").sort("host", "window_start")
-    Xs, _ = _detection_matrix(srt.drop("_r"), cols, AnalyticsConfig())
+    Xs = _detection_matrix(srt.drop("_r"), cols, AnalyticsConfig())[0].dense()
     back = np.empty_like(Xs)
     back[srt["_r"].to_numpy()] = Xs
     np.testing.assert_allclose(X, back, rtol=1e-12)
@@ -320,7 +320,8 @@ def test_smoothing_of_constant_columns_equals_the_running_median() -> None:
                                                                                     "window_end"))
     cfg = AnalyticsConfig()
     for cols in (["cpu.busy_share", "cpu.load1", "cpu.iowait_share", "cpu.steal_share"], ["cpu.load1"]):
-        X, edge = _detection_matrix(feats, cols, cfg)
+        R, edge = _detection_matrix(feats, cols, cfg)
+        X = R.dense()
         # the reference: every column through Polars' running median of the 10-s block means
         bid = (pl.col("window_start").dt.epoch("us") // 10_000_000).alias("_blk")
         blocks = feats.group_by("host", bid).agg(pl.col(cols).mean()).sort("host", "_blk")
@@ -341,3 +342,33 @@ def test_smoothing_of_constant_columns_equals_the_running_median() -> None:
                 shift[idx] = np.clip(np.arange(idx.size) + 6, 11, idx.size - 1) + idx[0]
             ref = trail[shift[at.to_numpy()]]
             np.testing.assert_array_equal(X[inner], ref[inner])
+
+
+def test_detectors_on_the_block_rows_give_the_dense_matrix_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pipeline fits and scores each smoothed block once (RepeatedRows); with the
+    detection matrix handed over dense instead (every window its own row), the scores
+    agree to rounding and every flag and finding is the same (self and cohort references,
+    a fault mid-run and a host misconfigured from boot)."""
+    import analytics.pipeline as P
+    from analytics.detectors import RepeatedRows
+
+    frames, facts, _ = fleet()
+    cfg = AnalyticsConfig(warmup=timedelta(0))
+    fast = analyze(frames, cfg, host_facts=facts)
+    blocks, _ = P._detection_matrix(fast.features, P.feature_columns(fast.features), cfg)
+    assert blocks.rows.shape[0] * 5 < blocks.shape[0]  # the block rows are far fewer than the windows
+    original = P._detection_matrix
+
+    def dense_matrix(*args: object) -> tuple[RepeatedRows, np.ndarray]:
+        X, edge = original(*args)
+        return RepeatedRows(X.dense()), edge
+
+    monkeypatch.setattr(P, "_detection_matrix", dense_matrix)
+    dense = analyze(frames, cfg, host_facts=facts, features=fast.features)
+    assert fast.scores.drop("score").equals(dense.scores.drop("score"))
+    np.testing.assert_allclose(fast.scores["score"].to_numpy(), dense.scores["score"].to_numpy(), rtol=1e-9, atol=1e-12)
+    assert fast.findings.height > 0
+    assert fast.findings.select("host", "window_start", "reference", "detectors").equals(
+        dense.findings.select("host", "window_start", "reference", "detectors"))
+    assert (fast.findings["top_factors"].list.first().struct.field("feature")
+            == dense.findings["top_factors"].list.first().struct.field("feature")).all()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sklearn.base import clone
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from analytics.baselines import GaussianMixtureNLL, PCAReconstruction
@@ -244,3 +245,78 @@ def test_column_median_by_one_selection_is_numpys(n: int) -> None:
     got = _median0(A)
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, np.median(A.astype(np.float64), axis=0))
+
+
+def _repeated(seed: int, n_rows: int, n: int, p: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows (ties, a NaN-holed column, an all-NaN column, a constant one) and
+    which of them each of ``n`` rows is: most rows repeat, as in the pipeline's smoothed
+    detection matrix."""
+    rng = np.random.default_rng(seed)
+    rows = rng.standard_t(3, size=(n_rows, p)) * 10.0 ** rng.integers(-3, 4, p)
+    rows[:, 1] = np.round(rows[:, 1])
+    rows[rng.random(n_rows) < 0.3, 2] = np.nan
+    rows[:, 3] = np.nan
+    rows[:, 4] = 7.0
+    index = np.sort(rng.integers(0, n_rows, n))
+    index[:n_rows] = np.arange(n_rows)  # every row used at least once
+    return rows, rng.permutation(index)
+
+
+@pytest.mark.parametrize(("n_rows", "n"), [(1, 1), (2, 3), (5, 40), (40, 399), (60, 5000)])
+def test_weighted_medians_equal_numpys_of_the_repeated_rows(n_rows: int, n: int) -> None:
+    """The median of values counted several times is the same number numpy gives for
+    the repeated values, odd and even counts, ties, NaN ignored (all NaN: NaN)."""
+    from analytics.detectors import _weighted_median_rows
+
+    rows, index = _repeated(n_rows + n, n_rows, n)
+    w = np.bincount(index, minlength=n_rows)
+    A = np.ascontiguousarray(rows.T)
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning) if n_rows else np.errstate():
+        want = np.nanmedian(rows[index], axis=0)
+    np.testing.assert_array_equal(_weighted_median_rows(A, w), want)
+    A32 = np.ascontiguousarray(rows[:, [0, 1, 4]].T, dtype=np.float32)
+    np.testing.assert_array_equal(_weighted_median_rows(A32, w), np.median(A32[:, index].astype(np.float64), axis=1))
+
+
+@pytest.mark.parametrize(("n_rows", "n"), [(1, 1), (2, 3), (30, 300), (50, 4500), (4000, 4300)])
+def test_repeated_rows_fit_and_score_as_the_dense_matrix(n_rows: int, n: int) -> None:
+    """Every detector fits a matrix given as its repeated rows (RepeatedRows) as it fits
+    the matrix itself: the same medians, scales within rounding, the same Isolation
+    Forest, scores and thresholds within rounding. Above STATS_MAX_ROWS rows the thinning
+    picks the same positions either way."""
+    from analytics.detectors import RepeatedRows
+
+    rows, index = _repeated(n, n_rows, n)
+    R = RepeatedRows(rows, index)
+    X = rows[index]
+    assert R.shape == X.shape
+    np.testing.assert_array_equal(R.dense(), X)
+    s_dense = RobustStandardizer().fit(X)
+    s_rows = RobustStandardizer().fit(R)
+    np.testing.assert_array_equal(s_rows.center_, s_dense.center_)
+    np.testing.assert_allclose(s_rows.scale_, s_dense.scale_, rtol=1e-12)
+    for det in all_detectors():
+        a, b = clone(det).fit(X), clone(det).fit(R)
+        np.testing.assert_allclose(b.reference_scores_, a.reference_scores_, rtol=1e-9, atol=1e-12)
+        assert b.threshold_ == pytest.approx(a.threshold_, rel=1e-9)
+        np.testing.assert_allclose(b.score_samples(X[:9]), a.score_samples(X[:9]), rtol=1e-9, atol=1e-12)
+        if isinstance(det, IsolationForestDetector):
+            np.testing.assert_array_equal(b.feature_, a.feature_)
+
+
+def test_repeated_rows_take_gather_and_expand() -> None:
+    """``take`` is ``X[positions]`` (unused rows dropped, order and repeats kept),
+    ``gather`` the dense rows, ``expand`` per-row values per row of X."""
+    from analytics.detectors import RepeatedRows
+
+    rows = np.arange(12.0).reshape(4, 3)
+    R = RepeatedRows(rows, [2, 2, 0, 3, 0, 1, 1])
+    X = rows[R.index]
+    for pos in ([0, 1, 2], [6, 3, 3, 0], [5], [0, 2, 3, 5]):
+        T = R.take(pos)
+        np.testing.assert_array_equal(T.dense(), X[pos])
+        assert T.rows.shape[0] == len({int(R.index[i]) for i in pos})  # only the rows used
+        np.testing.assert_array_equal(R.gather(pos), X[pos])
+    np.testing.assert_array_equal(R.expand(rows[:, 0]), X[:, 0])
+    assert R.weights() is not None and R.weights().tolist() == [2, 2, 2, 1]
+    assert RepeatedRows(rows).weights() is None and RepeatedRows(rows).dense() is rows
