@@ -761,24 +761,33 @@ class IsolationForestDetector(_Detector):
 _LEAF_BLOCK = 512
 
 
-def _ledoit_wolf_cov(X: NDArray[np.floating[Any]]) -> Array:
+def _ledoit_wolf_cov(X: NDArray[np.floating[Any]], weights: NDArray[np.int64] | None = None) -> Array:
     """``sklearn.covariance.ledoit_wolf(X, assume_centered=True)[0]``, bit for bit, with
     its Gram matrix ``X.T @ X`` computed once (sklearn computes it for the shrinkage and
     again for the covariance) and without its per-call validation. Like
-    ``LedoitWolf.fit`` (which subtracts a float64 zero location), it works in float64."""
+    ``LedoitWolf.fit`` (which subtracts a float64 zero location), it works in float64.
+    With ``weights``, row i stands for ``weights[i]`` rows (every sum of the estimator is
+    a sum over rows: the same estimate up to rounding)."""
     X = np.asarray(X, dtype=np.float64)
-    n, p = X.shape
+    if weights is not None:
+        n, p = int(weights.sum()), X.shape[1]
+        if p == 1 or p >= 1000:
+            return _ledoit_wolf_cov(np.repeat(X, weights, axis=0))
+        w = weights.astype(np.float64)[:, None]
+    else:
+        n, p = X.shape
+        w = None
     if p == 1:
         return np.atleast_2d((X**2).mean())
     if p >= 1000:  # sklearn sums the Gram matrix in blocks there: let it
         return np.asarray(ledoit_wolf(X, assume_centered=True)[0], dtype=np.float64)
     X2 = X**2
-    trace = np.sum(X2, axis=0) / n
+    trace = np.sum(X2 if w is None else w * X2, axis=0) / n
     mu = np.sum(trace) / p
-    gram = np.dot(X.T, X)
+    gram = np.dot(X.T, X if w is None else w * X)
     delta_ = 0.0 + np.sum(gram**2)
     delta_ /= n**2
-    beta_ = 0.0 + np.sum(np.dot(X2.T, X2))
+    beta_ = 0.0 + np.sum(np.dot(X2.T, X2 if w is None else w * X2))
     beta = 1.0 / (p * n) * (beta_ / n - delta_)
     delta = delta_ - 2.0 * mu * trace.sum() + p * mu**2
     delta /= p
@@ -869,11 +878,16 @@ class MahalanobisDetector(_Detector):
                 # precision for ranking); the covariance is float64, as LedoitWolf.fit made it
                 # (it subtracts a float64 location); the scores below are float64
                 za32 = za.astype(np.float32)
+                repeats = fit_rows.weights() is not None
+                count: NDArray[np.int64] | None = None
                 steps = 1 + max(0, self.c_steps)
                 for step in range(steps):
-                    core = za32[fit_rows.index[np.argsort(dist, kind="stable")[:h]]]
-                    loc = core.mean(axis=0, dtype=np.float64)
-                    cov = _ledoit_wolf_cov(core - loc.astype(np.float32))
+                    inner = fit_rows.index[np.argsort(dist, kind="stable")[:h]]
+                    if repeats:  # the core's distinct rows, and how often each is in it
+                        inner, count = np.unique(inner, return_counts=True)
+                    core = za32[inner]
+                    loc = core.mean(axis=0, dtype=np.float64) if count is None else (count @ core.astype(np.float64)) / h
+                    cov = _ledoit_wolf_cov(core - loc.astype(np.float32), count)
                     # variances no smaller than the robust scale (1 in z units): a bursty
                     # channel (zero in the trimmed core, bursts elsewhere) must not get a
                     # near-zero variance that makes every burst look extreme

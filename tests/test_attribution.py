@@ -365,8 +365,9 @@ def test_detectors_on_the_block_rows_give_the_dense_matrix_verdicts(monkeypatch:
 
     monkeypatch.setattr(P, "_detection_matrix", dense_matrix)
     dense = analyze(frames, cfg, host_facts=facts, features=fast.features)
-    assert fast.scores.drop("score").equals(dense.scores.drop("score"))
-    np.testing.assert_allclose(fast.scores["score"].to_numpy(), dense.scores["score"].to_numpy(), rtol=1e-9, atol=1e-12)
+    assert fast.scores.drop("score", "threshold").equals(dense.scores.drop("score", "threshold"))
+    for c in ("score", "threshold"):
+        np.testing.assert_allclose(fast.scores[c].to_numpy(), dense.scores[c].to_numpy(), rtol=1e-9, atol=1e-12)
     assert fast.findings.height > 0
     assert fast.findings.select("host", "window_start", "reference", "detectors").equals(
         dense.findings.select("host", "window_start", "reference", "detectors"))

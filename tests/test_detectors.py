@@ -320,3 +320,19 @@ def test_repeated_rows_take_gather_and_expand() -> None:
     np.testing.assert_array_equal(R.expand(rows[:, 0]), X[:, 0])
     assert R.weights() is not None and R.weights().tolist() == [2, 2, 2, 1]
     assert RepeatedRows(rows).weights() is None and RepeatedRows(rows).dense() is rows
+
+
+@pytest.mark.parametrize("p", [1, 5, 40])
+def test_weighted_ledoit_wolf_is_sklearns_on_the_repeated_rows(p: int) -> None:
+    """Ledoit-Wolf of rows counted several times (the trimmed core of a matrix of
+    repeated rows) is sklearn's estimate of the repeated rows, up to rounding."""
+    from sklearn.covariance import ledoit_wolf
+
+    from analytics.detectors import _ledoit_wolf_cov
+
+    rng = np.random.default_rng(p)
+    rows = rng.normal(size=(30, p)) @ rng.normal(size=(p, p))
+    counts = rng.integers(1, 12, 30)
+    want = ledoit_wolf(np.repeat(rows, counts, axis=0), assume_centered=True)[0]
+    np.testing.assert_allclose(_ledoit_wolf_cov(rows, counts), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(_ledoit_wolf_cov(rows), ledoit_wolf(rows, assume_centered=True)[0])
