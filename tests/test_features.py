@@ -337,7 +337,10 @@ def test_window_scatter_equals_the_join_on_the_grid() -> None:
     grid = F._grid(list(bks.values()), spec)
     for name, bk in bks.items():
         plan = tables[name][1]
-        devs, got = F._table_windows(bk, plan, grid)
+        # the scatter under Polars' rolling, as the join: bit for bit (the numpy windows
+        # are compared with the join in test_numpy_windows_equal_polars_rolling_on_the_join)
+        dev_s, dense = F._dense(bk, plan, grid)
+        devs, got = F._windows_of(dense, dev_s, plan, grid)
         devs_ref, ref = F._table_windows_polars(bk, plan, grid)
         assert devs == devs_ref
         assert got.equals(ref, null_equal=True), name
@@ -519,3 +522,217 @@ def test_plans_are_cached_per_schema() -> None:
                             ("reads", pl.Int64())))
     assert a is b and a is not c
     assert "disk.write_iops" in a.features and "disk.write_iops" not in c.features
+
+
+# ------------------------------------------- numpy windows vs Polars' rolling (speed)
+_AGGS = {"i_sum": ("sum", pl.Int64), "u_cnt": ("count", pl.UInt32), "f_sum": ("sum", pl.Float64),
+         "f_mean": ("mean", pl.Float64), "i_mean": ("mean", pl.Int64), "i_max": ("max", pl.Int64),
+         "f_min": ("min", pl.Float64), "f_max": ("max", pl.Float64), "nan_sum": ("sum", pl.Float64),
+         "nan_max": ("max", pl.Float64), "nan_mean": ("mean", pl.Float64)}
+
+
+def _window_plan() -> object:
+    """A plan whose features read every bucket column as it is (one per aggregation)."""
+    from analytics import features as F
+
+    return F._Plan(pl.col(F._DEV), {n: (pl.col(n), a) for n, (a, _) in _AGGS.items()},  # type: ignore[misc]
+                   {f"t.{n}": pl.col(n) for n in _AGGS})
+
+
+def _sparse_buckets(seed: int) -> pl.DataFrame:
+    """Bucket rows of three hosts of different extents (a: 24 buckets, b: 9 starting 5 s
+    later, c: 2 - less than a window), devices x/y (z on host a only), ~15 % of the rows
+    omitted, nulls in every column, one all-null stretch of 5 buckets (x on a), NaN in
+    the nan_* columns, rows shuffled as a ``group_by`` leaves them."""
+    from analytics import features as F
+
+    rng = np.random.default_rng(seed)
+    t0 = int(T0.timestamp() * 1e6)
+    rows = []
+    for host, start, n, devs in (("a", 0, 24, "xyz"), ("b", 5, 9, "xy"), ("c", 3, 2, "xy")):
+        for d in devs:
+            for k in range(n):
+                if rng.random() < 0.15 and not (host == "c"):
+                    continue
+                rows.append((host, d, t0 + (start + k) * 1_000_000, k))
+    n = len(rows)
+    cols: dict[str, object] = {"host": [r[0] for r in rows], F._DEV: [r[1] for r in rows], F._B: [r[2] for r in rows]}
+    for name, (_, dt) in _AGGS.items():
+        if dt == pl.Float64:
+            v = rng.normal(0, 1e3, n) * rng.choice([1e-6, 1.0, 1e6], n)
+        else:
+            v = rng.integers(0, 2**40, n) if dt == pl.Int64 else rng.integers(0, 1000, n)
+        s = pl.Series(name, v).cast(dt)
+        null = rng.random(n) < 0.2
+        null |= np.array([r[0] == "a" and r[1] == "x" and 6 <= r[3] <= 10 for r in rows])  # an all-null window
+        if name.startswith("nan"):
+            s = pl.select(pl.when(pl.Series(rng.random(n) < 0.1)).then(float("nan")).otherwise(s)).to_series()
+        cols[name] = pl.select(pl.when(pl.Series(null)).then(None).otherwise(s).alias(name)).to_series()
+    return pl.DataFrame(cols).sample(fraction=1.0, shuffle=True, seed=seed)
+
+
+def _plain_window(values: list, agg: str) -> object:
+    """One window's aggregation in plain Python: the non-null values left to right (a
+    one-bucket window is its bucket, as Polars' plan leaves it: no rolling)."""
+    if len(values) == 1:
+        return values[0]
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    if agg in ("max", "min"):
+        if any(v != v for v in vals):  # NaN propagates
+            return float("nan")
+        return max(vals) if agg == "max" else min(vals)
+    total = 0.0 if agg == "mean" or isinstance(vals[0], float) else 0
+    for v in vals:
+        total += v
+    return total / len(vals) if agg == "mean" else total
+
+
+def _assert_rolled_like_polars(bk: pl.DataFrame, plan: object, spec: WindowSpec) -> pl.DataFrame:
+    """The numpy window aggregations of ``bk`` against Polars' rolling over its dense
+    (device x grid) columns at the kept rows: dtypes, nulls and NaN exactly; integer
+    sums, counts, max and min bit for bit; float sums and means to rounding. Polars'
+    rolling sum is a running Kahan sum with subtractions whose error carries over from
+    earlier (larger) values of the column, so the numpy sums are also held, bit for
+    bit, to a plain left-to-right sum of each window's values."""
+    from polars.testing import assert_series_equal
+
+    from analytics import features as F
+
+    grid = F._grid([bk], spec)
+    devs, src = F._dense_index(bk, grid)
+    got = F._rolled_frame([(bk, plan, src)], devs.len(), grid)  # type: ignore[list-item]
+    assert got is not None
+    keep = np.tile(grid.keep, devs.len())
+    dense = F._dense(bk, plan, grid)[1].collect()  # type: ignore[arg-type]
+    ref = dense.select(F._rolled(plan, grid.m)).filter(pl.Series(keep))  # type: ignore[arg-type]
+    assert got.columns == [*ref.columns, F._DUR]
+    rows = np.flatnonzero(keep)
+    for name in ref.columns:
+        agg = plan.buckets[name][1]  # type: ignore[attr-defined]
+        g, r = got[name], ref[name]
+        assert g.dtype == r.dtype, name
+        assert g.is_null().equals(r.is_null()), name
+        if g.dtype == pl.Float64:
+            assert g.is_nan().equals(r.is_nan()), name
+        col = dense[name].to_list()
+        plain = pl.Series(name, [_plain_window(col[i - grid.m + 1:i + 1], agg) for i in rows], dtype=g.dtype)
+        assert_series_equal(g, plain, check_exact=True)
+        if agg in ("max", "min", "count") or not g.dtype.is_float():
+            assert_series_equal(g, r, check_exact=True)  # bit for bit (NaN too)
+        else:
+            big = float(dense[name].abs().fill_nan(0.0).max())  # type: ignore[arg-type]
+            assert ((g - r).abs().fill_nan(None) <= 1e-12 * big).fill_null(True).all(), name  # (both null or NaN)
+    return ref
+
+
+@pytest.mark.parametrize("length, stride", [(3, 1), (4, 2), (1, 1), (5, 5)])
+def test_numpy_window_aggregations_equal_polars_rolling(length: int, stride: int) -> None:
+    from analytics import features as F
+
+    plan = _window_plan()
+    spec = WindowSpec(length_s=length, stride_s=stride, bucket_s=1)
+    for seed in (1, 2):
+        bk = _sparse_buckets(seed)
+        ref = _assert_rolled_like_polars(bk, plan, spec)
+        # every device has every host's windows (z has no rows on b and c: null there)
+        assert ref.height == int(F._grid([bk], spec).keep.sum()) * 3
+        assert ref["f_mean"].null_count() > 0 and ref["f_mean"].drop_nulls().len() > 10  # windows of all nulls, and not
+        assert ref["nan_max"].is_nan().any() and ref["nan_sum"].is_nan().any()
+    # the same buckets with nothing missing, as device blocks over the whole grid (the
+    # fast reduction's layout): a block order to gather, then the rows as they are
+    one = _sparse_buckets(3).filter(pl.col("host") == "a")
+    grid = F._grid([one], spec)
+    full = grid.frame.join(pl.DataFrame({F._DEV: ["z", "x", "y"]}), how="cross").join(
+        one.drop("host"), on=[F._DEV, F._B], how="left").select(one.columns)
+    full = full.sort(pl.col(F._DEV).replace({"z": "0"}), F._B)  # blocks, not sorted by name
+    assert F._dense_index(full, grid)[1] is not None
+    _assert_rolled_like_polars(full, plan, spec)
+    in_order = full.sort(F._DEV, F._B)
+    assert F._dense_index(in_order, grid)[1] is None  # the rows as they are
+    _assert_rolled_like_polars(in_order, plan, spec)
+
+
+def test_numpy_windows_equal_polars_rolling_on_the_join() -> None:
+    from polars.testing import assert_frame_equal
+
+    from analytics import features as F
+
+    tables, spec, buckets = _two_host_buckets()
+    for name, bk in buckets.items():
+        plan = tables[name][1]
+        bk = bk.filter(pl.int_range(pl.len()) % 7 != 3)  # gaps
+        grid = F._grid([b.filter(pl.int_range(pl.len()) % 7 != 3) for b in buckets.values()], spec)
+        for rows in (bk, bk.sample(fraction=1.0, shuffle=True, seed=4), bk.reverse()):
+            devs, got = F._table_windows(rows, plan, grid)
+            devs_ref, ref = F._table_windows_polars(rows, plan, grid)
+            assert devs == devs_ref, name
+            assert got.select(pl.all().is_null()).equals(ref.select(pl.all().is_null())), name
+            assert_frame_equal(got, ref, check_exact=False, rel_tol=1e-12, abs_tol=1e-15)
+
+
+def test_device_positions_of_every_layout_equal_the_sorted_one() -> None:
+    from analytics import features as F
+
+    synth = load_synth()
+    frames = synth.synth_frames(seconds=40)  # (enough rows for more than _FEW_RUNS runs when shuffled)
+    facts = frames.pop("host_facts")
+    tables = F._tables({k: v.lazy() for k, v in frames.items()}, facts)
+    spec = WindowSpec()
+    bks = {n: F._reduce_buckets(F.bucket_rows(lf, plan, spec).collect(), plan) for n, (lf, plan) in tables.items()}
+    # long device names (over 12 bytes: string views of a buffer and an offset), built
+    # row by row: equal names under different views, more of them than _FEW_VIEWS
+    cg = bks["cgroup"]
+    long = [f"{d}-with-a-long-suffix" for d in cg[F._DEV].to_list()]
+    bks["cgroup_long"] = cg.with_columns(pl.Series(F._DEV, long, dtype=pl.String))
+    grid = F._grid(list(bks.values()), spec)
+    for name, bk in bks.items():
+        plan = tables[name.removesuffix("_long")][1]
+        ref_devs, ref = F._dense(bk.sort(F._DEV, F._B), plan, grid)
+        layouts = {"as reduced": bk, "shuffled": bk.sample(fraction=1.0, shuffle=True, seed=5),
+                   "blocks, last device first": bk.sort(F._DEV, F._B, descending=[True, False])}
+        for what, rows in layouts.items():
+            devs, dense = F._dense(rows, plan, grid)
+            assert devs.equals(ref_devs), (name, what)
+            assert dense.collect().equals(ref.collect(), null_equal=True), (name, what)
+    views = F._string_views(bks["cgroup_long"][F._DEV].sample(fraction=1.0, shuffle=True, seed=5))
+    assert views is not None and np.unique(views, axis=0).shape[0] > F._FEW_VIEWS  # (the per-run search)
+    assert F._device_codes(bks["cgroup_long"][F._DEV].sample(fraction=1.0, shuffle=True, seed=5)) is None
+
+
+def test_numpy_windows_decline_other_dtypes_and_long_windows() -> None:
+    from analytics import features as F
+
+    bk = _sparse_buckets(7).select("host", F._DEV, F._B, pl.col("f_sum").cast(pl.Float32), "i_sum")
+    plan = F._Plan(pl.col(F._DEV), {"f_sum": (pl.col("f_sum"), "sum"), "i_sum": (pl.col("i_sum"), "sum")},
+                   {"t.f": pl.col("f_sum"), "t.i": pl.col("i_sum") / pl.col(F._DUR)})
+    for spec in (WindowSpec(length_s=3, stride_s=1), WindowSpec(length_s=F._NP_MAX_M + 1, stride_s=1)):
+        grid = F._grid([bk], spec)
+        devs, src = F._dense_index(bk, grid)
+        if spec.length_s == 3:  # a Float32 sum: Polars' rolling (whose sums it does in Float32)
+            assert F._rolled_frame([(bk, plan, src)], devs.len(), grid) is None
+        got = F._table_windows(bk, plan, grid)
+        dev_s, dense = F._dense(bk, plan, grid)
+        assert got[1].equals(F._windows_of(dense, dev_s, plan, grid)[1], null_equal=True)
+    only_ints = bk.drop("f_sum")
+    plan_i = F._Plan(pl.col(F._DEV), {"i_sum": (pl.col("i_sum"), "sum")}, {"t.i": pl.col("i_sum") / pl.col(F._DUR)})
+    grid = F._grid([only_ints], WindowSpec(length_s=F._NP_MAX_M + 1, stride_s=1))
+    devs, src = F._dense_index(only_ints, grid)
+    assert F._rolled_frame([(only_ints, plan_i, src)], devs.len(), grid) is None
+
+
+def test_numpy_window_sum_of_negative_zeros_is_positive_zero_as_in_polars() -> None:
+    from analytics import features as F
+
+    t0 = int(T0.timestamp() * 1e6)
+    bk = pl.DataFrame({"host": ["a"] * 4, F._DEV: ["x"] * 4, F._B: [t0 + k * 1_000_000 for k in range(4)],
+                       "s": [-0.0] * 4, "m": [-0.0, None, -0.0, -0.0]})
+    plan = F._Plan(pl.col(F._DEV), {"s": (pl.col("s"), "sum"), "m": (pl.col("m"), "mean")},
+                   {"t.s": pl.col("s"), "t.m": pl.col("m")})
+    grid = F._grid([bk], WindowSpec(length_s=3, stride_s=1))
+    got = F._rolled_frame([(bk, plan, None)], 1, grid)
+    ref = bk.select(F._rolled(plan, 3)).filter(pl.Series(grid.keep))
+    assert got is not None and got.height == ref.height == 2
+    for name in ("s", "m"):
+        assert np.signbit(got[name].to_numpy()).tolist() == np.signbit(ref[name].to_numpy()).tolist() == [False] * 2
