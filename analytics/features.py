@@ -61,7 +61,6 @@ _DUR = "_dur"  # covered window duration, seconds
 _LAST = "_last"
 _T = "_t"  # sample time, µs
 _LOCAL = "_local"  # an interrupt row counted on its device's own NUMA node
-_NAMED = "_named"  # the device of a reduced row (fast path)
 
 # NVML clock-event (throttle) reason bits
 THROTTLE_BITS: dict[str, int] = {
@@ -586,9 +585,8 @@ def _irq_series(lf: pl.LazyFrame, facts: pl.DataFrame, spec: WindowSpec
     raw = lf.select(pl.col(HOST).cast(pl.String), pl.col("device").cast(pl.String),
                     pl.col("node").cast(pl.String).fill_null(""), t.alias(_T), (t // b_us * b_us).alias(_B),
                     "count").collect(engine="in-memory")
-    n = raw.height
     hosts = raw[HOST]
-    if n < _REGULAR_MIN_ROWS or hosts.null_count() or not (hosts == hosts[0]).all():
+    if not raw.height or hosts.null_count() or raw[_T].null_count() or not _rows_equal(hosts, 1):
         return None
     shape = _grid_shape(raw[_T].to_numpy(), raw[_B].to_numpy())
     if shape is None:
@@ -597,13 +595,14 @@ def _irq_series(lf: pl.LazyFrame, facts: pl.DataFrame, spec: WindowSpec
     if not _tags_follow_grid(raw, ("device", "node"), n_t, k, time_major):  # IRQ action and node
         return None
     first = np.arange(k) if time_major else np.arange(k) * n_t
-    series = raw.select("device", "node").gather(first)
-    names = [d for d in series["device"].unique().to_list() if d is not None]
+    actions = _values_at(raw["device"], first)
+    names = [str(d) for d in dict.fromkeys(actions) if d is not None]
     mapping = _irq_device_map(names, facts.filter(pl.col(HOST) == hosts[0]))
-    node = series["node"].str.strip_chars_start("node").cast(pl.Int64, strict=False).to_list()
-    devs = [mapping[d][0] if d in mapping else None for d in series["device"].to_list()]
+    node = pl.Series(_values_at(raw["node"], first), dtype=pl.String).str.strip_chars_start("node").cast(
+        pl.Int64, strict=False).to_list()
+    devs = [mapping[d][0] if d in mapping else None for d in actions]
     local = np.array([d in mapping and nd is not None and mapping[d][1] == nd
-                      for d, nd in zip(series["device"].to_list(), node, strict=True)], dtype=bool)
+                      for d, nd in zip(actions, node, strict=True)], dtype=bool)
     return raw, shape, devs, local
 
 
@@ -660,17 +659,18 @@ def _irq_buckets(lf: pl.LazyFrame, facts: pl.DataFrame, plan: _Plan, spec: Windo
     codes = np.array([idx[d] for d in named.to_list()], dtype=np.int64)
     perm = np.argsort(codes, kind="stable")
     g_at = np.flatnonzero(np.r_[True, np.diff(codes[perm]) != 0])
-    # series -> devices over whole rows of (series, buckets): ~10x faster than along
-    # the buckets' short rows
+    # series -> devices: one add per series of the largest device, on whole rows of
+    # buckets (:func:`_group_rows`; reduceat runs element by element)
     sel = per[np.flatnonzero(kept)[perm]]
-    cnt = np.add.reduceat(sel, g_at, axis=0)
-    loc = np.add.reduceat(sel * local[kept][perm][:, None], g_at, axis=0)
+    steps = _group_steps(g_at, sel.shape[0])
+    cnt = _group_rows(sel, g_at, steps, np.add)
+    loc = _group_rows(sel * local[kept][perm][:, None], g_at, steps, np.add)
     n_d = len(names)
     return pl.DataFrame([
-        pl.Series(HOST, [raw[HOST][0]], dtype=pl.String).gather(np.zeros(n_r * n_d, dtype=np.int64)),
+        pl.Series(HOST, [raw[HOST][0]], dtype=pl.String).new_from_index(0, n_r * n_d),
         pl.Series(_B, np.tile(bb[r_at], n_d)),
         pl.Series("count", cnt.ravel()), pl.Series("local", loc.ravel()),
-        pl.Series(_DEV, names, dtype=pl.String).gather(np.repeat(np.arange(n_d), n_r)),
+        _repeat_each(_DEV, names, n_r),
     ])
 
 
@@ -762,33 +762,36 @@ def _reduce_buckets(rows: pl.DataFrame, plan: _Plan) -> pl.DataFrame:
     (a counter's first delta) are corrected after the reduction when they are few
     (at most one in ``_SPARSE_NULLS`` rows), masked when many. Anything irregular
     (sparse tables with omitted rows, out-of-order samples, NaN under a max/min,
-    float32 sums) takes the ``group_by``."""
-    target = _group_by_buckets(rows.lazy(), plan)
-    if rows.height < _REGULAR_MIN_ROWS:
-        return _with_device(target.collect(engine="in-memory"), plan)
-    out = _regular_buckets(rows, plan, target.collect_schema())
+    float32 sums) takes the ``group_by``; so do tables of fewer than
+    ``_REGULAR_MIN_ROWS`` rows whose float sums would differ from it in rounding."""
+    out = _regular_buckets(rows, plan, exact=rows.height < _REGULAR_MIN_ROWS) if rows.height else None
     if out is None:
         log.debug("bucket rows of %s are not a regular grid: group_by", list(plan.buckets)[:3])
-        return _with_device(target.collect(engine="in-memory"), plan)
+        return _with_device(_group_by_buckets(rows.lazy(), plan).collect(engine="in-memory"), plan)
     return out
 
 
 _REGULAR_DTYPES = (pl.Int64, pl.Float64)
-#: below this many rows the group_by is as cheap as the fast path's fixed costs
+#: below this many rows the fast path is taken only where its values are the group_by's
+#: bit for bit (:func:`_regular_host`'s ``exact``): small tables keep the reference's float
+#: sums; above it, numpy's speed is worth float sums equal up to rounding
 _REGULAR_MIN_ROWS = 20_000
+#: numpy dtype of the group_by's counts (Polars' index type)
+_IDX_NP = np.dtype(np.uint64) if pl.get_index_type() == pl.UInt64 else np.dtype(np.uint32)
 
 
-def _regular_buckets(rows: pl.DataFrame, plan: _Plan, out_schema: pl.Schema) -> pl.DataFrame | None:
-    """The fast path of :func:`_reduce_buckets`; None where the layout is not a grid.
-    Devices are named on each host's few series, not on every bucket row; only where
-    several series of a host name one device does :func:`_with_device` merge them."""
+def _regular_buckets(rows: pl.DataFrame, plan: _Plan, *, exact: bool = False) -> pl.DataFrame | None:
+    """The fast path of :func:`_reduce_buckets`; None where the layout is not a grid
+    (or not ``exact``: see :func:`_regular_host`). Devices are named on each host's few
+    series, not on every bucket row; only where several series of a host name one
+    device are their buckets merged (:func:`_merge_devices`)."""
     sch = rows.schema
     if any(sch[n] not in _REGULAR_DTYPES for n in plan.buckets):
         return None
     hosts = rows[HOST]
-    if hosts.null_count():
+    if hosts.null_count() or rows[_T].null_count():
         return None
-    if (hosts == hosts[0]).all():  # the usual case: one host per table scan
+    if _rows_equal(hosts, 1):  # the usual case: one host per table scan
         spans = [(0, rows.height)]
     else:
         rle = hosts.rle()
@@ -798,17 +801,13 @@ def _regular_buckets(rows: pl.DataFrame, plan: _Plan, out_schema: pl.Schema) -> 
         spans = list(zip(np.r_[0, ends[:-1]].tolist(), ends.tolist(), strict=True))
     parts, merge = [], False
     for lo, hi in spans:
-        got = _regular_host(rows.slice(lo, hi - lo), plan)
+        got = _regular_host(rows if len(spans) == 1 else rows.slice(lo, hi - lo), plan, exact)
         if got is None:
             return None
         parts.append(got[0])
         merge |= got[1]
-    out = pl.concat(parts) if len(parts) > 1 else parts[0]
-    cast = {c: pl.col(c).cast(dt) for c, dt in out_schema.items()}  # dtypes as the group_by gives them
-    if merge:
-        return _with_device(out.select(list(cast.values())), plan)
-    dev = pl.col(_NAMED) if _NAMED in out.columns else pl.lit("", dtype=pl.String)
-    return out.select(cast[HOST], cast[_B], *[cast[n] for n in plan.buckets], dev.alias(_DEV))
+    out = pl.concat(parts, rechunk=True) if len(parts) > 1 else parts[0]
+    return _merge_devices(out, plan) if merge else out
 
 
 def _grid_shape(t: np.ndarray, b: np.ndarray) -> tuple[int, int, bool] | None:
@@ -836,27 +835,70 @@ def _grid_shape(t: np.ndarray, b: np.ndarray) -> tuple[int, int, bool] | None:
 def _tags_follow_grid(rows: pl.DataFrame, tags: Sequence[str], n_t: int, k: int, time_major: bool) -> bool:
     """Whether every row of a samples x series grid (``n_t`` samples of ``k`` series,
     time-major or series-major) carries its series' values of ``tags``."""
-    n = rows.height
-    for tag in tags:
-        s = rows[tag]
-        if time_major:
-            if not _same_as(s.slice(k), s.slice(0, n - k)).all():
+    # time-major: a row is its series' row of the previous sample, k rows back;
+    # series-major: the previous row, except where a series starts
+    return all(_rows_equal(rows[tag], k) if time_major else _rows_equal(rows[tag], 1, n_t) for tag in tags)
+
+
+#: undecided pairs of rows (equal length and first bytes, different views), up to one
+#: in this many, compared string by string; more: the whole column by Polars
+_FEW_PAIRS = 8
+
+
+def _rows_equal(s: pl.Series, shift: int, period: int = 0) -> bool:
+    """Whether every row of ``s`` equals the row ``shift`` rows later (nulls equal
+    nulls), rows ``period - 1``, ``2 period - 1`` ... excepted where ``period`` > 0 (a
+    series' last sample, series-major). By the Arrow string views in numpy where Polars
+    exports them (:func:`_string_views`; Polars' string comparisons cost ~3 ns a row,
+    the views' ~1): equal views are equal strings, a different length or first four
+    bytes different ones; the rest - long strings stored once per row - by Polars."""
+    n = s.len()
+    if n <= shift:
+        return True
+    v = _string_views(s) if s.dtype == pl.String else None
+    if v is not None:
+        head = v[:, 0]  # length and first four bytes
+        # a look at the first rows of a long column: long strings stored once per row
+        # have different views everywhere, which Polars compares without a wasted pass
+        for stop in ((256, n - shift) if n - shift > 4096 else (n - shift,)):
+            at = _views_differ(v, shift, period, stop)
+            if (head[at] != head[at + shift]).any():
                 return False
-        elif k > 1 or n_t < n:
-            eq = _same_as(s.slice(1), s.slice(0, n - 1)).to_numpy()
-            eq[n_t - 1::n_t] = True  # a new series may start there
-            if not eq.all():
-                return False
-    return True
+            if at.size * _FEW_PAIRS > stop:
+                break
+        else:
+            return not at.size or bool((s.gather(at) == s.gather(at + shift)).all())
+    eq = _same_as(s.slice(shift), s.slice(0, n - shift))
+    bad = eq.len() - eq.sum()
+    if not bad or not period:
+        return not bad
+    at_starts = eq.gather_every(period, period - 1)  # where a new series may start
+    return bad == at_starts.len() - at_starts.sum()
+
+
+def _views_differ(v: np.ndarray, shift: int, period: int, stop: int) -> np.ndarray:
+    """The rows ``i < stop`` whose string view differs from row ``i + shift``'s, rows
+    ``period - 1``, ``2 period - 1`` ... excepted (see :func:`_rows_equal`)."""
+    x = v[:stop + shift].reshape(-1)  # (length and prefix, rest) of each row
+    d = x[2 * shift:] != x[:-2 * shift]
+    if not d.any():
+        return np.empty(0, dtype=np.int64)
+    pair = d.view(np.uint16)  # nonzero where either half of a row's views differs
+    if period:
+        pair[period - 1::period] = 0
+    return np.flatnonzero(pair)
 
 
 def _same_as(s: pl.Series, other: pl.Series) -> pl.Series:
     return s.eq_missing(other) if s.null_count() or other.null_count() else s == other
 
 
-def _regular_host(rows: pl.DataFrame, plan: _Plan) -> tuple[pl.DataFrame, bool] | None:
-    """One host's reduction: (host, tags, _b, aggregations and the device of each row
-    as ``_named``; whether several groups name one device), or None if not a grid."""
+def _regular_host(rows: pl.DataFrame, plan: _Plan, exact: bool = False) -> tuple[pl.DataFrame, bool] | None:
+    """One host's reduction: (host, _b, aggregations, _dev; whether several groups name
+    one device), or None if not a grid. With ``exact``, None also where a float sum or
+    mean would add more than two values in a (bucket, group) cell: the group_by adds in
+    an order of its own; two values (and the zeros standing in for nulls) add alike in
+    any order."""
     n = rows.height
     b = rows[_B].to_numpy()
     shape = _grid_shape(rows[_T].to_numpy(), b)
@@ -868,7 +910,7 @@ def _regular_host(rows: pl.DataFrame, plan: _Plan) -> tuple[pl.DataFrame, bool] 
         return None
     first = np.arange(k) if time_major else np.arange(k) * n_t  # each series' first row
     # series -> group of equal tag tuples, in order of first appearance
-    keys = rows.select(tags).gather(first).rows() if tags else [()] * k
+    keys = list(zip(*[_values_at(rows[tag], first) for tag in tags], strict=True)) if tags else [()] * k
     code_of: dict[tuple[object, ...], int] = {}
     codes = np.array([code_of.setdefault(key, len(code_of)) for key in keys], dtype=np.int64)
     n_g = len(code_of)
@@ -879,55 +921,74 @@ def _regular_host(rows: pl.DataFrame, plan: _Plan) -> tuple[pl.DataFrame, bool] 
     n_r = r_at.size
     run = n_t // n_r if n_t % n_r == 0 and (np.diff(r_at) == n_t // n_r).all() else 0  # equal buckets
 
-    def reduce(v: np.ndarray, op: np.ufunc) -> np.ndarray:
-        """(buckets, groups): over each bucket's samples first (the big reduction, on
-        views), then over the series of each group (small)."""
-        if time_major:  # (samples, series), C order
+    def reduce(v: np.ndarray, op: np.ufunc, pairwise: bool = False) -> np.ndarray:
+        """(groups, buckets): over each bucket's samples first (the big reduction, on
+        views), then over the series of each group (small): one ufunc call per series
+        of the largest group, on whole rows of buckets (:func:`_group_rows`), or with
+        ``pairwise`` numpy's ``reduceat`` along each bucket's series (~20x slower; its
+        float sums add in an order of their own, which the features had before:
+        kept where the order changes the bits)."""
+        if run == 1:  # one sample per bucket: nothing to reduce over the samples
+            r = v.reshape(n_t, k).T if time_major else v.reshape(k, n_t)
+        elif time_major:  # (samples, series), C order
             m = v.reshape(n_t, k)
             if run:
                 m3 = m.reshape(n_r, run, k)
                 r = np.einsum("rlk->rk", m3) if op is np.add else op.reduce(m3, axis=1)
             else:
                 r = op.reduceat(m, r_at, axis=0)
-        else:  # (series, samples), C order: reduce along rows, transpose the small result
+            r = r.T
+        else:  # (series, samples), C order: reduce along rows
             m = v.reshape(k, n_t)
             if run:  # einsum: the fastest plain sum over a short inner axis; max/min
                 m3 = m.reshape(k, n_r, run)  # by one pass per position (exact either way)
                 if op is np.add:
                     r = np.einsum("krl->kr", m3)
-                else:
-                    r = m3[:, :, 0].copy()
+                else:  # (on (cells, run): 1-d strided passes, ~1/3 faster than 2-d ones)
+                    m2 = m.reshape(-1, run)
+                    r = m2[:, 0].copy()
                     for j in range(1, run):
-                        op(r, m3[:, :, j], out=r)
-                r = r.T
+                        op(r, m2[:, j], out=r)
+                    r = r.reshape(k, n_r)
             else:
-                r = op.reduceat(m, r_at, axis=1).T
-        return r if identity else op.reduceat(r[:, perm], g_at, axis=1)
+                r = op.reduceat(m, r_at, axis=1)
+        if identity:
+            return r
+        return op.reduceat(r.T[:, perm], g_at, axis=1).T if pairwise else _group_rows(r[perm], g_at, steps, op)
 
     identity = n_g == k and bool((perm == np.arange(k)).all())
+    steps = None if identity else _group_steps(g_at, k)
+    # one sample per bucket and group, rows in the output's order: the rows are the
+    # buckets (the medium tier's tables, per series or host-wide, series-major)
+    same_rows = run == 1 and identity and (k == 1 or not time_major)
 
-    # samples per (bucket, group) when a column has no nulls
-    full = np.outer(np.diff(r_at, append=n_t), np.bincount(codes, minlength=n_g))
+    # samples per (group, bucket) when a column has no nulls
+    full = np.outer(np.bincount(codes, minlength=n_g), np.diff(r_at, append=n_t))
     full_ok = None if full.all() else full > 0
 
     def cells(i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(bucket, group) of the rows ``i``: where they land in a reduction."""
+        """(group, bucket) of the rows ``i``: where they land in a reduction."""
         t, j = np.divmod(i, k) if time_major else np.divmod(i, n_t)[::-1]
-        return np.searchsorted(r_at, t, side="right") - 1, codes[j]
+        return codes[j], np.searchsorted(r_at, t, side="right") - 1
 
-    cols: dict[str, pl.Series] = {}
+    cols: list[pl.Series] = []
     for name, (_, agg) in plan.buckets.items():
         s = rows[name]
         n_null = s.null_count()
         cnt, has, fix = full, full_ok, None
+        if same_rows and not n_null and agg != "count" and (agg != "mean" or s.dtype == pl.Float64):
+            if agg in ("max", "min") and s.dtype == pl.Float64 and np.isnan(s.to_numpy()).any():
+                return None  # (as below)
+            cols.append(s)  # the column as it is: each value is its bucket's sum, mean, max or min
+            continue
         if not n_null:
             v = s.to_numpy()
         elif n_null * _SPARSE_NULLS <= n:
             # few nulls (a counter's first delta per series): the values buffer as it is,
             # the rows under nulls set or subtracted afterwards (no mask of every row)
-            null_i = s.is_null().arg_true().to_numpy()
+            v, valid = _buffers(s)
+            null_i = np.flatnonzero(~valid)
             at = cells(null_i)
-            v = _values_buffer(s)
             if agg == "sum" and v.dtype.kind == "i":
                 fix = (at, v[null_i])  # exact for integers: subtract what lies under the nulls
             else:
@@ -938,39 +999,89 @@ def _regular_host(rows: pl.DataFrame, plan: _Plan) -> tuple[pl.DataFrame, bool] 
                 np.subtract.at(cnt, at, 1)
                 has = None if cnt.all() else cnt > 0
         else:
-            valid = s.is_not_null().to_numpy()
-            v = s.fill_null(0).to_numpy()
+            v, valid = _buffers(s)
             if agg != "sum":
                 cnt = reduce(valid.astype(np.int64), np.add)
                 has = cnt > 0
-            if agg in ("max", "min"):
-                v = np.where(valid, v, _fill_value(v.dtype, agg))
+            v = np.where(valid, v, _fill_value(v.dtype, agg))
         if agg == "count":
-            r, ok = cnt, None
+            r, ok = cnt.astype(_IDX_NP), None
         elif agg in ("sum", "mean"):
-            r, ok = reduce(v, np.add), None  # polars: the sum of no values is 0
+            # a float cell of more than two values (a sum's cnt: its rows, nulls too)
+            # adds in an order of numpy's, other than the group_by's
+            many = v.dtype.kind == "f" and cnt.max(initial=0) > 2
+            if exact and many:
+                return None
+            r, ok = reduce(v, np.add, pairwise=many), None  # polars: the sum of no values is 0
             if fix is not None:
+                r = np.require(r, requirements=["O", "W"])  # (not a view of the values: they are Polars')
                 np.subtract.at(r, fix[0], fix[1])
             if agg == "mean":
                 with np.errstate(invalid="ignore", divide="ignore"):
                     r, ok = r / cnt, has
         else:
-            if v.dtype.kind == "f" and np.isnan(v).any():
-                return None  # polars' max/min skip NaN; leave that to it
             r, ok = reduce(v, np.maximum if agg == "max" else np.minimum), has
-        cols[name] = _masked(name, r.T.ravel(), None if ok is None or ok.all() else ok.T.ravel())
-    # group-major output: group 0's buckets, then group 1's ...
-    idx = np.repeat(np.arange(n_g), n_r)
-    data = [pl.Series(HOST, [rows[HOST][0]], dtype=pl.String).gather(np.zeros(n_r * n_g, dtype=np.int64))]
-    sch = rows.schema
-    tag_cols = [pl.Series(tag, [g[j] for g in code_of], dtype=sch[tag]) for j, tag in enumerate(tags)]
-    data += [t.gather(idx) for t in tag_cols]
-    data.append(pl.Series(_B, np.tile(bb[r_at], n_g)))
-    # each group's device, as _with_device names it; merging is needed where two share one
-    names = pl.DataFrame(tag_cols).select(_device_expr(plan).alias(_NAMED)).to_series() if tags else None
-    if names is not None:
-        data.append(names.gather(idx))
-    return pl.DataFrame([*data, *cols.values()]), names is not None and names.n_unique() < n_g
+            # NaN propagates through np.maximum/minimum: a NaN cell had a NaN row
+            if r.dtype.kind == "f" and np.isnan(r).any():
+                return None  # polars' max/min skip NaN; leave that to it
+        cols.append(_masked(name, r.ravel(), None if ok is None or ok.all() else ok.ravel()))
+    # group-major output: group 0's buckets, then group 1's ...; each group's device
+    # as _with_device names it (merging is needed where two share one)
+    names = _group_devices(plan, tags, list(code_of), rows.schema) if tags else [""]
+    n_out = n_r * n_g
+    if same_rows:
+        host, b_col = rows[HOST], rows[_B]
+    else:
+        host = pl.Series(HOST, [rows[HOST][0]], dtype=pl.String).new_from_index(0, n_out)
+        b_col = pl.Series(_B, np.tile(bb[r_at], n_g))
+    out = pl.DataFrame([host, b_col, *cols, _repeat_each(_DEV, names, n_r)])
+    return out, len(set(names)) < n_g
+
+
+def _values_at(s: pl.Series, at: np.ndarray) -> list[object]:
+    """``s``'s values at the rows ``at`` (a few: one by one, ~1 µs each; a gather of
+    even two strings costs ~80 µs)."""
+    return [s[i] for i in at.tolist()] if at.size <= _FEW_RUNS else s.gather(at).to_list()
+
+
+#: plan -> (the plan, {tag values: device name}): the names of a table's few tag values,
+#: kept per plan (a query of the device expression costs ~0.15 ms, mostly a regex
+#: compiled anew). The plan is held, so its id is not reused while cached
+_NAMES: dict[int, tuple[_Plan, dict[tuple[object, ...], str]]] = {}
+_NAMES_MAX = 256
+
+
+def _group_devices(plan: _Plan, tags: Sequence[str], groups: Sequence[tuple[object, ...]],
+                   sch: pl.Schema) -> list[str]:
+    """The device name of each group's tag values (:func:`_device_expr`): one query
+    for the values not named before."""
+    entry = _NAMES.get(id(plan))
+    if entry is None or entry[0] is not plan:
+        if len(_NAMES) >= _NAMES_MAX:
+            _NAMES.clear()
+        entry = _NAMES[id(plan)] = (plan, {})
+    known = entry[1]
+    if len(known) > _NAMES_MAX * 16:  # (tag values of high cardinality)
+        known.clear()
+    dtypes = tuple(sch[tag] for tag in tags)
+    new = list(dict.fromkeys(g for g in groups if (dtypes, g) not in known))
+    if new:
+        values = pl.DataFrame([pl.Series(tag, [g[j] for g in new], dtype=dt)
+                               for j, (tag, dt) in enumerate(zip(tags, dtypes, strict=True))])
+        for g, name in zip(new, values.select(_device_expr(plan)).to_series().to_list(), strict=True):
+            known[(dtypes, g)] = name
+    return [known[(dtypes, g)] for g in groups]
+
+
+def _repeat_each(name: str, values: Sequence[str], each: int) -> pl.Series:
+    """A string column of ``values``, each repeated ``each`` times (a few constant
+    blocks: ~4x cheaper than a gather of every row)."""
+    s = pl.Series(name, values, dtype=pl.String)
+    if len(values) == 1:
+        return s.new_from_index(0, each)
+    if len(values) > _FEW_RUNS:
+        return s.gather(np.repeat(np.arange(len(values)), each))
+    return pl.concat([s.new_from_index(i, each) for i in range(len(values))], rechunk=True)
 
 
 #: a column with at most one null in this many rows is corrected null by null
@@ -995,12 +1106,53 @@ def _values_buffer(s: pl.Series) -> np.ndarray:
     return np.frombuffer(arr.buffers()[1], dtype=dt, count=len(arr), offset=arr.offset * dt.itemsize)
 
 
+def _buffers(s: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_values_buffer` and the validity of every row (bool) of a numeric series
+    with nulls, from its Arrow buffers (Polars' ``is_not_null``/``fill_null`` cost
+    ~0.1-0.2 ms each, even on small tables)."""
+    arr = s.rechunk().to_arrow()
+    dt = np.dtype(arr.type.to_pandas_dtype())
+    values, bits = arr.buffers()[1], arr.buffers()[0]
+    n, off = len(arr), arr.offset
+    v = np.frombuffer(values, dtype=dt, count=n, offset=off * dt.itemsize)
+    if bits is None:  # (no nulls after all)
+        return v, np.ones(n, dtype=bool)
+    valid = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), count=off + n, bitorder="little")[off:]
+    return v, valid.view(bool)
+
+
+def _group_steps(g_at: np.ndarray, k: int) -> list[tuple[np.ndarray | None, np.ndarray]]:
+    """For :func:`_group_rows`: the ``j``-th series (j >= 1) of every group that has
+    one, as (those groups, None for all; their rows), once per table."""
+    size = np.diff(g_at, append=k)
+    steps: list[tuple[np.ndarray | None, np.ndarray]] = []
+    for j in range(1, int(size.max())):
+        sel = np.flatnonzero(size > j)
+        steps.append((None, g_at + j) if sel.size == g_at.size else (sel, g_at[sel] + j))
+    return steps
+
+
+def _group_rows(rs: np.ndarray, g_at: np.ndarray, steps: list[tuple[np.ndarray | None, np.ndarray]] | None,
+                op: np.ufunc) -> np.ndarray:
+    """``op`` over the rows of each group of ``rs`` (series x buckets, the groups'
+    series in runs starting at ``g_at``; ``steps``: :func:`_group_steps`), the series
+    one after the other: one ufunc call per series of the largest group, on whole rows
+    (``reduceat`` runs element by element: ~20x slower)."""
+    out = rs[g_at]
+    for sel, at in steps or ():
+        if sel is None:
+            op(out, rs[at], out=out)
+        else:
+            out[sel] = op(out[sel], rs[at])
+    return out
+
+
 def _masked(name: str, values: np.ndarray, valid: np.ndarray | None) -> pl.Series:
-    """A series of ``values``, null where ``valid`` is False."""
-    s = pl.Series(name, values)
+    """A series of ``values``, null where ``valid`` is False (a validity mask: a NaN
+    stays a NaN)."""
     if valid is None or valid.all():
-        return s
-    return pl.select(pl.when(pl.Series(valid)).then(s).alias(name)).to_series()
+        return pl.Series(name, values)
+    return pl.Series(name, pa.array(values, mask=~valid))
 
 
 def _device_expr(plan: _Plan) -> pl.Expr:
@@ -1009,22 +1161,36 @@ def _device_expr(plan: _Plan) -> pl.Expr:
 
 
 def _with_device(bk: pl.DataFrame, plan: _Plan) -> pl.DataFrame:
-    """(host, _dev, _b, aggregations): the device named from the tags, on bucket rows."""
-    dev = _device_expr(plan)
+    """(host, _dev, _b, aggregations): the device named from the tags, on the
+    group_by's bucket rows (the fast path names its groups itself)."""
     tags = _tags(plan)
-    out = bk.lazy().with_columns(dev.alias(_DEV)).drop([t for t in tags if t != _DEV])
+    if not tags:
+        return bk.hstack([pl.Series(_DEV, [""], dtype=pl.String).new_from_index(0, bk.height)])
+    dev = _device_expr(plan)
+    if tags != [_DEV] and len(tags) == 1 and bk.height and not bk[HOST].null_count() and _rows_equal(bk[HOST], 1):
+        # one host, one tag: the devices of its few distinct values, by string views
+        # (naming every row cost ~1 ms per table, the check of a merge as much again)
+        got = _device_codes(bk[tags[0]]) if bk[tags[0]].dtype == pl.String else None
+        if got is not None:
+            values, code = got
+            names = values.rename(tags[0]).to_frame().select(dev.alias(_DEV)).to_series()
+            out = bk.drop(tags).hstack([names.gather(code)])
+            return _merge_devices(out, plan) if names.n_unique() < names.len() else out
+    named = bk.lazy().with_columns(dev.alias(_DEV)).drop([t for t in tags if t != _DEV]).collect(engine="in-memory")
     # merging is needed only where a host has several tag values of one device (a merge of
     # single rows changes nothing), which the few distinct tag values tell
-    merge = len(tags) > 1 or (bool(tags) and tags != [_DEV] and bool(
+    merge = len(tags) > 1 or (tags != [_DEV] and bool(
         bk.lazy().select(HOST, *tags).unique().select(pl.struct(HOST, dev).is_duplicated().any())
         .collect(engine="in-memory").item()))
-    if merge:
-        # several tag values name one device (e.g. '1' and 'node1'): merge their buckets
-        # with the window semantics (sums add; a mean of means is close enough here)
-        agg = {"sum": pl.Expr.sum, "count": pl.Expr.sum, "mean": pl.Expr.mean, "max": pl.Expr.max,
-               "min": pl.Expr.min}
-        out = out.group_by(HOST, _DEV, _B).agg([agg[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])
-    return out.collect(engine="in-memory")
+    return _merge_devices(named, plan) if merge else named
+
+
+def _merge_devices(bk: pl.DataFrame, plan: _Plan) -> pl.DataFrame:
+    """Bucket rows of several tag values that name one device (e.g. '1' and 'node1')
+    merged with the window semantics (sums add; a mean of means is close enough here)."""
+    agg = {"sum": pl.Expr.sum, "count": pl.Expr.sum, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
+    return bk.lazy().group_by(HOST, _DEV, _B).agg([agg[a](pl.col(n)) for n, (_, a) in plan.buckets.items()]).collect(
+        engine="in-memory")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ and the catalog contract (every produced feature is documented)."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -265,7 +266,7 @@ def test_bucket_fast_path_equals_group_by_on_every_table(layout: str) -> None:
         frames = {k: pl.concat([v, other[k].sort("time", maintain_order=True)]) for k, v in frames.items()}
     for name, (rows, plan) in _bucket_inputs(frames, facts).items():
         ref = F._group_by_buckets(rows.lazy(), plan).collect()  # type: ignore[arg-type]
-        fast = F._regular_buckets(rows, plan, ref.schema)  # type: ignore[arg-type]
+        fast = F._regular_buckets(rows, plan)  # type: ignore[arg-type]
         assert fast is not None, f"{name}: regular telemetry must take the fast path"
         _assert_same_buckets(fast, ref, plan)
 
@@ -287,7 +288,7 @@ def test_bucket_fast_path_declines_irregular_rows_and_the_result_stays_right() -
     for what, df in variants.items():
         rows, plan = _bucket_inputs({"cpu": df}, facts)["cpu"]
         ref = F._group_by_buckets(rows.lazy(), plan).collect()  # type: ignore[arg-type]
-        assert F._regular_buckets(rows, plan, ref.schema) is None, what  # type: ignore[arg-type]
+        assert F._regular_buckets(rows, plan) is None, what  # type: ignore[arg-type]
         _assert_same_buckets(F._reduce_buckets(rows, plan), ref, plan)  # type: ignore[arg-type]
 
 
@@ -382,7 +383,7 @@ def test_bucket_fast_path_merges_tag_values_that_name_one_device() -> None:
         node=pl.when(pl.col("cpu").cast(pl.Int64) < 8).then(pl.lit("node0")).otherwise(pl.col("node")))
     rows, plan = _bucket_inputs({"cpu": cpu}, facts)["cpu"]
     ref = F._group_by_buckets(rows.lazy(), plan).collect()  # type: ignore[arg-type]
-    fast = F._regular_buckets(rows, plan, ref.schema)  # type: ignore[arg-type]
+    fast = F._regular_buckets(rows, plan)  # type: ignore[arg-type]
     assert fast is not None
     assert sorted(fast[F._DEV].unique().to_list()) == ["node0", "node1"]
     _assert_same_buckets(fast, ref, plan)
@@ -393,7 +394,7 @@ def test_irq_devices_mapped_per_series_equal_the_per_row_join(layout: str) -> No
     from analytics import features as F
 
     synth = load_synth()
-    frames = synth.synth_frames(seconds=160)  # 20 480 interrupt rows: above the fast path's minimum
+    frames = synth.synth_frames(seconds=160)  # (160 s: the 3-s buckets below end with a partial one)
     facts = frames.pop("host_facts")
     irq = frames["interrupts"]
     # one IRQ line's node unknown (null): its rows are kept, never local; the first
@@ -484,7 +485,7 @@ def test_bucket_kernel_with_sparse_and_dense_nulls_equals_the_group_by(time_majo
         df = _grid_frame(n_t, [f"d{i}" for i in range(k)], time_major, nulls)
         rows = F.bucket_rows(df.lazy(), plan, spec).collect()
         ref = F._group_by_buckets(rows.lazy(), plan).collect()
-        fast = F._regular_buckets(rows, plan, ref.schema)
+        fast = F._regular_buckets(rows, plan)
         assert fast is not None, what
         _assert_same_buckets(fast, ref, plan)
         if what == "sparse":  # exact for the integer counter, null where a bucket had no gauge reading
@@ -501,7 +502,7 @@ def test_bucket_kernel_single_sample_and_values_buffer_of_a_slice() -> None:
     df = _grid_frame(1, ["d0", "d1"], True, {"c": np.array([[True], [False]])})
     rows = F.bucket_rows(df.lazy(), plan, WindowSpec()).collect()
     ref = F._group_by_buckets(rows.lazy(), plan).collect()
-    fast = F._regular_buckets(rows, plan, ref.schema)
+    fast = F._regular_buckets(rows, plan)
     assert fast is not None and fast.height == 2
     _assert_same_buckets(fast, ref, plan)
     assert fast.sort("_dev")["c"].to_list() == [0, df["c"][1]]  # polars: the sum of no values is 0
@@ -736,3 +737,250 @@ def test_numpy_window_sum_of_negative_zeros_is_positive_zero_as_in_polars() -> N
     assert got is not None and got.height == ref.height == 2
     for name in ("s", "m"):
         assert np.signbit(got[name].to_numpy()).tolist() == np.signbit(ref[name].to_numpy()).tolist() == [False] * 2
+
+
+# ------------------------- the bucket reduction's fixed costs (small tables, string checks)
+def _reference_buckets(rows: pl.DataFrame, plan: object) -> pl.DataFrame:
+    """The reference of a reduction, independent of the code under test: the group_by,
+    each row named by the device expression, then every (host, device, bucket) merged
+    (a merge of single rows changes nothing)."""
+    from analytics import features as F
+
+    bk = F._group_by_buckets(rows.lazy(), plan).collect()  # type: ignore[arg-type]
+    tags = [t for t in F._tags(plan) if t != F._DEV]  # type: ignore[arg-type]
+    named = bk.with_columns(F._device_expr(plan).alias(F._DEV)).drop(tags)  # type: ignore[arg-type]
+    agg = {"sum": pl.Expr.sum, "count": pl.Expr.sum, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
+    return named.group_by("host", F._DEV, F._B).agg(
+        [agg[a](pl.col(n)) for n, (_, a) in plan.buckets.items()])  # type: ignore[attr-defined]
+
+
+def _assert_bits_equal(got: pl.DataFrame, ref: pl.DataFrame, what: str) -> None:
+    """Equal frames (row order aside), floats bit for bit (NaN, signs of zeros)."""
+    from analytics import features as F
+
+    keys = ["host", F._DEV, F._B]
+    got, ref = got.select(ref.columns).sort(keys), ref.sort(keys)
+    assert got.schema == ref.schema, what
+    assert got.equals(ref, null_equal=True), what
+    for c in ref.columns:
+        if ref[c].dtype == pl.Float64:
+            a, b = got[c].fill_null(0.0).to_numpy(), ref[c].fill_null(0.0).to_numpy()
+            assert np.array_equal(a.view(np.uint64), b.view(np.uint64)), f"{what}: {c}"
+
+
+def _views_of_kind(kind: str, values: Sequence[object]) -> pl.Series:
+    """A string column of ``values`` whose Arrow views are of one kind: inline (short
+    strings), long strings each stored once per row, or long strings sharing one copy
+    per distinct value (as Parquet's dictionary pages decode)."""
+    if kind == "shared":
+        distinct = list(dict.fromkeys(values))
+        at = {v: i for i, v in enumerate(distinct)}
+        return pl.Series("s", distinct, dtype=pl.String).gather([at[v] for v in values])
+    return pl.Series("s", values, dtype=pl.String)
+
+
+def _rows_equal_reference(values: Sequence[object], shift: int, period: int) -> bool:
+    return all(values[i] == values[i + shift] for i in range(len(values) - shift)
+               if not (period and (i + 1) % period == 0))
+
+
+@pytest.mark.parametrize("kind", ["short", "per_row", "shared", "nulls", "categorical"])
+def test_rows_equal_by_string_views_equals_the_string_comparison(kind: str) -> None:
+    """The grid's host and tag checks (:func:`_rows_equal`) on every kind of column:
+    equal views, views differing in length or first bytes, undecided ones (long strings,
+    a same-length same-prefix change) compared by Polars, few or many; both layouts;
+    the probe of long columns (> 4096 rows) and short ones."""
+    from analytics import features as F
+
+    rng = np.random.default_rng(7)
+    for n_t, k in [(4, 3), (700, 7)]:  # 12 and 4 900 rows
+        long_tag = kind in ("per_row", "shared")
+        names = [(f"mlx5_{i}-comp{i % 4}@pci:0000:{i:02x}:00.0" if long_tag else f"d{i % 10}x") for i in range(k)]
+        for time_major in (False, True):
+            shift, period = (k, 0) if time_major else (1, n_t)
+            series = np.tile(np.arange(k), n_t) if time_major else np.repeat(np.arange(k), n_t)
+            base: list[object] = [names[j] for j in series]
+            variants: dict[str, list[object]] = {"regular": base}
+            i = int(rng.integers(shift + 1, len(base) - shift))
+            v = list(base)
+            v[i] = str(v[i])[:-1] + "#"  # same length and first bytes, another value
+            variants["one row changed at the end"] = v
+            v = list(base)
+            v[i] = "z" + str(v[i])[1:]
+            variants["one row changed at the start"] = v
+            if kind == "nulls":
+                variants["null series"] = [None if j == 1 else x for j, x in zip(series, base, strict=True)]
+                v = list(variants["null series"])
+                v[i] = None if v[i] is not None else "x"
+                variants["a null in a series"] = v
+            for what, values in variants.items():
+                if kind == "categorical":
+                    s = pl.Series("s", values, dtype=pl.Categorical)
+                else:
+                    s = _views_of_kind(kind, values) if None not in values else pl.Series("s", values, dtype=pl.String)
+                expect = _rows_equal_reference(values, shift, period)
+                assert F._rows_equal(s, shift, period) == expect, (kind, n_t, time_major, what)
+    # long strings: shared views but for a few rows stored apart (undecided pairs, few)
+    vals = [f"mlx5_{i % 3}-comp0@pci:0000:17:00.0" for i in range(6000)]
+    s = pl.concat([_views_of_kind("shared", vals[:3000]), _views_of_kind("shared", vals[3000:])], rechunk=True)
+    assert F._rows_equal(s, 3)
+    assert not F._rows_equal(s.scatter(4000, vals[4000][:-1] + "#"), 3)
+    # ... and stored once per row (different views everywhere: Polars after the probe)
+    s = pl.Series("s", vals)
+    assert F._rows_equal(s, 3) and not F._rows_equal(s.scatter(5000, vals[5000][:-1] + "#"), 3)
+    # the host check: every row equal
+    assert F._rows_equal(pl.Series("h", ["host-with-a-long-name"] * 5000), 1)
+    assert not F._rows_equal(pl.Series("h", ["host-a"] * 4999 + ["host-b"]), 1)
+
+
+def test_small_tables_take_the_fast_path_only_where_it_equals_the_group_by_bit_for_bit() -> None:
+    """Below ``_REGULAR_MIN_ROWS`` the fast path must give the group_by's values bit for
+    bit: it declines float sums of more than two values per cell (the fast tier's
+    gauges at 100 ms in 1-s buckets); the medium tier's tables (one sample per bucket,
+    their columns passed through) and integer sums take it, in both layouts."""
+    from analytics import features as F
+
+    synth = load_synth()
+    frames = synth.synth_frames(seconds=50)  # cpu: 16 000 rows, below the minimum
+    facts = frames.pop("host_facts")
+    # a counter's first delta null; a gauge NaN once; a table with a null gauge row
+    frames["vmstat"] = frames["vmstat"].with_columns(pl.when(pl.int_range(pl.len()) == 0).then(None)
+                                                     .otherwise(pl.col("pgfault")).alias("pgfault"))
+    frames["memory"] = frames["memory"].with_columns(pl.when(pl.int_range(pl.len()) == 5).then(None)
+                                                     .otherwise(pl.col("dirty")).alias("dirty"))
+    declined = {"cpu", "gpu", "system"}  # float means over 10 samples (and 16 series: cpu)
+    for layout in ("series_major", "time_major"):
+        fr = frames if layout == "series_major" else {k: v.sort("time", maintain_order=True) for k, v in frames.items()}
+        for name, (rows, plan) in _bucket_inputs(fr, facts).items():
+            assert rows.height < F._REGULAR_MIN_ROWS, name
+            fast = F._regular_buckets(rows, plan, exact=True)  # type: ignore[arg-type]
+            assert (fast is None) == (name in declined), (layout, name)
+            assert F._regular_buckets(rows, plan) is not None, (layout, name)  # type: ignore[arg-type]
+            _assert_bits_equal(F._reduce_buckets(rows, plan), _reference_buckets(rows, plan),  # type: ignore[arg-type]
+                               f"{layout} {name}")
+
+
+@pytest.mark.parametrize("time_major", [False, True])
+def test_one_sample_buckets_pass_their_columns_through_and_decline_nan_under_max(time_major: bool) -> None:
+    """Buckets of one sample each (the medium tier): every aggregation - the columns
+    passed through, the counts, an integer mean, nulls few and many - equals the
+    group_by bit for bit; a NaN under a max declines the fast path."""
+    from analytics import features as F
+
+    plan = F._Plan(pl.col("dev"), {"c": (pl.col("c"), "sum"), "c_n": (pl.col("c"), "count"),
+                                   "c_mean": (pl.col("c"), "mean"), "c_max": (pl.col("c"), "max"),
+                                   "g": (pl.col("g"), "mean"), "g_max": (pl.col("g"), "max"),
+                                   "g_min": (pl.col("g"), "min"), "g_sum": (pl.col("g"), "sum")}, {})
+    k, n_t = 3, 200
+    spec = WindowSpec(length_s=0.3, stride_s=0.1)  # 100-ms buckets: one sample each
+    few = np.zeros((k, n_t), dtype=bool)
+    few[:, 0] = True
+    many = np.zeros((k, n_t), dtype=bool)
+    many[:, ::2] = True
+    for what, nulls in {"none": {}, "few": {"c": few, "g": few}, "many": {"c": many, "g": many}}.items():
+        df = _grid_frame(n_t, [f"d{i}" for i in range(k)], time_major, nulls)
+        rows = F.bucket_rows(df.lazy(), plan, spec).collect()
+        fast = F._regular_buckets(rows, plan, exact=True)
+        assert fast is not None, what
+        _assert_bits_equal(fast, _reference_buckets(rows, plan), what)
+    nan = _grid_frame(n_t, [f"d{i}" for i in range(k)], time_major, {})
+    nan = nan.with_columns(g=pl.when(pl.int_range(pl.len()) == 17).then(float("nan")).otherwise(pl.col("g")))
+    rows = F.bucket_rows(nan.lazy(), plan, spec).collect()
+    assert F._regular_buckets(rows, plan) is None
+    _assert_bits_equal(F._reduce_buckets(rows, plan), _reference_buckets(rows, plan), "NaN")
+
+
+def test_group_rows_add_each_groups_series_in_order() -> None:
+    """The group step of the fast path (series -> groups, whole rows of buckets) equals
+    numpy's reduceat for integers, max and min, with groups of unequal sizes."""
+    from analytics import features as F
+
+    rng = np.random.default_rng(3)
+    sizes = [3, 1, 5, 2, 5]
+    g_at = np.r_[0, np.cumsum(sizes)[:-1]]
+    rs = rng.integers(-1000, 1000, (sum(sizes), 50))
+    steps = F._group_steps(g_at, rs.shape[0])
+    for op in (np.add, np.maximum, np.minimum):
+        assert np.array_equal(F._group_rows(rs, g_at, steps, op), op.reduceat(rs, g_at, axis=0)), op
+    # floats, at most two series per group: bit for bit as well
+    g2 = np.array([0, 2, 3])
+    rf = rng.normal(size=(5, 40)) * 1e6
+    got = F._group_rows(rf, g2, F._group_steps(g2, 5), np.add)
+    assert np.array_equal(got, np.stack([rf[0] + rf[1], rf[2], rf[3] + rf[4]]))
+
+
+def test_device_names_of_the_group_by_path_and_their_merges_equal_the_reference() -> None:
+    """:func:`_with_device` on group_by buckets: one host and one tag by the distinct
+    tag values (merged where two name one device), else by the query on every row."""
+    from analytics import features as F
+
+    synth = load_synth()
+    frames = synth.synth_frames(seconds=20)
+    facts = frames.pop("host_facts")
+    cpu = frames["cpu"].sample(fraction=1.0, shuffle=True, seed=5)
+    numa = frames["numa"]
+    cases = {
+        "one host": cpu,
+        "'node0' and '0' name one device": cpu.with_columns(
+            node=pl.when(pl.col("cpu").cast(pl.Int64) < 8).then(pl.lit("node0")).otherwise(pl.col("node"))),
+        "two hosts": pl.concat([cpu, cpu.with_columns(host=pl.lit("host-b"))]),
+        "a null tag": cpu.with_columns(node=pl.when(pl.col("cpu") == "3").then(None).otherwise(pl.col("node"))),
+        "many tag values": numa.with_columns(node=(pl.int_range(pl.len()) % 40).cast(pl.String)),
+    }
+    for what, df in cases.items():
+        name = "numa" if what == "many tag values" else "cpu"
+        rows, plan = _bucket_inputs({name: df}, facts)[name]
+        bk = F._group_by_buckets(rows.lazy(), plan).collect()  # type: ignore[arg-type]
+        _assert_bits_equal(F._with_device(bk, plan), _reference_buckets(rows, plan), what)  # type: ignore[arg-type]
+        if what == "'node0' and '0' name one device":
+            assert sorted(F._with_device(bk, plan)[F._DEV].unique().to_list()) == ["node0", "node1"]  # type: ignore[arg-type]
+
+
+def test_device_names_are_kept_per_plan() -> None:
+    from analytics import features as F
+
+    ts = ("time", pl.Datetime("us", "UTC"))
+    numa = F._plan_of("numa", (ts, ("host", pl.String()), ("node", pl.String()), ("numa_hit", pl.Int64())))
+    perf = F._plan_of("perf", (ts, ("host", pl.String()), ("socket", pl.String()), ("cycles", pl.Int64())))
+    sch = pl.Schema({"node": pl.String(), "socket": pl.String()})
+    assert F._group_devices(numa, ["node"], [("0",), ("node1",)], sch) == ["node0", "node1"]
+    assert F._group_devices(perf, ["socket"], [("0",)], sch) == ["socket0"]  # same value, another plan
+    assert F._group_devices(numa, ["node"], [("1",), ("0",), ("2",)], sch) == ["node1", "node0", "node2"]
+    # equal values of other dtypes (1 == 1.0 in Python) are named by their own query
+    gen = F._Plan(pl.col("node").cast(pl.String) + "!", {}, {})
+    assert F._group_devices(gen, ["node"], [(1,)], pl.Schema({"node": pl.Int64()})) == ["1!"]
+    assert F._group_devices(gen, ["node"], [(1.0,)], pl.Schema({"node": pl.Float64()})) == ["1.0!"]
+
+
+def test_irq_grid_of_few_rows_and_an_action_renamed_mid_series() -> None:
+    """Interrupts take the per-series path at any size; an IRQ action whose name
+    changes within its series (a long string: per-row copies, compared by Polars)
+    is no grid, and the features still come by the join."""
+    from analytics import features as F
+
+    synth = load_synth()
+    frames = synth.synth_frames(seconds=6)
+    facts = frames.pop("host_facts")
+    irq = frames["interrupts"]
+    plan = F._plan_interrupts(set(irq.columns))
+    spec = WindowSpec()
+    bk = F._irq_buckets(irq.lazy(), F._facts_nodes(facts), plan, spec)
+    attached = F._attach_irq_devices(irq.lazy(), facts)
+    assert bk is not None and attached is not None
+    ref = F._reduce_buckets(F.bucket_rows(attached, plan, spec).collect(), plan)
+    keys = ["host", "_dev", "_b"]
+    assert bk.select(ref.columns).sort(keys).equals(ref.sort(keys))
+    renamed = irq.with_columns(device=pl.when(pl.int_range(pl.len()) == 9).then(
+        pl.col("device").str.slice(0, pl.col("device").str.len_chars() - 1) + "9").otherwise(pl.col("device")))
+    assert F._irq_series(renamed.lazy(), F._facts_nodes(facts), spec) is None
+    got = compute_features({"interrupts": renamed.lazy()}, host_facts=facts)
+    assert got.width > 10 and got.height > 0
+
+
+def test_buffers_of_a_slice_with_nulls() -> None:
+    from analytics import features as F
+
+    s = pl.Series("x", np.arange(40, dtype=np.float64)).scatter([3, 11, 30], None).slice(5, 30)
+    v, valid = F._buffers(s)
+    assert valid.tolist() == s.is_not_null().to_list()
+    assert v[valid].tolist() == s.drop_nulls().to_list()
