@@ -576,7 +576,7 @@ def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: Analytic
         if (moving & finite).any():  # complete columns: sorted windows in numpy, host by host
             part = trail[:, moving & finite]
             for s, n in zip(starts.tolist(), lengths.tolist(), strict=True):
-                part[s:s + n] = rolling_median(part[s:s + n], k)
+                part[s:s + n] = _rolling_median(part[s:s + n], k)
             trail[:, moving & finite] = part
         if (moving & ~finite).any():  # columns with gaps: Polars skips the nulls
             med = pl.col([c for c, m in zip(cols, (moving & ~finite).tolist(), strict=True) if m]).rolling_median(
@@ -596,7 +596,7 @@ def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: Analytic
     return RepeatedRows(np.asarray(values, dtype=np.float64), at), shifted[at]
 
 
-def rolling_median(values: np.ndarray, k: int) -> np.ndarray:
+def _rolling_median(values: np.ndarray, k: int) -> np.ndarray:
     """Trailing running medians over ``k`` rows of each column of a complete (no NaN)
     array, the first ``k - 1`` rows over the rows so far: Polars'
     ``rolling_median(k, min_samples=1)``, bit for bit (even counts: ``a + (b - a) / 2``

@@ -381,11 +381,11 @@ def test_numpy_running_median_is_polars_bit_for_bit(n: int, k: int) -> None:
     """The smoothing's running median of complete columns (sorted windows in numpy)
     equals Polars' ``rolling_median(k, min_samples=1)``: odd and even counts, the
     truncated first windows, ties, signed zeros, large and tiny values."""
-    from analytics.pipeline import rolling_median
+    from analytics.pipeline import _rolling_median
 
     rng = np.random.default_rng(n * 100 + k)
     B = rng.standard_t(2, size=(n, 6)) * 10.0 ** rng.integers(-8, 9, 6)
     B[:, 1] = np.round(B[:, 1])
     B[::2, 2], B[1::2, 2] = -0.0, 0.0
     want = pl.DataFrame(B, schema=list("abcdef")).select(pl.all().rolling_median(k, min_samples=1)).to_numpy()
-    np.testing.assert_array_equal(rolling_median(B, k), want)
+    np.testing.assert_array_equal(_rolling_median(B, k), want)
