@@ -1064,13 +1064,15 @@ def _group_devices(plan: _Plan, tags: Sequence[str], groups: Sequence[tuple[obje
     if len(known) > _NAMES_MAX * 16:  # (tag values of high cardinality)
         known.clear()
     dtypes = tuple(sch[tag] for tag in tags)
-    new = list(dict.fromkeys(g for g in groups if (dtypes, g) not in known))
+    # (looked up once into a local dict: another thread's sweep may clear the cache)
+    found = {g: known.get((dtypes, g)) for g in groups}
+    new = [g for g, name in found.items() if name is None]
     if new:
         values = pl.DataFrame([pl.Series(tag, [g[j] for g in new], dtype=dt)
                                for j, (tag, dt) in enumerate(zip(tags, dtypes, strict=True))])
         for g, name in zip(new, values.select(_device_expr(plan)).to_series().to_list(), strict=True):
-            known[(dtypes, g)] = name
-    return [known[(dtypes, g)] for g in groups]
+            found[g] = known[(dtypes, g)] = name
+    return [str(found[g]) for g in groups]
 
 
 def _repeat_each(name: str, values: Sequence[str], each: int) -> pl.Series:
