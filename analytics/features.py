@@ -1103,7 +1103,10 @@ def _fill_value(dtype: np.dtype, agg: Agg) -> float:
 def _values_buffer(s: pl.Series) -> np.ndarray:
     """The values of a numeric series without a copy, nulls included as whatever lies
     under them (read-only; the caller masks or subtracts those rows)."""
-    arr = s.rechunk().to_arrow()
+    return _arrow_values(s.rechunk().to_arrow())
+
+
+def _arrow_values(arr: pa.Array) -> np.ndarray:
     dt = np.dtype(arr.type.to_pandas_dtype())
     return np.frombuffer(arr.buffers()[1], dtype=dt, count=len(arr), offset=arr.offset * dt.itemsize)
 
@@ -1113,10 +1116,8 @@ def _buffers(s: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     with nulls, from its Arrow buffers (Polars' ``is_not_null``/``fill_null`` cost
     ~0.1-0.2 ms each, even on small tables)."""
     arr = s.rechunk().to_arrow()
-    dt = np.dtype(arr.type.to_pandas_dtype())
-    values, bits = arr.buffers()[1], arr.buffers()[0]
+    v, bits = _arrow_values(arr), arr.buffers()[0]
     n, off = len(arr), arr.offset
-    v = np.frombuffer(values, dtype=dt, count=n, offset=off * dt.itemsize)
     if bits is None:  # (no nulls after all)
         return v, np.ones(n, dtype=bool)
     valid = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), count=off + n, bitorder="little")[off:]
@@ -1497,9 +1498,11 @@ def _rolled_np(s: pl.Series, agg: Agg, src: np.ndarray | None, miss: np.ndarray 
     valid), device-major. Sums add left to right (Polars' rolling sum is a running
     Kahan sum with subtractions: float sums and means may differ in the last bits;
     integers, max and min are exact)."""
-    n_null = s.null_count()
-    v = _values_buffer(s) if n_null else s.to_numpy()
-    valid = s.is_not_null().to_numpy() if n_null else None
+    valid: np.ndarray | None = None
+    if s.null_count():
+        v, valid = _buffers(s)
+    else:
+        v = s.to_numpy()
     if src is not None:
         v = v[src]
         if valid is not None:
