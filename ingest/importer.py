@@ -7,11 +7,18 @@ Their metrics have no known semantics: analytics treats them as generic gauges o
 subsystem "other".
 
 Time comes from a time column (ISO-8601 text, a datetime/date column, or epoch numbers:
-seconds, milliseconds or microseconds by magnitude) or, when there is none, from the row
-index: ``start + i * interval``.
+seconds, milliseconds, microseconds or nanoseconds, the unit chosen by the column's median
+magnitude so one wild value cannot change it) or, when there is none, from the row index:
+``start + i * interval``. Times before 1970-01-01 or from 2200-01-01 on are not plausible
+telemetry (a wrong unit, a corrupt cell): such a row is skipped and reported like any bad row.
+
+Non-finite numbers (``inf``, ``-inf``, ``nan``, also overflowing ones like ``1e400``) are
+stored as null — missing, as analytics treats a non-finite ratio — and counted: the report's
+``nonfinite`` and a warning name the first few cells. An empty cell (or ``NA``/``null``) is
+simply missing and not counted.
 
 Error policy: a problem with the whole file (unreadable or corrupt file, a non-numeric
-metric column, no time source) is fatal and raises :class:`ImportFileError` naming the
+metric column, no time source, a file with no data rows) is fatal and raises :class:`ImportFileError` naming the
 file and the column. A problem with one row (a cell that is not a number, a time that does
 not parse, a wrong number of fields) skips that row and is reported as ``file:line``; the
 good rows are kept. Everything is read and validated before anything is written, and the
@@ -41,6 +48,14 @@ RESERVED: frozenset[str] = frozenset({TIME, HOST, "date", "hour"})
 #: a column whose non-empty cells fail to parse as numbers more often than this is non-numeric
 NON_NUMERIC_SHARE = 0.5
 DEFAULT_TABLE = "imported"
+#: plausible times: earlier or later ones are bad rows (a wrong unit or a corrupt cell)
+TIME_MIN = datetime(1970, 1, 1, tzinfo=UTC)
+TIME_MAX = datetime(2200, 1, 1, tzinfo=UTC)
+_SPAN_US = (TIME_MAX - TIME_MIN) // timedelta(microseconds=1)
+#: epoch units, smallest first, with the factor to microseconds
+_EPOCH_UNITS: tuple[tuple[str, float], ...] = (("s", 1e6), ("ms", 1e3), ("us", 1.0), ("ns", 1e-3))
+#: non-finite cells named in the report (the count covers all of them)
+NONFINITE_EXAMPLES = 5
 
 
 class ImportFileError(ValueError):
@@ -59,6 +74,18 @@ class ImportReport:
     start: datetime | None = None
     end: datetime | None = None
     files: list[str] = field(default_factory=list)
+    nonfinite: int = 0  # inf/-inf/nan cells stored as null
+    nonfinite_examples: list[str] = field(default_factory=list)  # ``file:line: column 'c': 'inf'``
+
+
+@dataclass
+class _Read:
+    """One file validated: the frame to import, rows skipped, non-finite cells made null."""
+
+    frame: pl.DataFrame
+    skipped: list[str]
+    nonfinite: int
+    nonfinite_examples: list[str]
 
 
 @dataclass
@@ -107,6 +134,8 @@ def _read_csv(path: Path, has_header: bool) -> _Raw:
     if header is None:
         raise ImportFileError(f"{path}: empty file")
     _check_names(path, header)
+    if n_records == 0:
+        raise ImportFileError(f"{path}: no data rows (header only); nothing imported")
     cols = list(zip(*rows, strict=True)) if rows else [() for _ in header]
     frame = pl.DataFrame({h: pl.Series(h, list(c), dtype=pl.String) for h, c in zip(header, cols, strict=True)})
     return _Raw(path, frame, lines, ordinals, "line", skipped)
@@ -118,6 +147,8 @@ def _read_parquet(path: Path) -> _Raw:
     except Exception as exc:  # polars raises several types for truncated/corrupt files
         raise ImportFileError(f"{path}: cannot read Parquet file (truncated or corrupt?): {exc}") from None
     _check_names(path, frame.columns)
+    if frame.height == 0:
+        raise ImportFileError(f"{path}: no data rows; nothing imported")
     return _Raw(path, frame, list(range(frame.height)), list(range(frame.height)), "row", [])
 
 
@@ -139,12 +170,19 @@ def _check_names(path: Path, names: Sequence[str]) -> None:
         seen.add(n)
 
 
-def _epoch(values: pl.Series) -> pl.Series:
-    """Epoch numbers to UTC datetimes; the unit (s, ms, us) is chosen by magnitude."""
+def _epoch(values: pl.Series) -> tuple[pl.Series, str]:
+    """Epoch numbers to UTC datetimes and the unit read: the first of s, ms, us, ns in which
+    the column's median magnitude is a plausible time. Values outside 1970..2200 in that unit
+    (and non-finite ones) become null, so their rows are reported, not cast into garbage."""
     v = values.cast(pl.Float64)
-    top = v.abs().max()
-    scale = 1e6 if top is None or float(top) < 1e11 else 1e3 if float(top) < 1e14 else 1.0  # type: ignore[arg-type]
-    return (v * scale).round(0).cast(pl.Int64).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+    finite = v.filter(v.is_finite())
+    mid = float(finite.abs().median()) if len(finite) else 0.0  # type: ignore[arg-type]
+    # no unit fits the median: every row is out of range whichever unit was meant
+    unit, factor = next(((u, f) for u, f in _EPOCH_UNITS if mid * f < _SPAN_US), ("s/ms/us/ns", 1e-3))
+    us = (v * factor).round(0)
+    ok = us.is_finite() & (us >= 0) & (us < _SPAN_US)
+    us = pl.select(pl.when(ok).then(us).otherwise(None)).to_series()
+    return us.cast(pl.Int64).cast(pl.Datetime("us")).dt.replace_time_zone("UTC"), unit
 
 
 def _fromiso(text: str | None) -> datetime | None:
@@ -160,14 +198,15 @@ def _fromiso(text: str | None) -> datetime | None:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
-def _parse_times(values: pl.Series) -> pl.Series:
-    """Any supported time column -> Datetime(us, UTC), null where a value does not parse."""
+def _parse_times(values: pl.Series) -> tuple[pl.Series, str | None]:
+    """Any supported time column -> (Datetime(us, UTC), the epoch unit read or None), null
+    where a value does not parse (or, for epoch numbers, is out of range)."""
     dt = values.dtype
     if isinstance(dt, pl.Datetime):
         out = values if dt.time_zone else values.dt.replace_time_zone("UTC")
-        return out.dt.convert_time_zone("UTC").cast(TIME_DTYPE)
+        return out.dt.convert_time_zone("UTC").cast(TIME_DTYPE), None
     if dt == pl.Date:
-        return values.cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+        return values.cast(pl.Datetime("us")).dt.replace_time_zone("UTC"), None
     if dt.is_numeric():
         return _epoch(values)
     if dt != pl.String:
@@ -186,22 +225,31 @@ def _parse_times(values: pl.Series) -> pl.Series:
             dtype=TIME_DTYPE,
         )
         fast = fast.cast(TIME_DTYPE).zip_with(~missing, slow)
-    return fast.cast(TIME_DTYPE)
+    return fast.cast(TIME_DTYPE), None
 
 
-def _to_float(values: pl.Series) -> tuple[pl.Series, pl.Series]:
-    """(Float64 values, mask of cells that were present but not a number)."""
+def _to_float(values: pl.Series) -> tuple[pl.Series, pl.Series, pl.Series]:
+    """(Float64 values with non-finite ones null, mask of cells that were present but not a
+    number, mask of non-finite cells)."""
+    none = pl.Series([False] * len(values))
+    if values.dtype == pl.Null:
+        return values.cast(pl.Float64), none, none
     if values.dtype.is_numeric():
         out = values.cast(pl.Float64)
-        return out.fill_nan(None), pl.Series([False] * len(values))
-    if values.dtype == pl.Null:
-        return values.cast(pl.Float64), pl.Series([False] * len(values))
-    if values.dtype != pl.String:
+        bad = none
+    elif values.dtype == pl.String:
+        text = values.str.strip_chars()
+        out = text.cast(pl.Float64, strict=False)
+        bad = out.is_null() & text.is_not_null() & (text != "") & ~text.str.to_lowercase().is_in(["null", "na"])
+    else:
         raise TypeError(str(values.dtype))
-    text = values.str.strip_chars()
-    out = text.cast(pl.Float64, strict=False)
-    bad = out.is_null() & text.is_not_null() & (text != "") & ~text.str.to_lowercase().is_in(["nan", "null", "na"])
-    return out.fill_nan(None), bad
+    nonfinite = (out.is_not_null() & ~out.is_finite()).fill_null(False)
+    return pl.select(pl.when(nonfinite).then(None).otherwise(out)).to_series(), bad, nonfinite
+
+
+def _cell(value: object) -> str:
+    """A cell for a message: text quoted (as in the file), other values as printed."""
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def _validate(
@@ -210,7 +258,7 @@ def _validate(
     time_column: str | None,
     interval: timedelta | None,
     start: datetime | None,
-) -> tuple[pl.DataFrame, list[str]]:
+) -> _Read:
     path, frame = raw.path, raw.frame
     problems = list(raw.skipped)
     tcol = time_column
@@ -237,9 +285,10 @@ def _validate(
     bad_rows = pl.Series([False] * frame.height)
     reasons: dict[int, str] = {}
     cols: dict[str, pl.Series] = {}
+    nonfinite: dict[str, pl.Series] = {}
     for m in metrics:
         try:
-            values, bad = _to_float(frame[m])
+            values, bad, nonfinite[m] = _to_float(frame[m])
         except TypeError:
             raise ImportFileError(f"{path}: column {m!r} is not numeric (dtype {frame[m].dtype})") from None
         n_bad = int(bad.sum())
@@ -255,13 +304,15 @@ def _validate(
         bad_rows = bad_rows | bad
         cols[m] = values
 
+    span = f"outside {TIME_MIN:%Y-%m-%d}..{TIME_MAX:%Y-%m-%d}"
     if tcol is not None:
         try:
-            times = _parse_times(frame[tcol])
+            times, unit = _parse_times(frame[tcol])
         except TypeError:
             raise ImportFileError(f"{path}: time column {tcol!r} has unsupported dtype {frame[tcol].dtype}") from None
+        why = "does not parse" if unit is None else f"is {span} read as epoch {unit}"
         for i in times.is_null().arg_true().to_list():
-            reasons.setdefault(i, f"time {frame[tcol][i]!r} does not parse")
+            reasons.setdefault(i, f"time {_cell(frame[tcol][i])} {why}")
         bad_rows = bad_rows | times.is_null()
     else:
         if interval is None or start is None:
@@ -272,6 +323,11 @@ def _validate(
         times = (
             pl.Series(raw.ordinals, dtype=pl.Int64) * step_us + base
         ).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+    late = ((times < TIME_MIN) | (times >= TIME_MAX)).fill_null(False)
+    for i in late.arg_true().to_list():
+        shown = _cell(frame[tcol][i]) if tcol is not None else times[i].isoformat()
+        reasons.setdefault(i, f"time {shown} is {span}")
+    bad_rows = bad_rows | late
 
     problems += [(raw.lines[i], reason) for i, reason in reasons.items()]
     skipped = [f"{_where(raw, pos)}: {reason}" for pos, reason in sorted(problems)]
@@ -279,7 +335,10 @@ def _validate(
     if out.height == 0:
         detail = f"; first problem: {skipped[0]}" if skipped else ""
         raise ImportFileError(f"{path}: no good rows{detail}")
-    return out, skipped
+    # non-finite cells of the rows kept: counted, the first few named in row order
+    cells = sorted((i, m) for m, mask in nonfinite.items() for i in (mask & ~bad_rows).arg_true().to_list())
+    examples = [f"{_where(raw, raw.lines[i])}: column {m!r}: {_cell(frame[m][i])}" for i, m in cells[:NONFINITE_EXAMPLES]]
+    return _Read(out, skipped, len(cells), examples)
 
 
 def _n_records(path: str | Path, has_header: bool) -> int:
@@ -294,6 +353,21 @@ def _n_records(path: str | Path, has_header: bool) -> int:
     return max(0, n - (1 if has_header else 0))
 
 
+def _read(
+    path: str | Path,
+    *,
+    time_column: str | None,
+    interval: timedelta | None,
+    start: datetime | None,
+    has_header: bool,
+) -> _Read:
+    p = Path(path)
+    if not p.is_file():
+        raise ImportFileError(f"{p}: no such file")
+    raw = _read_parquet(p) if p.suffix.lower() in (".parquet", ".pq") else _read_csv(p, has_header)
+    return _validate(raw, time_column=time_column, interval=interval, start=start)
+
+
 def read_wide(
     path: str | Path,
     *,
@@ -305,14 +379,12 @@ def read_wide(
     """Read one wide CSV or Parquet file: (frame of ``time`` + Float64 metrics, skipped rows).
 
     The format follows the suffix (``.parquet``/``.pq`` is Parquet, anything else CSV).
-    Headerless CSVs (``has_header=False``) get columns ``c1 .. cN`` (1-based).
+    Headerless CSVs (``has_header=False``) get columns ``c1 .. cN`` (1-based). Non-finite
+    cells are null in the frame (:func:`import_files` counts them).
     Raises :class:`ImportFileError` when the file cannot be imported at all.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise ImportFileError(f"{p}: no such file")
-    raw = _read_parquet(p) if p.suffix.lower() in (".parquet", ".pq") else _read_csv(p, has_header)
-    return _validate(raw, time_column=time_column, interval=interval, start=start)
+    r = _read(path, time_column=time_column, interval=interval, start=start, has_header=has_header)
+    return r.frame, r.skipped
 
 
 def import_files(
@@ -338,13 +410,17 @@ def import_files(
     report = ImportReport(table=table, host=host)
     next_start = start
     for f in files:
-        df, skipped = read_wide(f, time_column=time_column, interval=interval, start=next_start, has_header=has_header)
+        r = _read(f, time_column=time_column, interval=interval, start=next_start, has_header=has_header)
         if time_column is None and interval is not None and next_start is not None:
             # files given together are consecutive: the next starts after this one's last record
             next_start = next_start + interval * _n_records(f, has_header)
-        frames.append(df)
-        report.skipped.extend(skipped)
+        frames.append(r.frame)
+        report.skipped.extend(r.skipped)
         report.files.append(str(f))
+        report.nonfinite += r.nonfinite
+        report.nonfinite_examples.extend(r.nonfinite_examples[: NONFINITE_EXAMPLES - len(report.nonfinite_examples)])
+        if r.nonfinite:
+            log.warning("%s: %d non-finite values stored as null (first: %s)", f, r.nonfinite, r.nonfinite_examples[0])
     for s in report.skipped:
         log.warning("skipped %s", s)
     data = pl.concat(frames, how="diagonal_relaxed").sort(TIME)

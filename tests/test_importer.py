@@ -155,3 +155,103 @@ def test_row_index_timing_keeps_gaps_of_skipped_rows(tmp_path: Path) -> None:
     assert df["time"].to_list() == [T0, T0 + timedelta(minutes=2)]
     with pytest.raises(ImportFileError, match="has a time column 'time'; drop --interval"):
         read_wide(DATA / "metrics.csv", interval=timedelta(minutes=1), start=T0)
+
+
+# ----------------------------------------------------------------- edges (issue item 9)
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from jobs.cli import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_header_only_csv_imports_nothing_with_a_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "header.csv"
+    f.write_text("time,cpu\n")
+    with pytest.raises(ImportFileError, match=r"header.csv: no data rows \(header only\)"):
+        read_wide(f)
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    rc, _, err = _cli(capsys, "import", "--lake", str(lake), "--host", "h", str(f))
+    assert rc == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [f"unveil import: error: {f}: no data rows (header only); nothing imported"]
+    assert tables(lake) == []
+
+
+def test_empty_parquet_imports_nothing_with_a_clear_message(tmp_path: Path) -> None:
+    f = tmp_path / "empty.parquet"
+    pl.DataFrame({"time": pl.Series([], dtype=pl.Datetime("us", "UTC")), "x": pl.Series([], dtype=pl.Float64)}).write_parquet(f)
+    with pytest.raises(ImportFileError, match=r"empty.parquet: no data rows"):
+        read_wide(f)
+
+
+@pytest.mark.parametrize("cell", ["1e20", "-1795996800", "7258118400", "inf", "-inf", "nan"])
+def test_epoch_time_outside_1970_2200_skips_the_row_named(tmp_path: Path, cell: str) -> None:
+    f = tmp_path / "epoch.csv"
+    # the unit follows the column's typical magnitude (seconds here), so one wild value
+    # is a bad row, not a reason to read the whole column as nanoseconds
+    f.write_text(f"ts,x\n1795996800,1\n{cell},2\n1795996860,3\n")
+    df, skipped = read_wide(f)
+    assert df["time"].to_list() == [T0, T0 + timedelta(minutes=1)] and df["x"].to_list() == [1.0, 3.0]
+    assert len(skipped) == 1 and skipped[0].startswith(f"{f}:3: time {cell!r}")
+    assert "1970" in skipped[0] and "2200" in skipped[0]
+
+
+def test_epoch_units_by_magnitude_s_ms_us_ns(tmp_path: Path) -> None:
+    for scale in (1, 1000, 10**6, 10**9):
+        f = tmp_path / f"e{scale}.csv"
+        f.write_text(f"ts,x\n{1795996800 * scale},1\n")
+        df, skipped = read_wide(f)
+        assert skipped == [] and df["time"].to_list() == [T0], scale
+
+
+def test_epoch_column_entirely_out_of_range_is_fatal_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "huge.csv"
+    f.write_text("time,a\n1e20,1\n")
+    with pytest.raises(ImportFileError, match=r"huge.csv: no good rows; first problem: .*huge.csv:2: time '1e20'"):
+        read_wide(f)
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    rc, _, err = _cli(capsys, "import", "--lake", str(lake), "--host", "h", str(f))
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_iso_and_parquet_times_outside_1970_2200_are_rejected(tmp_path: Path) -> None:
+    f = tmp_path / "iso.csv"
+    f.write_text("time,x\n1969-12-31T23:59:59Z,1\n2026-11-30T00:00Z,2\n2200-01-01T00:00Z,3\n")
+    df, skipped = read_wide(f)
+    assert df["x"].to_list() == [2.0]
+    assert [s.split(": time")[0] for s in skipped] == [f"{f}:2", f"{f}:4"]
+    p = tmp_path / "t.parquet"
+    pl.DataFrame({"time": [datetime(1900, 1, 1), datetime(2026, 11, 30)], "x": [1.0, 2.0]}).write_parquet(p)
+    df, skipped = read_wide(p)
+    assert df["x"].to_list() == [2.0] and skipped[0].startswith(f"{p}: row 1: time")
+
+
+def test_non_finite_values_are_stored_as_null_and_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "inf.csv"
+    f.write_text("time,a,b\n1795996800,inf,1\n1795996860,-Infinity,nan\n1795996920,3,1e400\n1795996980,4,\n")
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    rep = import_files(lake, "h", [f])
+    # rows are kept (other cells are good); the cells become null; the empty cell is just missing
+    assert rep.rows == 4 and rep.skipped == []
+    assert rep.nonfinite == 4
+    assert rep.nonfinite_examples[0] == f"{f}:2: column 'a': 'inf'"
+    got = scan(lake, "imported").collect().sort("time")
+    assert got["a"].to_list() == [None, None, 3.0, 4.0] and got["b"].to_list() == [1.0, None, None, None]
+    p = tmp_path / "inf.parquet"
+    pl.DataFrame({"time": [T0, T0 + timedelta(minutes=1)], "x": [float("inf"), 1.0]}).write_parquet(p)
+    rep = import_files(lake, "p", [p])
+    assert rep.nonfinite == 1 and rep.nonfinite_examples == [f"{p}: row 1: column 'x': inf"]
+    rc, out, _ = _cli(capsys, "import", "--lake", str(lake), "--host", "c", str(f))
+    assert rc == 0 and "4 non-finite values (inf, -inf, nan) stored as null" in out

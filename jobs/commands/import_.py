@@ -57,6 +57,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"skipped {s}")
     if len(report.skipped) > 20:
         print(f"... and {len(report.skipped) - 20} more skipped rows")
+    if report.nonfinite:
+        print(f"{report.nonfinite} non-finite values (inf, -inf, nan) stored as null, first: "
+              + "; ".join(report.nonfinite_examples[:3]))
     print(
         f"imported {report.rows} rows x {len(report.metrics)} metrics for host {report.host} "
         f"into table {report.table} ({report.start} .. {report.end}); {len(report.skipped)} rows skipped"
