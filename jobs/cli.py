@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -63,8 +64,24 @@ class UserError(Exception):
     """An error the user can fix (bad argument, missing file); printed without a traceback."""
 
 
+# Values that start with "-" but are not options: negative numbers and durations, as in
+# `--since -24h` (documented in jobs/timeparse.py) or `--interval -1`. argparse's own
+# pattern only knows plain numbers and would take "-24h" for an unknown option and print a
+# usage dump; with this the value reaches the command, which accepts it or names the flag.
+_NEGATIVE_VALUE = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[+-]?\d+)?\s*(ms|s|m|h|d|w)?$", re.IGNORECASE)
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser (and, through ``add_subparsers``, every subcommand's) that takes
+    negative numbers and durations as values. No option of ours looks like one."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._negative_number_matcher = _NEGATIVE_VALUE
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="unveil",
         description="Find and fix silent inefficiencies in ML hosts from host-visible telemetry.",
     )

@@ -6,6 +6,7 @@ config file > defaults. ``samples/unveil.toml`` is the annotated sample.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -76,6 +77,23 @@ _TYPES: dict[str, dict[str, tuple[type, ...]]] = {
 }
 
 
+#: [agent] periods that must be positive seconds; compact_every_s may also be 0 (off)
+_POSITIVE = ("interval_s", "flush_interval_s", "commit_interval_s")
+
+
+def check_seconds(value: float, name: str, *, zero: bool = False) -> float:
+    """``value`` if it is a finite number of seconds > 0 (>= 0 with ``zero``), else a
+    ValueError naming ``name`` (a flag or a config key). NaN fails every comparison, so it
+    is rejected too."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+    if math.isinf(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not (value >= 0 if zero else value > 0):
+        raise ValueError(f"{name} must be {'>= 0 (0: off)' if zero else '> 0'}, got {value!r}")
+    return value
+
+
 def _section(path: Path, name: str, raw: dict[str, Any], cls: type) -> Any:
     types = _TYPES[name]
     values: dict[str, Any] = {}
@@ -108,17 +126,18 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         for key in raw:
             if key not in known:
                 raise ConfigError(f"{p}: unknown top-level key {key!r} (known: {', '.join(sorted(known))})")
-        lake = raw.get("lake", {})
-        if isinstance(lake, dict):
-            cfg.lake = lake.get("path")
-        elif isinstance(lake, str):
-            cfg.lake = lake
-        else:
-            raise ConfigError(f"{p}: [lake] must be a table with path = \"...\"")
+        cfg.lake = _lake_path(p, raw.get("lake", {}))
+        for sec in ("agent", "influx"):
+            if not isinstance(raw.get(sec, {}), dict):
+                raise ConfigError(f"{p}: [{sec}] must be a table")
         cfg.agent = _section(p, "agent", raw.get("agent", {}), AgentSection)
         cfg.influx = _section(p, "influx", raw.get("influx", {}), InfluxSection)
-        if cfg.agent.interval_s <= 0:
-            raise ConfigError(f"{p}: [agent].interval_s must be > 0")
+        try:
+            for key in _POSITIVE:
+                check_seconds(getattr(cfg.agent, key), f"[agent].{key}")
+            check_seconds(cfg.agent.compact_every_s, "[agent].compact_every_s", zero=True)
+        except ValueError as exc:
+            raise ConfigError(f"{p}: {exc}") from None
         if cfg.influx.api not in ("auto", "v1", "v2"):
             raise ConfigError(f"{p}: [influx].api must be auto, v1 or v2")
         for sec in ("analytics", "scheduler", "remediation"):
@@ -134,6 +153,23 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     if env_url:
         cfg.influx.url = env_url
     return cfg
+
+
+def _lake_path(p: Path, lake: Any) -> str | None:
+    """``[lake] path = "..."`` (or the shorthand ``lake = "..."``): a non-empty string."""
+    if isinstance(lake, str):
+        lake = {"path": lake}
+    if not isinstance(lake, dict):
+        raise ConfigError(f"{p}: [lake] must be a table with path = \"...\", got {lake!r}")
+    for key in lake:
+        if key != "path":
+            raise ConfigError(f"{p}: unknown key [lake].{key} (known: path)")
+    path = lake.get("path")
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError(f"{p}: [lake].path must be a string (a directory), got {path!r}")
+    return path
 
 
 def resolve_lake(flag: str | None, cfg: Config) -> Path:

@@ -12,20 +12,30 @@ import re
 from datetime import UTC, datetime, timedelta
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+# a sign is matched so that "-1m" gets "must be positive", not "expected a number"
+_DURATION = re.compile(r"^\s*([+-]?\s*\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _RELATIVE = re.compile(r"^\s*(?:now\s*)?-?\s*(\d+(?:\.\d+)?\s*(?:ms|s|m|h|d|w))\s*$")
 
 
-def parse_duration(text: str) -> timedelta:
-    """``"1m"`` -> 60 s. Units: ms, s, m, h, d, w. Zero or negative durations are rejected."""
+def parse_duration(text: str, name: str | None = None) -> timedelta:
+    """``"1m"`` -> 60 s. Units: ms, s, m, h, d, w. Zero or negative durations are rejected.
+
+    ``name`` (a flag or config key) starts the error message, so the user sees which value.
+    """
+    where = f"{name}: " if name else ""
     m = _DURATION.match(text.lower())
     if m is None:
-        raise ValueError(f"bad duration {text!r}: expected a number and a unit (ms, s, m, h, d, w), e.g. '1m'")
-    value, unit = float(m.group(1)), m.group(2)
+        raise ValueError(
+            f"{where}bad duration {text!r}: expected a number and a unit (ms, s, m, h, d, w), e.g. '1m'"
+        )
+    value, unit = float(m.group(1).replace(" ", "")), m.group(2)
     seconds = value / 1000.0 if unit == "ms" else value * _UNITS[unit]
     if seconds <= 0:
-        raise ValueError(f"bad duration {text!r}: must be positive")
-    return timedelta(seconds=seconds)
+        raise ValueError(f"{where}bad duration {text!r}: must be positive")
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"{where}bad duration {text!r}: too long (at most {timedelta.max.days} days)") from None
 
 
 def parse_time(text: str, *, now: datetime | None = None) -> datetime:
@@ -41,7 +51,11 @@ def parse_time(text: str, *, now: datetime | None = None) -> datetime:
         return ref
     rel = _RELATIVE.match(s.lower())
     if rel is not None:
-        return ref - parse_duration(rel.group(1))
+        back = parse_duration(rel.group(1))
+        try:
+            return ref - back
+        except OverflowError:
+            raise ValueError(f"bad time {text!r}: reaches back before year 1") from None
     iso = s[:-1] + "+00:00" if s.endswith(("Z", "z")) else s
     try:
         parsed = datetime.fromisoformat(iso)

@@ -49,3 +49,98 @@ def test_env_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("UNVEIL_LAKE")
     with pytest.raises(config.ConfigError, match="no lake path"):
         config.resolve_lake(None, config.load(None))
+
+
+# ------------------------------------------------------ config and flag edges (issue item 9)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[lake]\npath = 5\n", r"\[lake\]\.path must be a string \(a directory\), got 5"),
+        ("[lake]\npth = '/x'\n", r"unknown key \[lake\]\.pth"),
+        ("lake = 5\n", r"\[lake\] must be a table"),
+        ("[agent]\ncommit_interval_s = -1\n", r"\[agent\]\.commit_interval_s must be > 0, got -1"),
+        ("[agent]\nflush_interval_s = 0\n", r"\[agent\]\.flush_interval_s must be > 0, got 0"),
+        ("[agent]\ninterval_s = nan\n", r"\[agent\]\.interval_s must be > 0, got nan"),
+        ("[agent]\ncommit_interval_s = inf\n", r"\[agent\]\.commit_interval_s must be a finite number, got inf"),
+        ("[agent]\ncompact_every_s = -5\n", r"\[agent\]\.compact_every_s must be >= 0 \(0: off\), got -5"),
+    ],
+)
+def test_bad_lake_path_and_intervals_are_rejected_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    with pytest.raises(config.ConfigError, match=message) as exc:
+        config.load(p)
+    assert str(p) in str(exc.value)
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    from jobs.cli import main
+
+    rc = main(list(argv))
+    return rc, capsys.readouterr().err
+
+
+def test_cli_reports_a_bad_config_value_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text("[lake]\npath = 5\n")
+    rc, err = _cli(capsys, "--config", str(p), "schedule", "--once")
+    assert rc == 2 and err.strip().splitlines() == [
+        f"unveil schedule: error: {p}: [lake].path must be a string (a directory), got 5"
+    ]
+
+
+@pytest.mark.parametrize("flag", ["--interval", "--flush-interval", "--commit-interval", "--duration"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_agent_zero_or_negative_interval_flags_are_rejected_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    argv = ["agent", "--lake", str(lake), "--quiet", flag, value]
+    if flag != "--duration":
+        argv += ["--duration", "0.05"]
+    rc, err = _cli(capsys, *argv)
+    assert rc == 2 and "Traceback" not in err and "usage:" not in err
+    assert err.strip().splitlines() == [f"unveil agent: error: {flag} must be a positive number of seconds, got {value}"]
+    assert list(lake.iterdir()) == []  # nothing was sampled
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["import", "--lake", "L", "--host", "h", "--interval", "-1m", "--start", "now", "f.csv"],
+         "--interval: bad duration '-1m': must be positive"),
+        (["import", "--lake", "L", "--host", "h", "--interval", "0s", "--start", "now", "f.csv"],
+         "--interval: bad duration '0s': must be positive"),
+        (["schedule", "--lake", ".", "--every", "-5m"], "--every: bad duration '-5m': must be positive"),
+        (["schedule", "--lake", ".", "--chunk", "-1h", "--once"], "--chunk: bad duration '-1h': must be positive"),
+        (["postmortem", "--lake", ".", "--label", "x", "--margin", "-5m"],
+         "--margin: bad duration '-5m': must be positive"),
+    ],
+)
+def test_negative_durations_are_one_line_errors_not_usage_dumps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "L").mkdir()
+    rc, err = _cli(capsys, *argv)
+    assert rc == 2 and "usage:" not in err
+    assert err.strip().splitlines() == [f"unveil {argv[0]}: error: {message}"]
+
+
+def test_relative_times_with_a_minus_are_values_not_options() -> None:
+    from jobs.cli import build_parser
+
+    args = build_parser().parse_args(["query", "--since", "-24h", "--until", "-1.5h", "cpu"])
+    assert (args.since, args.until) == ("-24h", "-1.5h")
+
+
+@pytest.mark.parametrize("every", ["0", "-5", "'-5m'"])
+def test_scheduler_every_must_be_positive(tmp_path: Path, capsys: pytest.CaptureFixture[str], every: str) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text(f"[scheduler]\nevery = {every}\n")
+    rc, err = _cli(capsys, "--config", str(p), "schedule", "--lake", str(tmp_path), "--until", "2026-01-01")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"unveil schedule: error: {p}: [scheduler].every: ")

@@ -57,3 +57,15 @@ def test_parse_range() -> None:
     assert parse_range("2h", "1h", now=NOW) == (NOW - timedelta(hours=2), NOW - timedelta(hours=1))
     with pytest.raises(ValueError, match="empty interval"):
         parse_range("1h", "2h", now=NOW)
+
+
+def test_parse_duration_names_the_flag_and_rejects_negative_and_huge() -> None:
+    with pytest.raises(ValueError, match=r"^--every: bad duration '-5m': must be positive$"):
+        parse_duration("-5m", "--every")
+    with pytest.raises(ValueError, match=r"^bad duration '- 1s': must be positive$"):
+        parse_duration("- 1s")
+    with pytest.raises(ValueError, match=r"^bad duration '99999999999d': too long"):
+        parse_duration("99999999999d")
+    with pytest.raises(ValueError, match=r"^bad time '9999999d': reaches back before year 1$"):
+        parse_time("9999999d", now=NOW)
+    assert parse_duration("+2s") == timedelta(seconds=2)

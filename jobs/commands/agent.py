@@ -41,16 +41,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _positive_flags(args: argparse.Namespace) -> None:
+    """Period flags given must be positive: ``--interval 0`` used to fall back to the default."""
+    for flag in ("--interval", "--flush-interval", "--commit-interval", "--duration"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and not (0 < value < float("inf")):
+            raise ValueError(f"{flag} must be a positive number of seconds, got {value:g}")
+
+
 def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], Path]:
+    _positive_flags(args)
     cfg = config_mod.load(args.config)
     lake = config_mod.resolve_lake(args.lake, cfg)
     a = cfg.agent
+    # `is not None`, not `or`: a flag given is used as given (and was checked above)
+    flush_s = args.flush_interval if args.flush_interval is not None else a.flush_interval_s
     acfg = AgentConfig(
         lake=lake,
         root=args.root or a.root,
-        interval_s=args.interval or a.interval_s,
-        flush_interval_s=args.flush_interval or a.flush_interval_s,
-        commit_interval_s=args.commit_interval or max(a.commit_interval_s, args.flush_interval or a.flush_interval_s),
+        interval_s=args.interval if args.interval is not None else a.interval_s,
+        flush_interval_s=flush_s,
+        commit_interval_s=args.commit_interval if args.commit_interval is not None else max(a.commit_interval_s, flush_s),
         duration_s=args.duration,
         collectors=tuple(args.collectors.split(",")) if args.collectors else (tuple(a.collectors) if a.collectors else None),
         tiers=dict(a.tiers),

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    interval = parse_duration(args.interval) if args.interval else None
+    interval = parse_duration(args.interval, "--interval") if args.interval else None
     start = parse_time(args.start) if args.start else None
     if args.time_column and interval:
         raise ValueError("give either --time-column or --interval, not both")

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if args.label:
         if args.start or args.end:
             raise ValueError("give --label or --from/--to, not both")
-        host, start, end = label_interval(lake, args.label, parse_duration(args.margin))
+        host, start, end = label_interval(lake, args.label, parse_duration(args.margin, "--margin"))
         hosts = args.host or [host]
         label = args.label
     else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 from jobs import config as config_mod
@@ -17,7 +16,7 @@ from jobs.pipeline import (
     maintain,
     run_cycle,
 )
-from jobs.timeparse import parse_duration, parse_time
+from jobs.timeparse import parse_time
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -118,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"compaction: {c['merges']} merge(s), {c['files_before']} -> {c['files_after']} files; "
                   f"retention: {out['retention'] or 'none configured'}")
         return 0
-    every_s = args.every or cfg.scheduler.get("every", "60s")
-    every = parse_duration(every_s) if isinstance(every_s, str) else timedelta(seconds=float(every_s))
+    # a number or a duration, > 0 either way (0 or -5 would spin or never run)
+    every = _duration(args.every, "--every") if args.every else _duration(
+        cfg.scheduler.get("every", "60s"), f"{cfg.source or 'config'}: [scheduler].every")
     from jobs.scheduler import Scheduler
 
     return Scheduler(lake, sc, every=every, until=until, hosts=args.hosts, progress=args.progress,
