@@ -14,7 +14,8 @@ PYTHON=${PYTHON:-python3}
 # numactl              migratepages, used by the NUMA rebinding remediation
 # ethtool              NIC ring sizes, read and set by the nic_ring remediation
 # linux-perf           hardware counters, where the PMU exposes them
-APT_PACKAGES=(influxdb victoria-metrics chromium numactl ethtool linux-perf)
+# systemd              systemd-analyze verify checks the service units (packaging/systemd)
+APT_PACKAGES=(influxdb victoria-metrics chromium numactl ethtool linux-perf systemd)
 
 want_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do
