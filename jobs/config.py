@@ -103,6 +103,13 @@ def _section(path: Path, name: str, raw: dict[str, Any], cls: type) -> Any:
         if not isinstance(value, types[key]) or (isinstance(value, bool) and bool not in types[key]):
             want = " or ".join(t.__name__ for t in types[key])
             raise ConfigError(f"{path}: [{name}].{key} must be {want}, got {value!r}")
+        # lists and tables hold names and paths: a number there fails much later, obscurely
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        for item in items:
+            if not isinstance(item, str) or not item.strip():
+                raise ConfigError(f"{path}: [{name}].{key} must hold non-empty strings, got {item!r}")
+        if key == "host" and not value.strip():
+            raise ConfigError(f"{path}: [{name}].host must not be empty (leave it out for the hostname)")
         values[key] = value
     obj = cls(**values)
     return obj

@@ -65,6 +65,10 @@ def test_env_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         ("[agent]\ninterval_s = nan\n", r"\[agent\]\.interval_s must be > 0, got nan"),
         ("[agent]\ncommit_interval_s = inf\n", r"\[agent\]\.commit_interval_s must be a finite number, got inf"),
         ("[agent]\ncompact_every_s = -5\n", r"\[agent\]\.compact_every_s must be >= 0 \(0: off\), got -5"),
+        ("[agent]\ncgroup_paths = [1]\n", r"\[agent\]\.cgroup_paths must hold non-empty strings, got 1"),
+        ("[agent]\ncollectors = ['cpu', '']\n", r"\[agent\]\.collectors must hold non-empty strings, got ''"),
+        ("[agent]\ntiers = {cpu = 5}\n", r"\[agent\]\.tiers must hold non-empty strings, got 5"),
+        ("[agent]\nhost = ''\n", r"\[agent\]\.host must not be empty"),
     ],
 )
 def test_bad_lake_path_and_intervals_are_rejected_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
