@@ -317,16 +317,23 @@ def _validate(
     else:
         if interval is None or start is None:
             raise ImportFileError(f"{path}: timing rows by index needs both --interval and --start")
-        step_us = int(interval / timedelta(microseconds=1))
-        base = int((start.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(microseconds=1))
-        # a row's time follows its place in the file, so a skipped row leaves a gap
+        step_us = interval // timedelta(microseconds=1)
+        base = (start.astimezone(UTC) - TIME_MIN) // timedelta(microseconds=1)
+        # a row's time follows its place in the file, so a skipped row leaves a gap. In
+        # float (exact for integers below 2**53 us, year 2255), so a huge interval cannot
+        # overflow Int64; times out of range are null before the cast.
+        us = pl.Series(raw.ordinals, dtype=pl.Float64) * float(step_us) + float(base)
+        ok = (us >= 0) & (us < _SPAN_US)
         times = (
-            pl.Series(raw.ordinals, dtype=pl.Int64) * step_us + base
-        ).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+            pl.select(pl.when(ok).then(us).otherwise(None)).to_series()
+            .cast(pl.Int64).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+        )
+        for i in (~ok).arg_true().to_list():
+            reasons.setdefault(i, f"time start + {raw.ordinals[i]} x interval is {span}")
+        bad_rows = bad_rows | ~ok
     late = ((times < TIME_MIN) | (times >= TIME_MAX)).fill_null(False)
     for i in late.arg_true().to_list():
-        shown = _cell(frame[tcol][i]) if tcol is not None else times[i].isoformat()
-        reasons.setdefault(i, f"time {shown} is {span}")
+        reasons.setdefault(i, f"time {_cell(frame[tcol][i]) if tcol is not None else times[i]} is {span}")
     bad_rows = bad_rows | late
 
     problems += [(raw.lines[i], reason) for i, reason in reasons.items()]
@@ -413,7 +420,11 @@ def import_files(
         r = _read(f, time_column=time_column, interval=interval, start=next_start, has_header=has_header)
         if time_column is None and interval is not None and next_start is not None:
             # files given together are consecutive: the next starts after this one's last record
-            next_start = next_start + interval * _n_records(f, has_header)
+            n = _n_records(f, has_header)
+            try:
+                next_start = next_start + interval * n
+            except OverflowError:
+                raise ImportFileError(f"{f}: the file after it would start past year 9999 ({n} rows x {interval})") from None
         frames.append(r.frame)
         report.skipped.extend(r.skipped)
         report.files.append(str(f))

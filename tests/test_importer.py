@@ -255,3 +255,19 @@ def test_non_finite_values_are_stored_as_null_and_counted(
     assert rep.nonfinite == 1 and rep.nonfinite_examples == [f"{p}: row 1: column 'x': inf"]
     rc, out, _ = _cli(capsys, "import", "--lake", str(lake), "--host", "c", str(f))
     assert rc == 0 and "4 non-finite values (inf, -inf, nan) stored as null" in out
+
+
+def test_row_index_times_outside_1970_2200_are_skipped_even_with_a_huge_interval(tmp_path: Path) -> None:
+    f = tmp_path / "rows.csv"
+    f.write_text("1\n2\n3\n")
+    df, skipped = read_wide(f, has_header=False, interval=timedelta(days=100_000), start=T0)
+    assert df["c1"].to_list() == [1.0]
+    assert skipped == [f"{f}:2: time start + 1 x interval is outside 1970-01-01..2200-01-01",
+                       f"{f}:3: time start + 2 x interval is outside 1970-01-01..2200-01-01"]
+    # an interval past Int64 microseconds once overflowed into a traceback
+    df, skipped = read_wide(f, has_header=False, interval=timedelta(days=9_999_999), start=T0)
+    assert df.height == 1 and len(skipped) == 2
+    with pytest.raises(ImportFileError, match=r"rows.csv: no good rows; first problem: .*rows.csv:1: time start \+ 0"):
+        read_wide(f, has_header=False, interval=timedelta(minutes=1), start=datetime(1900, 1, 1, tzinfo=UTC))
+    with pytest.raises(ImportFileError, match=r"rows.csv: the file after it would start past year 9999"):
+        import_files(tmp_path / "lake", "h", [f, f], has_header=False, interval=timedelta(days=9_999_999), start=T0)
