@@ -9,6 +9,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 
 def _command_word(argv: Sequence[str]) -> str | None:
@@ -79,6 +80,10 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._negative_number_matcher = _NEGATIVE_VALUE
 
+    def error(self, message: str) -> NoReturn:
+        """One line, as the commands report bad values, not a usage dump; exit status 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
@@ -95,7 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed: its status
+        return exc.code if isinstance(exc.code, int) else 2
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -148,3 +148,20 @@ def test_scheduler_every_must_be_positive(tmp_path: Path, capsys: pytest.Capture
     rc, err = _cli(capsys, "--config", str(p), "schedule", "--lake", str(tmp_path), "--until", "2026-01-01")
     assert rc == 2 and len(err.strip().splitlines()) == 1
     assert err.startswith(f"unveil schedule: error: {p}: [scheduler].every: ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["agent", "--interval", "abc"], "unveil agent: error: argument --interval: invalid float value: 'abc'"),
+        (["import", "--lake", "L"], "unveil import: error: the following arguments are required: --host, FILE"),
+        (["schedule", "--every"], "unveil schedule: error: argument --every: expected one argument"),
+        (["nosuch"], "unveil: error: argument COMMAND: invalid choice: 'nosuch'"),
+    ],
+)
+def test_argparse_errors_are_one_line_with_status_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    rc, err = _cli(capsys, *argv)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith(line), err
+    assert err.rstrip().endswith("--help')")
