@@ -108,7 +108,7 @@ def _section(path: Path, name: str, raw: dict[str, Any], cls: type) -> Any:
         for item in items:
             if not isinstance(item, str) or not item.strip():
                 raise ConfigError(f"{path}: [{name}].{key} must hold non-empty strings, got {item!r}")
-        if key == "host" and not value.strip():
+        if key == "host" and isinstance(value, str) and not value.strip():
             raise ConfigError(f"{path}: [{name}].host must not be empty (leave it out for the hostname)")
         values[key] = value
     obj = cls(**values)
