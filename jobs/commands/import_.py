@@ -15,8 +15,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="import wide CSV/Parquet files into the lake for post-mortem analysis",
         description="Import wide CSV or Parquet files (a time column, or rows timed by --interval "
         "and --start; one numeric column per metric) into a lake table for one host. Rows that "
-        "do not parse are skipped and reported as FILE:LINE; a file that cannot be imported at "
-        "all stops the import before anything is written.",
+        "do not parse, or whose time is before 1970 or from 2200 on, are skipped and reported as "
+        "FILE:LINE; inf/-inf/nan cells are stored as null and counted; a file that cannot be "
+        "imported at all (no data rows, a non-numeric column ...) stops the import before "
+        "anything is written.",
     )
     p.add_argument("--lake", required=True, metavar="PATH", help="lake root directory")
     p.add_argument("--host", required=True, metavar="NAME", help="host name the data belongs to")
