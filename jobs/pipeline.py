@@ -822,6 +822,10 @@ def eval_detector(kb: KnowledgeBase, cfg: SweepConfig | None = None,
 
 POSTMORTEM_DIR = "_postmortem"
 _ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
+# An id names one directory under <lake>/_postmortem/, never a path: ASCII letters, digits,
+# '_', '.', '-', starting with a letter or digit (so no '/', '..', hidden '.tmp-'/'.old-'
+# names or option-like '-x').
+_PM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 
 
 @dataclass
@@ -841,6 +845,21 @@ class PostmortemResult:
 def postmortem_id(hosts: Sequence[str], start: datetime, end: datetime, label: str | None = None) -> str:
     base = f"pm-{label}" if label else f"pm-{'+'.join(sorted(hosts))}-{_stamp(start)}-{_stamp(end)}"
     return _ID_RE.sub("_", base)[:200]
+
+
+def postmortem_dir(lake: str | os.PathLike[str], pm_id: str) -> Path:
+    """``<lake>/_postmortem/<pm_id>``, after checking the id against a strict pattern and
+    that the directory (symlinks resolved) lies inside the lake. Touches nothing."""
+    if not isinstance(pm_id, str) or not _PM_ID.fullmatch(pm_id):
+        raise ValueError(f"bad post-mortem id {pm_id!r}: 1-200 of A-Z a-z 0-9 _ . - starting with a letter or "
+                         f"digit (it names a directory under {Path(lake) / POSTMORTEM_DIR})")
+    root = Path(lake).resolve()
+    final = Path(lake) / POSTMORTEM_DIR / pm_id
+    for p in (final.parent, final):  # a symlinked _postmortem/ or <id> must not lead out
+        real = p.resolve()
+        if not real.is_relative_to(root):
+            raise ValueError(f"post-mortem id {pm_id!r}: {p} resolves to {real}, outside the lake {root}")
+    return final
 
 
 def label_interval(lake: str | os.PathLike[str], label_id: str,
@@ -871,6 +890,8 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
         raise ValueError(f"empty interval: {start.isoformat()} is not before {end.isoformat()}")
     if not hosts:
         raise ValueError("postmortem: give at least one host")
+    pid = pm_id if pm_id is not None else postmortem_id(hosts, start, end)
+    final = postmortem_dir(lake_p, pid)  # before any filesystem operation
     a = cfg.analytics
     length = timedelta(seconds=a.window.length_s)
     source = "lake"
@@ -890,8 +911,6 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
     while t < end:
         bounds.append((t, min(t + cfg.chunk, end)))
         t += cfg.chunk
-    pid = pm_id or postmortem_id(hosts, start, end)
-    final = lake_p / POSTMORTEM_DIR / pid
     tmp = lake_p / POSTMORTEM_DIR / f".tmp-{pid}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -955,5 +974,5 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
 
 __all__ = [
     "MATCH_COLUMNS", "SHARE_COLUMNS", "ChunkSummary", "CycleSummary", "PostmortemResult", "SweepConfig", "WriteBack",
-    "analyze_chunk", "detection_from_mapping", "eval_detector", "incidents_of", "label_interval", "maintain", "postmortem", "process_chunk", "run_cycle", "segment",
+    "analyze_chunk", "detection_from_mapping", "eval_detector", "incidents_of", "label_interval", "maintain", "postmortem", "postmortem_dir", "process_chunk", "run_cycle", "segment",
 ]

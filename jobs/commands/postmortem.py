@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("give --host H --from T1 [--to T2], or --label ID")
         hosts = args.host
         start, end = parse_time(args.start), parse_time(args.end or "now")
-    pm_id = args.pm_id or postmortem_id(hosts, start, end, label)
+    pm_id = args.pm_id if args.pm_id is not None else postmortem_id(hosts, start, end, label)
     res = postmortem(lake, hosts, start, end, sc, pm_id=pm_id, influx=sc.influx, peers=not args.no_peers,
                      progress=args.progress)
     print(f"post-mortem {res.pm_id}: {', '.join(res.hosts)} {res.start.isoformat()} .. {res.end.isoformat()} "
