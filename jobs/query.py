@@ -40,7 +40,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -390,13 +390,17 @@ def _empty_base(table: str) -> pl.LazyFrame:
                                 "window_start": schema.TIME_DTYPE, "window_end": schema.TIME_DTYPE})
 
 
+#: downstream tables that read as empty before the lake has them (with the measurements)
+_KNOWN_EMPTY = ("scores", "findings", "incidents", "remediations")
+
+
 def _empty_known(table: str) -> pl.LazyFrame | None:
     """A typed empty frame for a known table the lake does not have yet (measurements,
     scores, findings, incidents, remediations), so named queries return no rows instead of
     failing on a young lake or after a sweep that found nothing."""
     if table in schema.MEASUREMENTS:
         return pl.LazyFrame(schema=schema.get(table).polars_schema())
-    if table in ("scores", "findings"):
+    if table in _KNOWN_EMPTY[:2]:
         from analytics.pipeline import FINDINGS_SCHEMA, SCORES_SCHEMA
 
         return pl.LazyFrame(schema={"time": schema.TIME_DTYPE,
@@ -428,6 +432,58 @@ def referenced_names(sql: str) -> set[str]:
         elif text.startswith('"'):
             names.add(text[1:-1].replace('""', '"'))
     return names
+
+
+# Polars SQL table functions (read_csv('/any/file'), read_parquet('https://...'), ...) read
+# outside the lake; every name of that form is refused, whatever Polars adds later.
+_TABLE_FUNCTION = re.compile(r"(?:read|scan)_[a-z0-9_]*", re.IGNORECASE)
+_TABLE_FUNCTION_CALL = re.compile(r"\b(?:read|scan)_[A-Za-z0-9_]*\s*\(", re.IGNORECASE)
+_CTE = re.compile(r"(?:\bWITH\s+(?:RECURSIVE\s+)?|,\s*)(?P<name>[A-Za-z_][A-Za-z0-9_]*|\"(?:[^\"]|\"\")+\")\s*"
+                  r"(?:\([^()]*\)\s*)?AS\s*(?:NOT\s+)?(?:MATERIALIZED\s+)?\(", re.IGNORECASE)
+
+
+def _cte_names(sql: str) -> set[str]:
+    """Names the query defines in WITH clauses (lower case; literals and comments masked)."""
+    masked = "".join(text if code or text.startswith('"') else " " * len(text) for code, text in _segments(sql))
+    out = set()
+    for m in _CTE.finditer(masked):
+        name = m.group("name")
+        out.add((name[1:-1].replace('""', '"') if name.startswith('"') else name).lower())
+    return out
+
+
+def table_references(sql: str, what: str = "SQL") -> list[str]:
+    """The relations ``sql`` reads (FROM/JOIN, subqueries, CTE references), as Polars'
+    own SQL parser finds them."""
+    from polars._plr import PySQLContext  # the parser SQLContext.execute_global uses
+
+    try:
+        return list(PySQLContext.table_identifiers(sql, include_schema=True, unique=True))
+    except pl.exceptions.PolarsError as exc:
+        raise QueryError(f"{what}: {_first_line(exc)}") from None
+
+
+def check_tables(sql: str, allowed: Collection[str], shown: Sequence[str], lake: str | os.PathLike[str],
+                 what: str = "SQL") -> None:
+    """Refuse, before anything is read, SQL that reads anything but ``allowed`` (the lake's
+    tables and views) and the query's own CTEs: table functions (``read_csv('/etc/shadow')``,
+    a URL), paths. ``shown``: the table names an error lists."""
+    tables = ", ".join(shown) or "none"
+    for code, text in _segments(sql):  # a second net under the parser: any table-function call
+        m = _TABLE_FUNCTION_CALL.search(text) if code else None
+        if m:
+            name = m.group(0).rstrip("( \t\n")
+            raise QueryError(f"{what}: {name}(...) is not allowed: queries read lake tables only "
+                             f"(tables in {lake}: {tables})")
+    known = {t.lower() for t in allowed}
+    ctes = _cte_names(sql)
+    for ref in table_references(sql, what):
+        low = ref.lower()
+        if _TABLE_FUNCTION.fullmatch(low):
+            raise QueryError(f"{what}: {ref}(...) is not allowed: queries read lake tables only "
+                             f"(tables in {lake}: {tables})")
+        if low not in known and low not in ctes:
+            raise QueryError(f"{what}: unknown table {ref!r}; tables in {lake}: {tables}")
 
 
 def lake_context(lake: str | os.PathLike[str], sql: str, *, start: datetime | None = None,
@@ -475,6 +531,13 @@ def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None
     raw = named.sql if named is not None else text
     what = f"query {named.name!r} ({named.path})" if named is not None else "SQL"
     sql = bind(raw, _literals(named, raw, params or {}, start, end))
+    try:
+        available = lake_mod.tables(lake)
+    except lake_mod.LakeError as exc:
+        raise QueryError(str(exc)) from None
+    # lake tables only: checked on the parsed statement before any table is scanned
+    shown = [*available, *(v for v, b in VIEWS.items() if b in available)]
+    check_tables(sql, {*available, *VIEWS, *_KNOWN_EMPTY, *schema.MEASUREMENTS}, shown, lake, what)
     ctx, available = lake_context(lake, sql, start=start, end=end, hosts=hosts, corrupt=corrupt)
     try:
         return ctx.execute(sql, eager=False).collect()
