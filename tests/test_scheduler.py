@@ -176,3 +176,97 @@ def test_matched_incidents_are_queued_once_as_dry_run_proposals(tmp_path: Path) 
     assert row["time"] == row["created"]
     with Queue(default_path(tmp_path)) as q:
         assert len(q.actions()) == 1
+
+
+# ------------------------------------------------------------ started before the agent's first commit
+
+
+def test_scheduler_waits_for_the_lake_in_process(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Under a service manager the scheduler and the agent start together: the scheduler
+    waits for the lake directory (saying so once), then runs."""
+    import threading
+
+    root = tmp_path / "lake"
+    seen: list[CycleSummary | None] = []
+    s = Scheduler(root, SweepConfig(compact_every=None), every=timedelta(seconds=0.2), on_cycle=seen.append,
+                  max_cycles=1, lake_poll=0.02)
+    appear = threading.Timer(0.4, root.mkdir)  # the agent's first commit, later
+    appear.start()
+    try:
+        with caplog.at_level("INFO", logger="jobs.scheduler"):
+            assert s.run(install_signals=False) == 0
+    finally:
+        appear.cancel()
+    assert s.cycles == 1 and s.failures == 0 and seen[0] is not None
+    waiting = [r.getMessage() for r in caplog.records if "waiting for the lake" in r.getMessage()]
+    assert waiting == [f"waiting for the lake at {root} (the agent creates it at its first commit)"]
+
+
+def test_scheduler_stopped_while_waiting_for_the_lake(tmp_path: Path) -> None:
+    import threading
+
+    s = Scheduler(tmp_path / "never", SweepConfig(), every=timedelta(seconds=1), lake_poll=0.02)
+    threading.Timer(0.2, s.stop).start()
+    t0 = time.monotonic()
+    assert s.run(install_signals=False) == 0
+    assert s.cycles == 0 and time.monotonic() - t0 < 5
+    assert not (tmp_path / "never").exists()  # waiting creates nothing
+
+
+def test_scheduler_refuses_a_lake_path_that_is_a_file(tmp_path: Path) -> None:
+    f = tmp_path / "lake"
+    f.write_text("not a directory")
+    with pytest.raises(ValueError, match=f"lake {f} exists but is not a directory"):
+        Scheduler(f, SweepConfig(), every=timedelta(seconds=1), lake_poll=0.02).run(install_signals=False)
+
+
+def test_schedule_once_on_a_missing_lake_fails_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import main
+
+    t0 = time.monotonic()
+    assert main(["schedule", "--lake", str(tmp_path / "none"), "--once", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"lake {tmp_path / 'none'} does not exist" in err and "--once does not wait" in err
+    assert time.monotonic() - t0 < 10
+
+
+def test_schedule_process_started_before_the_lake_waits_for_it(tmp_path: Path) -> None:
+    """A real `unveil schedule` process: it says once that it waits, starts its cycles when
+    the lake appears, and stops on SIGTERM."""
+    import os
+    import selectors
+
+    root = tmp_path / "lake"
+    p = popen("schedule", "--lake", str(root), "--every", "1s", "--no-progress")
+    try:
+        assert p.stderr is not None and p.stdout is not None
+        os.set_blocking(p.stderr.fileno(), False)
+        os.set_blocking(p.stdout.fileno(), False)
+        sel = selectors.DefaultSelector()
+        sel.register(p.stderr, selectors.EVENT_READ, "err")
+        sel.register(p.stdout, selectors.EVENT_READ, "out")
+        out = {"err": "", "out": ""}
+
+        def pump(until: str, where: str, timeout: float) -> None:
+            deadline = time.monotonic() + timeout
+            while until not in out[where]:
+                assert time.monotonic() < deadline and p.poll() is None, (out, p.poll())
+                for key, _ in sel.select(0.1):
+                    out[key.data] += key.fileobj.read() or ""  # type: ignore[union-attr]
+
+        pump("waiting for the lake", "err", 60)
+        time.sleep(2.5)  # it keeps polling (every second) and keeps quiet
+        assert not root.exists() and p.poll() is None
+        root.mkdir()
+        pump("cycle to ", "out", 60)
+        p.send_signal(signal.SIGTERM)
+        rest_out, rest_err = p.communicate(timeout=60)
+        out["out"] += rest_out or ""
+        out["err"] += rest_err or ""
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, out["err"]
+    assert out["err"].count("waiting for the lake") == 1
+    assert f"waiting for the lake at {root}" in out["err"]

@@ -105,8 +105,12 @@ def print_summary(s: CycleSummary | None) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config)
     lake = config_mod.resolve_lake(args.lake, cfg)
-    if not lake.is_dir():
-        raise config_mod.ConfigError(f"lake {lake} does not exist or is not a directory")
+    if lake.exists() and not lake.is_dir():
+        raise config_mod.ConfigError(f"lake {lake} exists but is not a directory")
+    if args.once and not lake.is_dir():
+        # one cycle must not hang a cron job: the next run finds the lake
+        raise config_mod.ConfigError(f"lake {lake} does not exist (yet): --once does not wait for it "
+                                     "(without --once the scheduler waits for the agent's first commit)")
     sc = sweep_config(args, cfg, lake)
     until = parse_time(args.until) if args.until else None
     if args.once:
