@@ -334,13 +334,37 @@ def _literals(query: NamedQuery | None, sql: str, values: Mapping[str, Any],
 
 
 def _scan(lake: str | os.PathLike[str], table: str, start: datetime | None, end: datetime | None,
-          hosts: Sequence[str] | None, corrupt: list[lake_mod.CorruptFileError]) -> pl.LazyFrame:
+          hosts: Sequence[str] | None, corrupt: list[lake_mod.CorruptFileError],
+          exclude: Collection[Path] = ()) -> pl.LazyFrame:
     if table in _UNTIL_ONLY:
-        lf = lake_mod.scan(lake, table, end=end, hosts=hosts, on_corrupt="skip", report=corrupt)
+        lf = lake_mod.scan(lake, table, end=end, hosts=hosts, on_corrupt="skip", report=corrupt, exclude=exclude)
         if table == "labels" and start is not None:
             lf = lf.filter(pl.col("end").is_null() | (pl.col("end") > start))
         return lf
-    return lake_mod.scan(lake, table, start=start, end=end, hosts=hosts, on_corrupt="skip", report=corrupt)
+    return lake_mod.scan(lake, table, start=start, end=end, hosts=hosts, on_corrupt="skip", report=corrupt,
+                         exclude=exclude)
+
+
+def _scanned(sql: str, available: Sequence[str]) -> list[str]:
+    """The lake tables a context for ``sql`` scans (named ones and the views' bases)."""
+    wanted = referenced_names(sql)
+    out = [t for t in available if t in wanted or t.lower() in wanted]
+    out += [b for v, b in VIEWS.items() if v in wanted and b in available and b not in out]
+    return out
+
+
+def _damaged(lake: str | os.PathLike[str], tables: Sequence[str], start: datetime | None, end: datetime | None,
+             hosts: Sequence[str] | None, known: Collection[Path]) -> list[lake_mod.CorruptFileError]:
+    """Files of ``tables`` in the range whose pages fail a full read (a footer-valid file
+    with damage inside fails only when a lazy scan reaches it, without naming it)."""
+    paths: list[Path] = []
+    for t in tables:
+        try:
+            listed = lake_mod.files(lake, t, start=None if t in _UNTIL_ONLY else start, end=end, hosts=hosts)
+        except lake_mod.LakeError:  # an unreadable journal: already reported by the scan
+            continue
+        paths += [p for p in listed if p not in known]
+    return lake_mod.probe(paths)
 
 
 def _feature_values(features: pl.LazyFrame) -> pl.LazyFrame:
@@ -488,32 +512,43 @@ def check_tables(sql: str, allowed: Collection[str], shown: Sequence[str], lake:
 
 def lake_context(lake: str | os.PathLike[str], sql: str, *, start: datetime | None = None,
                  end: datetime | None = None, hosts: Sequence[str] | None = None,
-                 corrupt: list[lake_mod.CorruptFileError] | None = None) -> tuple[pl.SQLContext, list[str]]:
-    """A SQLContext with the lake tables (and views) ``sql`` names, pruned to the range.
-    Returns it with the names of all tables available in the lake."""
+                 corrupt: list[lake_mod.CorruptFileError] | None = None,
+                 exclude: Collection[Path] = ()) -> tuple[pl.SQLContext, list[str]]:
+    """A SQLContext with the lake tables (and views) ``sql`` names, pruned to the range,
+    without the files in ``exclude``. Returns it with the names of all tables available in
+    the lake. Corrupt files skipped go to ``corrupt`` (else one log warning each)."""
     try:
         available = lake_mod.tables(lake)
     except lake_mod.LakeError as exc:
         raise QueryError(str(exc)) from None
-    found = corrupt if corrupt is not None else []
+    found: list[lake_mod.CorruptFileError] = []
     wanted = referenced_names(sql)
     frames: dict[str, pl.LazyFrame] = {}
     for t in available:
         if t in wanted or t.lower() in wanted:
-            frames[t] = _scan(lake, t, start, end, hosts, found)
+            frames[t] = _scan(lake, t, start, end, hosts, found, exclude)
     for view, base in VIEWS.items():
         if view in wanted:
             lf = frames.get(base)
             if lf is None:
-                lf = _scan(lake, base, start, end, hosts, found) if base in available else _empty_base(base)
+                lf = _scan(lake, base, start, end, hosts, found, exclude) if base in available else _empty_base(base)
             frames[view] = _feature_values(lf) if view == "feature_values" else _finding_factors(lf)
     for t in wanted - set(frames):
         empty = _empty_known(t)
         if empty is not None:
             frames[t] = empty
-    for err in found:
-        log.warning("query: skipped %s", err)
+    _report(found, corrupt)
     return pl.SQLContext(frames=frames), available
+
+
+def _report(errors: Sequence[lake_mod.CorruptFileError], into: list[lake_mod.CorruptFileError] | None) -> None:
+    """One entry per file into ``into``; without it, one log warning per file."""
+    unique = list({e.path: e for e in reversed(errors)}.values())[::-1]  # first entry per file
+    if into is not None:
+        into.extend(unique)
+    else:
+        for e in unique:
+            log.warning("query: skipped %s", e)
 
 
 _UNKNOWN_TABLE = re.compile(r"relation '([^']+)' was not found")
@@ -526,7 +561,10 @@ def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None
     """Run SQL, or the named query ``text``, over the lake and return the result.
 
     ``params`` are the values of the query's parameters (text as from the command line,
-    or Python values). Raises :class:`QueryError` with what went wrong and where."""
+    or Python values). Raises :class:`QueryError` with what went wrong and where.
+
+    A corrupt file (truncated, or damaged inside behind a valid footer) is skipped, the
+    rest queried, and the file named once in ``corrupt`` (without it: one log warning)."""
     named = load_named(text.strip(), sql_dir) if is_named(text) else None
     raw = named.sql if named is not None else text
     what = f"query {named.name!r} ({named.path})" if named is not None else "SQL"
@@ -538,9 +576,31 @@ def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None
     # lake tables only: checked on the parsed statement before any table is scanned
     shown = [*available, *(v for v, b in VIEWS.items() if b in available)]
     check_tables(sql, {*available, *VIEWS, *_KNOWN_EMPTY, *schema.MEASUREMENTS}, shown, lake, what)
-    ctx, available = lake_context(lake, sql, start=start, end=end, hosts=hosts, corrupt=corrupt)
+    damaged: list[lake_mod.CorruptFileError] = []
+    while True:
+        found: list[lake_mod.CorruptFileError] = []
+        df = _execute(lake, sql, what, start, end, hosts, found, damaged)
+        if df is not None:
+            _report(found + damaged, corrupt)
+            return df
+
+
+def _execute(lake: str | os.PathLike[str], sql: str, what: str, start: datetime | None, end: datetime | None,
+             hosts: Sequence[str] | None, found: list[lake_mod.CorruptFileError],
+             damaged: list[lake_mod.CorruptFileError]) -> pl.DataFrame | None:
+    """One try without the ``damaged`` files; None when it found more damaged files (added
+    to ``damaged``): the caller tries again without them."""
+    ctx, available = lake_context(lake, sql, start=start, end=end, hosts=hosts, corrupt=found,
+                                  exclude={e.path for e in damaged})
     try:
         return ctx.execute(sql, eager=False).collect()
+    except pl.exceptions.ComputeError as exc:
+        known = {e.path for e in found + damaged}
+        bad = _damaged(lake, _scanned(sql, available), start, end, hosts, known)
+        if not bad:
+            raise QueryError(f"{what}: {_first_line(exc)}") from None
+        damaged += bad
+        return None
     except pl.exceptions.SQLInterfaceError as exc:
         m = _UNKNOWN_TABLE.search(str(exc))
         if m:
@@ -551,7 +611,7 @@ def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None
     except pl.exceptions.ColumnNotFoundError as exc:
         raise QueryError(f"{what}: {_first_line(exc)}") from None
     except (pl.exceptions.SQLSyntaxError, pl.exceptions.InvalidOperationError, pl.exceptions.SchemaError,
-            pl.exceptions.ComputeError, pl.exceptions.DuplicateError) as exc:
+            pl.exceptions.DuplicateError) as exc:
         raise QueryError(f"{what}: {_first_line(exc)}") from None
 
 

@@ -162,3 +162,22 @@ def test_postmortem_dir_symlinked_out_of_the_lake_is_refused(sim_lake: Path, tmp
     err = capsys.readouterr().err
     assert "outside the lake" in err and str(outside) in err
     assert list(outside.iterdir()) == []
+
+
+def test_postmortem_skips_corrupt_files_and_warns_once(sim_lake: Path, capsys: pytest.CaptureFixture[str],
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    from tests.test_scheduler import assert_warned_once, damage_two_files, run_cli
+
+    paths = damage_two_files(sim_lake)
+    with caplog.at_level("INFO"):
+        rc, text = run_cli(capsys, "postmortem", "--lake", str(sim_lake), "--host", "sim-00", "sim-01",
+                           "--from", T0.isoformat(), "--to", (T0 + timedelta(seconds=40)).isoformat(),
+                           "--id", "pm-corrupt", "--no-progress", "--out", str(sim_lake.parent / "pm.html"))
+    assert rc == 0, text
+    assert_warned_once(paths, "postmortem", text, caplog)
+    pm = sim_lake / "_postmortem" / "pm-corrupt"
+    feats = lake.read(pm, "features")
+    assert dict(feats.group_by("host").len().iter_rows()) == {"sim-00": 38, "sim-01": 38}
+    meta = json.loads((pm / "_postmortem.json").read_text())
+    assert sorted(c["path"] for c in meta["corrupt"]) == sorted(map(str, paths))
+    assert all(c["reason"] for c in meta["corrupt"])

@@ -432,3 +432,35 @@ def test_ctes_and_lake_tables_still_work(small_lake: Path) -> None:
                                   "SELECT t.load1, u.x FROM t, u")
     assert got.rows() == [(1.5, 3.0)]
     assert q.run_query(small_lake, "SELECT 'read_csv(x)' AS s FROM system").item() == "read_csv(x)"
+
+
+def test_damaged_and_truncated_files_are_skipped_and_warned_once(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Damage inside a file with a valid footer used to fail the whole query without naming
+    the file; now it is skipped like a truncated one, each warned once, the rest returned."""
+    from ingest.lake import write_table
+    from tests.test_lake import damage_column_chunk, truncate
+    from tests.test_scheduler import assert_warned_once
+
+    n = 2000
+    paths = [write_table(tmp_path, "system", pl.DataFrame({
+        "time": [T0 + timedelta(hours=h, milliseconds=100 * i) for i in range(n)], "host": ["h1"] * n,
+        "load1": [float(h)] * n}))[0] for h in range(4)]
+    damage_column_chunk(paths[1])
+    truncate(paths[2])
+    with caplog.at_level("INFO"):
+        assert main(["query", "--lake", str(tmp_path), "--format", "csv",
+                     "SELECT load1, count(*) AS n FROM system GROUP BY load1 ORDER BY load1"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.splitlines() == ["load1,n", "0.0,2000", "3.0,2000"]
+    assert_warned_once((paths[1], paths[2]), "query", cap.err, caplog)
+    # the library: named in `corrupt`, or (without it) one log warning each
+    caplog.clear()
+    got: list = []
+    assert q.run_query(tmp_path, "SELECT * FROM system", corrupt=got).height == 2 * n
+    assert sorted(e.path for e in got) == paths[1:3]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    with caplog.at_level("WARNING"):
+        q.run_query(tmp_path, "SELECT * FROM system")
+    assert sorted(r.getMessage().count("corrupt lake file") for r in caplog.records) == [1, 1]

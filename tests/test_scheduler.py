@@ -270,3 +270,76 @@ def test_schedule_process_started_before_the_lake_waits_for_it(tmp_path: Path) -
     assert p.returncode == 0, out["err"]
     assert out["err"].count("waiting for the lake") == 1
     assert f"waiting for the lake at {root}" in out["err"]
+
+
+# ------------------------------------------------------------ corrupt files: one policy
+
+
+def damage_two_files(root: Path) -> tuple[Path, Path]:
+    """sim-00's first gpu file damaged inside a column chunk (valid footer), sim-01's first
+    net file truncated (a torn write)."""
+    from tests.test_lake import damage_column_chunk, truncate
+
+    damaged = sorted((root / "gpu" / "host=sim-00").rglob("*.parquet"))[0]
+    torn = sorted((root / "net" / "host=sim-01").rglob("*.parquet"))[0]
+    damage_column_chunk(damaged)
+    truncate(torn)
+    return damaged, torn
+
+
+def assert_warned_once(paths: tuple[Path, ...], command: str, text: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Each path appears once in everything the user sees (printed and logged), on one
+    line naming the command, the path and the reason."""
+    import re
+
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for p in paths:
+        assert (text + logged).count(str(p)) == 1, (p, text, logged)
+        assert re.search(rf"^unveil {command}: warning: corrupt file skipped: {re.escape(str(p))} \(.+\)$",
+                         text, re.M), text
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    from jobs.cli import main
+    from tests.test_watermarks import CONFIG
+
+    rc = main(["--config", str(CONFIG), *args])
+    cap = capsys.readouterr()
+    return rc, cap.out + cap.err
+
+
+@pytest.mark.parametrize("command", ["sweep", "schedule"])
+def test_corrupt_files_are_skipped_and_warned_once(sim_lake: Path, command: str, capsys: pytest.CaptureFixture[str],
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """`unveil sweep` and `unveil schedule` skip a damaged and a truncated file alike, warn
+    once per file, and analyse the rest (both hosts, every window)."""
+    paths = damage_two_files(sim_lake)
+    until = (T0 + timedelta(minutes=1)).isoformat()
+    with caplog.at_level("INFO"):
+        if command == "sweep":
+            rc, text = run_cli(capsys, "sweep", "--lake", str(sim_lake), "--since", T0.isoformat(), "--until", until)
+        else:
+            rc, text = run_cli(capsys, "schedule", "--once", "--lake", str(sim_lake), "--until", until,
+                               "--no-progress")
+    assert rc == 0, text
+    assert_warned_once(paths, command, text, caplog)
+    feats = lake.read(sim_lake, "features")
+    per_host = dict(feats.group_by("host").len().iter_rows())
+    assert per_host == {"sim-00": 58, "sim-01": 58}
+    assert all(p.exists() for p in paths)  # reported, never deleted
+
+
+def test_a_running_scheduler_warns_of_a_file_once_across_cycles(capsys: pytest.CaptureFixture[str]) -> None:
+    """A file in the reference history is read (and skipped) again by later cycles: the
+    long-running scheduler warns once per process, not every minute."""
+    from jobs.commands.schedule import print_summary
+
+    bad = lake.CorruptFileError(Path("/lake/gpu/x.parquet"), "Parquet magic bytes not found")
+    other = lake.CorruptFileError(Path("/lake/net/y.parquet"), "Invalid thrift")
+    warned: set[Path] = set()
+    print_summary(CycleSummary(corrupt=[bad]), warned)
+    print_summary(CycleSummary(corrupt=[bad, other]), warned)
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "unveil schedule: warning: corrupt file skipped: /lake/gpu/x.parquet (Parquet magic bytes not found)",
+        "unveil schedule: warning: corrupt file skipped: /lake/net/y.parquet (Invalid thrift)"]

@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from jobs import config as config_mod
+from jobs.commands import warn_corrupt
 from jobs.pipeline import (
     CycleSummary,
     SweepConfig,
@@ -85,7 +86,9 @@ def sweep_config(args: argparse.Namespace, cfg: config_mod.Config, lake: Path) -
     return sc
 
 
-def print_summary(s: CycleSummary | None) -> None:
+def print_summary(s: CycleSummary | None, seen: set[Path] | None = None) -> None:
+    """The cycle's summary on stdout; each corrupt file skipped warned once on stderr
+    (once per process with ``seen``)."""
     if s is None:
         print("skipped: another scheduler holds this lake's lock", file=sys.stderr)
         return
@@ -97,9 +100,8 @@ def print_summary(s: CycleSummary | None) -> None:
         print(f"recovered interrupted sweep(s): {', '.join(s.recovered)}")
     if s.influx_points:
         print(f"written to InfluxDB: {s.influx_points} points")
-    for p in s.corrupt:
-        print(f"corrupt file skipped: {p}")
     sys.stdout.flush()
+    warn_corrupt("schedule", s.corrupt, seen)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,5 +128,6 @@ def run(args: argparse.Namespace) -> int:
     every = parse_duration(every_s) if isinstance(every_s, str) else timedelta(seconds=float(every_s))
     from jobs.scheduler import Scheduler
 
+    warned: set[Path] = set()  # a file skipped again in later cycles is not warned again
     return Scheduler(lake, sc, every=every, until=until, hosts=args.hosts, progress=args.progress,
-                     on_cycle=print_summary).run()
+                     on_cycle=lambda s: print_summary(s, warned)).run()
