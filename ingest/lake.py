@@ -28,7 +28,7 @@ import secrets
 import shutil
 import threading
 import time as _time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -730,8 +730,7 @@ def _listing(table_dir: Path, start: datetime | None, end: datetime | None,
     for err in bad:
         if on_corrupt == "raise":
             raise err
-        log.warning("lake: ignoring %s", err)
-        if report is not None:
+        if report is not None:  # reported once, by the public reader (scan/read)
             report.append(err)
     return _visible_files(table_dir, parts, journals)
 
@@ -760,8 +759,7 @@ def _select_files(table_dir: Path, start: datetime | None, end: datetime | None,
             err = CorruptFileError(path, str(exc))
             if on_corrupt == "raise":
                 raise err from exc
-            log.warning("lake: skipping %s", err)
-            if report is not None:
+            if report is not None:  # reported once, by the public reader (scan/read)
                 report.append(err)
             continue
         out.append((path, md))
@@ -771,15 +769,31 @@ def _select_files(table_dir: Path, start: datetime | None, end: datetime | None,
 def scan(root: str | os.PathLike[str], table: str, *, start: datetime | None = None,
          end: datetime | None = None, hosts: Sequence[str] | None = None,
          on_corrupt: Literal["raise", "skip"] = "raise",
-         report: list[CorruptFileError] | None = None) -> pl.LazyFrame:
+         report: list[CorruptFileError] | None = None, exclude: Collection[Path] = ()) -> pl.LazyFrame:
     """A LazyFrame over ``table`` for ``start <= time < end`` (naive = UTC) and ``hosts``.
 
     Directories are pruned by host/date/hour before any file is opened; the time filter is
     pushed down to row groups. Columns: ``time``, ``host``, then the stored columns (for a
     measurement exactly its schema, columns missing in older files as nulls). Every file's
     footer is checked here; damage inside a file with a good footer only shows at collect
-    (:func:`read` names such a file)."""
-    return _scan(root, table, start, end, hosts, on_corrupt, report, frozenset())[0]
+    (:func:`read` names such a file; :func:`probe` finds it for a caller that then scans
+    again with it in ``exclude``).
+
+    Corrupt files skipped (``on_corrupt="skip"``) are appended to ``report``, each once;
+    without ``report`` each is logged once as a warning. Nothing else reports them, so a
+    caller that passes ``report`` owns the one warning per file."""
+    found: list[CorruptFileError] = []
+    lf = _scan(root, table, start, end, hosts, on_corrupt, found, frozenset(Path(p) for p in exclude))[0]
+    _report(found, report)
+    return lf
+
+
+def _report(found: Sequence[CorruptFileError], report: list[CorruptFileError] | None) -> None:
+    if report is not None:
+        report.extend(found)
+    else:
+        for err in found:
+            log.warning("lake: skipped %s", err)
 
 
 def _scan(root: str | os.PathLike[str], table: str, start: datetime | None, end: datetime | None,
@@ -833,8 +847,9 @@ def _scan(root: str | os.PathLike[str], table: str, start: datetime | None, end:
     return out, [p for p, _ in files]
 
 
-def _probe(paths: Sequence[Path]) -> list[CorruptFileError]:
-    """Files that fail a full read (damaged pages behind a good footer)."""
+def probe(paths: Sequence[Path]) -> list[CorruptFileError]:
+    """Files that fail a full read (damaged pages behind a good footer); a file gone
+    meanwhile (compaction) is not one of them."""
     bad = []
     for p in paths:
         try:
@@ -878,18 +893,15 @@ def read(root: str | os.PathLike[str], table: str, *, start: datetime | None = N
                     raise LakeError(f"reading table {table!r} under {root}: files keep vanishing: {exc}") from exc
                 _time.sleep(0.01 * vanished)
                 continue
-            bad = [e for e in _probe(paths) if e.path not in exclude]
+            bad = [e for e in probe(paths) if e.path not in exclude]
             if not bad:
                 raise LakeError(f"reading table {table!r} under {root} failed: {exc}") from exc
             if on_corrupt == "raise":
                 raise bad[0] from exc
-            for e in bad:
-                log.warning("lake: skipping %s", e)
             damaged += bad
             exclude.update(e.path for e in bad)
             continue
-        if report is not None:
-            report.extend(found + damaged)
+        _report(found + damaged, report)  # the last listing's, once each
         return df
 
 

@@ -8,7 +8,7 @@ down to the stride grid) in chunks of at most ``chunk``, and commits each chunk 
 Per chunk ``[s, e)`` of a group of hosts sharing the watermark ``s``:
 
 * telemetry ``[s - L + 1us - history, e)`` is read from the lake (corrupt files skipped
-  and reported), the windows ending in ``(s, e]`` are scored (``L`` = window length:
+  and returned to the caller, who warns once per file), the windows ending in ``(s, e]`` are scored (``L`` = window length:
   a window straddling ``s`` was incomplete in the previous chunk and is scored now);
 * the knowledge base also runs as a *signature detector* on every window: a window is a
   finding when the statistical detectors flag it (outside the host's warm-up) or a
@@ -39,7 +39,7 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -283,17 +283,31 @@ def has_data(lake: str | os.PathLike[str], start: datetime, end: datetime, hosts
     return False
 
 
+Corrupt = lake_mod.CorruptFileError
+
+
+def merge_corrupt(into: list[Corrupt], new: Iterable[Corrupt]) -> list[Corrupt]:
+    """``into`` plus the files of ``new`` it does not name yet (one entry per file)."""
+    seen = {e.path for e in into}
+    for e in new:
+        if e.path not in seen:
+            seen.add(e.path)
+            into.append(e)
+    return into
+
+
 @dataclass
 class Loaded:
     frames: dict[str, pl.LazyFrame]
     facts: pl.DataFrame | None
-    corrupt: list[Path] = field(default_factory=list)
+    corrupt: list[Corrupt] = field(default_factory=list)  # files skipped, one entry each
 
 
 def load_lake(lake: str | os.PathLike[str], start: datetime, end: datetime,
               hosts: Sequence[str] | None) -> Loaded:
-    """Telemetry of [start, end) read eagerly with corrupt files skipped (and named)."""
-    found: list[lake_mod.CorruptFileError] = []
+    """Telemetry of [start, end) read eagerly. A corrupt file (damaged pages, truncated) is
+    skipped and returned in ``corrupt``, not logged: the command warns once per file."""
+    found: list[Corrupt] = []
     frames: dict[str, pl.LazyFrame] = {}
     for t in telemetry_tables(lake):
         df = lake_mod.read(lake, t, start=start, end=end, hosts=hosts, on_corrupt="skip", report=found)
@@ -302,9 +316,7 @@ def load_lake(lake: str | os.PathLike[str], start: datetime, end: datetime,
     facts = None
     if "host_facts" in lake_mod.tables(lake):
         facts = lake_mod.read(lake, "host_facts", hosts=hosts, on_corrupt="skip", report=found)
-    for e in found:
-        log.warning("corrupt lake file skipped: %s (%s)", e.path, e.reason)
-    return Loaded(frames, facts, sorted({e.path for e in found}))
+    return Loaded(frames, facts, merge_corrupt([], sorted(found, key=lambda e: e.path)))
 
 
 def load_influx(config: InfluxConfig, start: datetime, end: datetime, hosts: Sequence[str] | None) -> Loaded:
@@ -332,7 +344,7 @@ class ChunkOutput:
     features: pl.DataFrame
     scores: pl.DataFrame  # with one detector="kb" row per window when the signature detector is on
     findings: pl.DataFrame  # with the MATCH_COLUMNS
-    corrupt: list[Path]
+    corrupt: list[Corrupt]
     suppressed: int = 0  # statistical findings dropped by the warm-up
 
 
@@ -555,7 +567,7 @@ class CycleSummary:
     horizon: datetime | None = None
     chunks: list[ChunkSummary] = field(default_factory=list)
     recovered: list[str] = field(default_factory=list)
-    corrupt: list[Path] = field(default_factory=list)
+    corrupt: list[Corrupt] = field(default_factory=list)  # files skipped this cycle, one entry each
     caught_up: bool = True
     influx_points: int = 0
 
@@ -579,7 +591,7 @@ def sweep_id(start: datetime, end: datetime, hosts: Sequence[str]) -> str:
 
 
 def _read_open_findings(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequence[str],
-                        before: datetime) -> pl.DataFrame:
+                        before: datetime, corrupt: list[Corrupt]) -> pl.DataFrame:
     parts = []
     if "findings" not in lake_mod.tables(lake):
         return _empty_findings()
@@ -587,7 +599,7 @@ def _read_open_findings(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Seq
         since = marks[h].open_since if h in marks else None
         if since is None:
             continue
-        df = lake_mod.read(lake, "findings", start=since, end=before, hosts=[h], on_corrupt="skip")
+        df = lake_mod.read(lake, "findings", start=since, end=before, hosts=[h], on_corrupt="skip", report=corrupt)
         if df.height:
             parts.append(df.drop(schema.TIME))
     if not parts:
@@ -598,7 +610,8 @@ def _read_open_findings(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Seq
 def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],
                   s: datetime, e: datetime, marks: Mapping[str, wm.HostMark], hook: wm.PublishHook | None,
                   queue_path: Path | None = None,
-                  history_known: dict[str, datetime] | None = None) -> tuple[ChunkSummary, dict[str, wm.HostMark], list[Path]]:
+                  history_known: dict[str, datetime] | None = None
+                  ) -> tuple[ChunkSummary, dict[str, wm.HostMark], list[Corrupt]]:
     """Analyse, stage, seal and publish one chunk; returns its summary and the new marks.
     ``history_known`` caches each host's first telemetry time (warm-up); filled here."""
     lake_p = Path(lake)
@@ -613,7 +626,8 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     known = _first_times(lake, hosts, history_known)
     out = analyze_chunk(loaded, s, e, a, kb, hosts, detection=cfg.detection, read_start=first - a.history,
                         history_known=known)
-    prior = _read_open_findings(lake_p, marks, hosts, s)
+    corrupt = list(out.corrupt)
+    prior = _read_open_findings(lake_p, marks, hosts, s, corrupt)
     all_findings = pl.concat([prior, out.findings], how="diagonal_relaxed") if prior.height else out.findings
     incidents, open_since = incidents_of(all_findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident,
                                          horizon=e, window_length=length, stride=stride)
@@ -641,7 +655,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     log.info("sweep %s: %s..%s %d host(s): %d windows, %d findings, %d incidents, %d remediations", sid,
              s.isoformat(), e.isoformat(), len(hosts), summary.windows, summary.findings, summary.incidents,
              summary.remediations)
-    return summary, new, out.corrupt
+    return summary, new, merge_corrupt([], corrupt)
 
 
 def _first_times(lake: str | os.PathLike[str], hosts: Sequence[str] | None,
@@ -726,7 +740,7 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                                                         first_times)
                     marks.update(new)
                     summary.chunks.append(chunk)
-                    summary.corrupt.extend(p for p in corrupt if p not in summary.corrupt)
+                    merge_corrupt(summary.corrupt, corrupt)
                     bar.advance(detail=f"{e.isoformat()} {len(group)} host(s)")
             summary.influx_points = hook.points
             if cfg.auto_remediate:
@@ -822,6 +836,10 @@ def eval_detector(kb: KnowledgeBase, cfg: SweepConfig | None = None,
 
 POSTMORTEM_DIR = "_postmortem"
 _ID_RE = re.compile(r"[^A-Za-z0-9_.-]+")
+# An id names one directory under <lake>/_postmortem/, never a path: ASCII letters, digits,
+# '_', '.', '-', starting with a letter or digit (so no '/', '..', hidden '.tmp-'/'.old-'
+# names or option-like '-x').
+_PM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 
 
 @dataclass
@@ -835,12 +853,27 @@ class PostmortemResult:
     windows: int = 0
     findings: int = 0
     incidents: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=INCIDENT_SCHEMA))
-    corrupt: list[Path] = field(default_factory=list)
+    corrupt: list[Corrupt] = field(default_factory=list)  # files skipped, one entry each
 
 
 def postmortem_id(hosts: Sequence[str], start: datetime, end: datetime, label: str | None = None) -> str:
     base = f"pm-{label}" if label else f"pm-{'+'.join(sorted(hosts))}-{_stamp(start)}-{_stamp(end)}"
     return _ID_RE.sub("_", base)[:200]
+
+
+def postmortem_dir(lake: str | os.PathLike[str], pm_id: str) -> Path:
+    """``<lake>/_postmortem/<pm_id>``, after checking the id against a strict pattern and
+    that the directory (symlinks resolved) lies inside the lake. Touches nothing."""
+    if not isinstance(pm_id, str) or not _PM_ID.fullmatch(pm_id):
+        raise ValueError(f"bad post-mortem id {pm_id!r}: 1-200 of A-Z a-z 0-9 _ . - starting with a letter or "
+                         f"digit (it names a directory under {Path(lake) / POSTMORTEM_DIR})")
+    root = Path(lake).resolve()
+    final = Path(lake) / POSTMORTEM_DIR / pm_id
+    for p in (final.parent, final):  # a symlinked _postmortem/ or <id> must not lead out
+        real = p.resolve()
+        if not real.is_relative_to(root):
+            raise ValueError(f"post-mortem id {pm_id!r}: {p} resolves to {real}, outside the lake {root}")
+    return final
 
 
 def label_interval(lake: str | os.PathLike[str], label_id: str,
@@ -871,6 +904,8 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
         raise ValueError(f"empty interval: {start.isoformat()} is not before {end.isoformat()}")
     if not hosts:
         raise ValueError("postmortem: give at least one host")
+    pid = pm_id if pm_id is not None else postmortem_id(hosts, start, end)
+    final = postmortem_dir(lake_p, pid)  # before any filesystem operation
     a = cfg.analytics
     length = timedelta(seconds=a.window.length_s)
     source = "lake"
@@ -890,8 +925,6 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
     while t < end:
         bounds.append((t, min(t + cfg.chunk, end)))
         t += cfg.chunk
-    pid = pm_id or postmortem_id(hosts, start, end)
-    final = lake_p / POSTMORTEM_DIR / pid
     tmp = lake_p / POSTMORTEM_DIR / f".tmp-{pid}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -899,7 +932,7 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
     # each chunk's features and scores go to disk at once (days of windows do not fit in
     # memory); only the findings are kept to build the incidents at the end
     finds: list[pl.DataFrame] = []
-    corrupt: list[Path] = []
+    corrupt: list[Corrupt] = []
     first_times = _first_times(lake_p, load_hosts) if source == "lake" else {}
     windows = 0
     facts: pl.DataFrame | None = None
@@ -919,7 +952,7 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
                 lake_mod.write_table(tmp, "scores", with_time(out.scores))
             if out.findings.height:
                 finds.append(out.findings)
-            corrupt += [p for p in out.corrupt if p not in corrupt]
+            merge_corrupt(corrupt, out.corrupt)
             bar.advance(detail=e.isoformat())
     findings = pl.concat(finds, how="diagonal_relaxed") if finds else _empty_findings()
     incidents, _ = incidents_of(findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident, horizon=None,
@@ -932,14 +965,16 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
     if facts is not None and facts.height:
         lake_mod.write_table(tmp, "host_facts", facts, partition_by_hour=False)
     if source == "lake" and "labels" in lake_mod.tables(lake_p):
-        labels = lake_mod.read(lake_p, "labels", end=end, hosts=hosts, on_corrupt="skip")
+        found: list[Corrupt] = []
+        labels = lake_mod.read(lake_p, "labels", end=end, hosts=hosts, on_corrupt="skip", report=found)
+        merge_corrupt(corrupt, found)
         labels = labels.filter(pl.col("end").is_null() | (pl.col("end") > start))
         if labels.height:
             lake_mod.write_table(tmp, "labels", labels, partition_by_hour=False)
     wm.write_json_atomic(tmp / "_postmortem.json", {
         "id": pid, "hosts": list(hosts), "start": start.isoformat(), "end": end.isoformat(), "source": source,
         "windows": windows, "findings": findings.height, "incidents": incidents.height,
-        "corrupt": [str(p) for p in corrupt], "created": datetime.now(UTC).isoformat(),
+        "corrupt": [{"path": str(e.path), "reason": e.reason} for e in corrupt], "created": datetime.now(UTC).isoformat(),
     })
     if final.exists():  # replace an earlier run: old moved aside, new renamed in, old removed
         old = lake_p / POSTMORTEM_DIR / f".old-{pid}"
@@ -954,6 +989,6 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
 
 
 __all__ = [
-    "MATCH_COLUMNS", "SHARE_COLUMNS", "ChunkSummary", "CycleSummary", "PostmortemResult", "SweepConfig", "WriteBack",
-    "analyze_chunk", "detection_from_mapping", "eval_detector", "incidents_of", "label_interval", "maintain", "postmortem", "process_chunk", "run_cycle", "segment",
+    "MATCH_COLUMNS", "SHARE_COLUMNS", "ChunkSummary", "Corrupt", "CycleSummary", "PostmortemResult", "SweepConfig", "WriteBack",
+    "analyze_chunk", "detection_from_mapping", "eval_detector", "incidents_of", "label_interval", "maintain", "merge_corrupt", "postmortem", "postmortem_dir", "process_chunk", "run_cycle", "segment",
 ]

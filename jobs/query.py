@@ -40,7 +40,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -334,13 +334,37 @@ def _literals(query: NamedQuery | None, sql: str, values: Mapping[str, Any],
 
 
 def _scan(lake: str | os.PathLike[str], table: str, start: datetime | None, end: datetime | None,
-          hosts: Sequence[str] | None, corrupt: list[lake_mod.CorruptFileError]) -> pl.LazyFrame:
+          hosts: Sequence[str] | None, corrupt: list[lake_mod.CorruptFileError],
+          exclude: Collection[Path] = ()) -> pl.LazyFrame:
     if table in _UNTIL_ONLY:
-        lf = lake_mod.scan(lake, table, end=end, hosts=hosts, on_corrupt="skip", report=corrupt)
+        lf = lake_mod.scan(lake, table, end=end, hosts=hosts, on_corrupt="skip", report=corrupt, exclude=exclude)
         if table == "labels" and start is not None:
             lf = lf.filter(pl.col("end").is_null() | (pl.col("end") > start))
         return lf
-    return lake_mod.scan(lake, table, start=start, end=end, hosts=hosts, on_corrupt="skip", report=corrupt)
+    return lake_mod.scan(lake, table, start=start, end=end, hosts=hosts, on_corrupt="skip", report=corrupt,
+                         exclude=exclude)
+
+
+def _scanned(sql: str, available: Sequence[str]) -> list[str]:
+    """The lake tables a context for ``sql`` scans (named ones and the views' bases)."""
+    wanted = referenced_names(sql)
+    out = [t for t in available if t in wanted or t.lower() in wanted]
+    out += [b for v, b in VIEWS.items() if v in wanted and b in available and b not in out]
+    return out
+
+
+def _damaged(lake: str | os.PathLike[str], tables: Sequence[str], start: datetime | None, end: datetime | None,
+             hosts: Sequence[str] | None, known: Collection[Path]) -> list[lake_mod.CorruptFileError]:
+    """Files of ``tables`` in the range whose pages fail a full read (a footer-valid file
+    with damage inside fails only when a lazy scan reaches it, without naming it)."""
+    paths: list[Path] = []
+    for t in tables:
+        try:
+            listed = lake_mod.files(lake, t, start=None if t in _UNTIL_ONLY else start, end=end, hosts=hosts)
+        except lake_mod.LakeError:  # an unreadable journal: already reported by the scan
+            continue
+        paths += [p for p in listed if p not in known]
+    return lake_mod.probe(paths)
 
 
 def _feature_values(features: pl.LazyFrame) -> pl.LazyFrame:
@@ -390,13 +414,17 @@ def _empty_base(table: str) -> pl.LazyFrame:
                                 "window_start": schema.TIME_DTYPE, "window_end": schema.TIME_DTYPE})
 
 
+#: downstream tables that read as empty before the lake has them (with the measurements)
+_KNOWN_EMPTY = ("scores", "findings", "incidents", "remediations")
+
+
 def _empty_known(table: str) -> pl.LazyFrame | None:
     """A typed empty frame for a known table the lake does not have yet (measurements,
     scores, findings, incidents, remediations), so named queries return no rows instead of
     failing on a young lake or after a sweep that found nothing."""
     if table in schema.MEASUREMENTS:
         return pl.LazyFrame(schema=schema.get(table).polars_schema())
-    if table in ("scores", "findings"):
+    if table in _KNOWN_EMPTY[:2]:
         from analytics.pipeline import FINDINGS_SCHEMA, SCORES_SCHEMA
 
         return pl.LazyFrame(schema={"time": schema.TIME_DTYPE,
@@ -430,34 +458,97 @@ def referenced_names(sql: str) -> set[str]:
     return names
 
 
+# Polars SQL table functions (read_csv('/any/file'), read_parquet('https://...'), ...) read
+# outside the lake; every name of that form is refused, whatever Polars adds later.
+_TABLE_FUNCTION = re.compile(r"(?:read|scan)_[a-z0-9_]*", re.IGNORECASE)
+_TABLE_FUNCTION_CALL = re.compile(r"\b(?:read|scan)_[A-Za-z0-9_]*\s*\(", re.IGNORECASE)
+_CTE = re.compile(r"(?:\bWITH\s+(?:RECURSIVE\s+)?|,\s*)(?P<name>[A-Za-z_][A-Za-z0-9_]*|\"(?:[^\"]|\"\")+\")\s*"
+                  r"(?:\([^()]*\)\s*)?AS\s*(?:NOT\s+)?(?:MATERIALIZED\s+)?\(", re.IGNORECASE)
+
+
+def _cte_names(sql: str) -> set[str]:
+    """Names the query defines in WITH clauses (lower case; literals and comments masked)."""
+    masked = "".join(text if code or text.startswith('"') else " " * len(text) for code, text in _segments(sql))
+    out = set()
+    for m in _CTE.finditer(masked):
+        name = m.group("name")
+        out.add((name[1:-1].replace('""', '"') if name.startswith('"') else name).lower())
+    return out
+
+
+def table_references(sql: str, what: str = "SQL") -> list[str]:
+    """The relations ``sql`` reads (FROM/JOIN, subqueries, CTE references), as Polars'
+    own SQL parser finds them."""
+    from polars._plr import PySQLContext  # the parser SQLContext.execute_global uses
+
+    try:
+        return list(PySQLContext.table_identifiers(sql, include_schema=True, unique=True))
+    except pl.exceptions.PolarsError as exc:
+        raise QueryError(f"{what}: {_first_line(exc)}") from None
+
+
+def check_tables(sql: str, allowed: Collection[str], shown: Sequence[str], lake: str | os.PathLike[str],
+                 what: str = "SQL") -> None:
+    """Refuse, before anything is read, SQL that reads anything but ``allowed`` (the lake's
+    tables and views) and the query's own CTEs: table functions (``read_csv('/etc/shadow')``,
+    a URL), paths. ``shown``: the table names an error lists."""
+    tables = ", ".join(shown) or "none"
+    for code, text in _segments(sql):  # a second net under the parser: any table-function call
+        m = _TABLE_FUNCTION_CALL.search(text) if code else None
+        if m:
+            name = m.group(0).rstrip("( \t\n")
+            raise QueryError(f"{what}: {name}(...) is not allowed: queries read lake tables only "
+                             f"(tables in {lake}: {tables})")
+    known = {t.lower() for t in allowed}
+    ctes = _cte_names(sql)
+    for ref in table_references(sql, what):
+        low = ref.lower()
+        if _TABLE_FUNCTION.fullmatch(low):
+            raise QueryError(f"{what}: {ref}(...) is not allowed: queries read lake tables only "
+                             f"(tables in {lake}: {tables})")
+        if low not in known and low not in ctes:
+            raise QueryError(f"{what}: unknown table {ref!r}; tables in {lake}: {tables}")
+
+
 def lake_context(lake: str | os.PathLike[str], sql: str, *, start: datetime | None = None,
                  end: datetime | None = None, hosts: Sequence[str] | None = None,
-                 corrupt: list[lake_mod.CorruptFileError] | None = None) -> tuple[pl.SQLContext, list[str]]:
-    """A SQLContext with the lake tables (and views) ``sql`` names, pruned to the range.
-    Returns it with the names of all tables available in the lake."""
+                 corrupt: list[lake_mod.CorruptFileError] | None = None,
+                 exclude: Collection[Path] = ()) -> tuple[pl.SQLContext, list[str]]:
+    """A SQLContext with the lake tables (and views) ``sql`` names, pruned to the range,
+    without the files in ``exclude``. Returns it with the names of all tables available in
+    the lake. Corrupt files skipped go to ``corrupt`` (else one log warning each)."""
     try:
         available = lake_mod.tables(lake)
     except lake_mod.LakeError as exc:
         raise QueryError(str(exc)) from None
-    found = corrupt if corrupt is not None else []
+    found: list[lake_mod.CorruptFileError] = []
     wanted = referenced_names(sql)
     frames: dict[str, pl.LazyFrame] = {}
     for t in available:
         if t in wanted or t.lower() in wanted:
-            frames[t] = _scan(lake, t, start, end, hosts, found)
+            frames[t] = _scan(lake, t, start, end, hosts, found, exclude)
     for view, base in VIEWS.items():
         if view in wanted:
             lf = frames.get(base)
             if lf is None:
-                lf = _scan(lake, base, start, end, hosts, found) if base in available else _empty_base(base)
+                lf = _scan(lake, base, start, end, hosts, found, exclude) if base in available else _empty_base(base)
             frames[view] = _feature_values(lf) if view == "feature_values" else _finding_factors(lf)
     for t in wanted - set(frames):
         empty = _empty_known(t)
         if empty is not None:
             frames[t] = empty
-    for err in found:
-        log.warning("query: skipped %s", err)
+    _report(found, corrupt)
     return pl.SQLContext(frames=frames), available
+
+
+def _report(errors: Sequence[lake_mod.CorruptFileError], into: list[lake_mod.CorruptFileError] | None) -> None:
+    """One entry per file into ``into``; without it, one log warning per file."""
+    unique = list({e.path: e for e in reversed(errors)}.values())[::-1]  # first entry per file
+    if into is not None:
+        into.extend(unique)
+    else:
+        for e in unique:
+            log.warning("query: skipped %s", e)
 
 
 _UNKNOWN_TABLE = re.compile(r"relation '([^']+)' was not found")
@@ -470,14 +561,46 @@ def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None
     """Run SQL, or the named query ``text``, over the lake and return the result.
 
     ``params`` are the values of the query's parameters (text as from the command line,
-    or Python values). Raises :class:`QueryError` with what went wrong and where."""
+    or Python values). Raises :class:`QueryError` with what went wrong and where.
+
+    A corrupt file (truncated, or damaged inside behind a valid footer) is skipped, the
+    rest queried, and the file named once in ``corrupt`` (without it: one log warning)."""
     named = load_named(text.strip(), sql_dir) if is_named(text) else None
     raw = named.sql if named is not None else text
     what = f"query {named.name!r} ({named.path})" if named is not None else "SQL"
     sql = bind(raw, _literals(named, raw, params or {}, start, end))
-    ctx, available = lake_context(lake, sql, start=start, end=end, hosts=hosts, corrupt=corrupt)
+    try:
+        available = lake_mod.tables(lake)
+    except lake_mod.LakeError as exc:
+        raise QueryError(str(exc)) from None
+    # lake tables only: checked on the parsed statement before any table is scanned
+    shown = [*available, *(v for v, b in VIEWS.items() if b in available)]
+    check_tables(sql, {*available, *VIEWS, *_KNOWN_EMPTY, *schema.MEASUREMENTS}, shown, lake, what)
+    damaged: list[lake_mod.CorruptFileError] = []
+    while True:
+        found: list[lake_mod.CorruptFileError] = []
+        df = _execute(lake, sql, what, start, end, hosts, found, damaged)
+        if df is not None:
+            _report(found + damaged, corrupt)
+            return df
+
+
+def _execute(lake: str | os.PathLike[str], sql: str, what: str, start: datetime | None, end: datetime | None,
+             hosts: Sequence[str] | None, found: list[lake_mod.CorruptFileError],
+             damaged: list[lake_mod.CorruptFileError]) -> pl.DataFrame | None:
+    """One try without the ``damaged`` files; None when it found more damaged files (added
+    to ``damaged``): the caller tries again without them."""
+    ctx, available = lake_context(lake, sql, start=start, end=end, hosts=hosts, corrupt=found,
+                                  exclude={e.path for e in damaged})
     try:
         return ctx.execute(sql, eager=False).collect()
+    except pl.exceptions.ComputeError as exc:
+        known = {e.path for e in found + damaged}
+        bad = _damaged(lake, _scanned(sql, available), start, end, hosts, known)
+        if not bad:
+            raise QueryError(f"{what}: {_first_line(exc)}") from None
+        damaged += bad
+        return None
     except pl.exceptions.SQLInterfaceError as exc:
         m = _UNKNOWN_TABLE.search(str(exc))
         if m:
@@ -488,7 +611,7 @@ def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None
     except pl.exceptions.ColumnNotFoundError as exc:
         raise QueryError(f"{what}: {_first_line(exc)}") from None
     except (pl.exceptions.SQLSyntaxError, pl.exceptions.InvalidOperationError, pl.exceptions.SchemaError,
-            pl.exceptions.ComputeError, pl.exceptions.DuplicateError) as exc:
+            pl.exceptions.DuplicateError) as exc:
         raise QueryError(f"{what}: {_first_line(exc)}") from None
 
 

@@ -37,7 +37,7 @@ class Scheduler:
     def __init__(self, lake: str | os.PathLike[str], cfg: SweepConfig, *, every: timedelta,
                  until: datetime | None = None, hosts: Sequence[str] | None = None,
                  progress: bool | None = None, on_cycle: Callable[[CycleSummary | None], None] | None = None,
-                 max_cycles: int | None = None) -> None:
+                 max_cycles: int | None = None, lake_poll: float = 1.0) -> None:
         if every <= timedelta(0):
             raise ValueError(f"--every must be positive, not {every}")
         self.lake = Path(lake)
@@ -48,6 +48,7 @@ class Scheduler:
         self.progress = progress
         self.on_cycle = on_cycle
         self.max_cycles = max_cycles
+        self.lake_poll = lake_poll  # seconds between looks for a lake that is not there yet
         self.cycles = 0
         self.failures = 0
         self._stop = threading.Event()
@@ -82,11 +83,29 @@ class Scheduler:
         except Exception:
             log.exception("maintenance (compaction/retention) failed; retrying next period")
 
+    def _wait_for_lake(self) -> bool:
+        """Block until the lake directory exists: under a service manager the scheduler may
+        start before the agent's first commit creates it. Says so once; False when stopped
+        while waiting. A path that exists but is no directory is an error, not a wait."""
+        said = False
+        while not self.lake.is_dir():
+            if self.lake.exists():
+                raise ValueError(f"lake {self.lake} exists but is not a directory")
+            if not said:
+                log.warning("waiting for the lake at %s (the agent creates it at its first commit)", self.lake)
+                said = True
+            if self._stop.wait(self.lake_poll):
+                return False
+        if said:
+            log.info("lake %s is there: starting", self.lake)
+        return True
+
     def stop(self, *_: Any) -> None:
         self._stop.set()
 
     def run(self, *, install_signals: bool = True) -> int:
-        """Run until stopped; returns 0 (1 when every cycle failed)."""
+        """Wait for the lake directory, then run until stopped; returns 0 (1 when every cycle
+        failed)."""
         if install_signals:
             def handler(signum: int, _frame: FrameType | None) -> None:
                 log.warning("signal %s: stopping after the running job", signal.Signals(signum).name)
@@ -94,6 +113,9 @@ class Scheduler:
 
             signal.signal(signal.SIGTERM, handler)
             signal.signal(signal.SIGINT, handler)
+        if not self._wait_for_lake():
+            log.info("scheduler stopped before the lake appeared")
+            return 0
         now = datetime.now(UTC)
         self._sched.add_job(self._sweep, IntervalTrigger(seconds=self.every.total_seconds(), timezone=UTC),
                             id="sweep", name="sweep", next_run_time=now)

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from analytics.pipeline import AnalyticsConfig, analyze, load_frames
-from ingest.lake import write_table
+from analytics.pipeline import AnalyticsConfig, analyze
+from ingest.lake import CorruptFileError, write_table
 from ingest.schema import HOST, TIME
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ class SweepSummary:
     end: datetime
     hosts: dict[str, HostSummary] = field(default_factory=dict)
     rows_written: dict[str, int] = field(default_factory=dict)
+    corrupt: list[CorruptFileError] = field(default_factory=list)  # files skipped, one entry each
 
     @property
     def windows(self) -> int:
@@ -102,20 +103,21 @@ def run_sweep(
     writes nothing. Re-running over the same interval appends a second copy (the
     scheduler's watermarks prevent that; ``unveil sweep`` refuses it on a lake the
     scheduler manages)."""
-    from jobs.pipeline import _first_times
+    from jobs.pipeline import _first_times, load_lake
     from knowledge_base import load_kb
     from knowledge_base.detector import detect
 
     config = config or AnalyticsConfig()
-    frames = load_frames(lake, start - config.history, end, hosts)
-    facts_lf = frames.pop("host_facts", None)
-    facts = facts_lf.collect() if facts_lf is not None else None
-    result = analyze(frames, config, host_facts=facts, score_since=start)
+    # the scheduler's reader: a corrupt file is skipped and named, the rest analysed
+    loaded = load_lake(lake, start - config.history, end, hosts)
+    facts = loaded.facts
+    result = analyze(loaded.frames, config, host_facts=facts, score_since=start)
     det = detect(result, facts, kb or load_kb(), detection, keep=pl.col("window_start") >= start,
                  frame_start=start - config.history,
                  history_known=_first_times(lake, hosts), window_length_s=config.window.length_s,
                  min_cohort=config.min_cohort)
     summary = summarize(det, start, end)
+    summary.corrupt = loaded.corrupt
     if write:
         for table, df in zip(OUTPUT_TABLES, (det.features, det.scores, det.findings), strict=True):
             if df.height:

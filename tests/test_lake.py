@@ -286,6 +286,75 @@ def test_damaged_pages_are_named_by_read_and_left_out_by_compaction(tmp_path: Pa
     assert_frame_equal(lake.read(tmp_path, "cpu", on_corrupt="skip").sort("user"), got.sort("user"))
 
 
+def damage_column_chunk(path: Path) -> None:
+    """Overwrite 16 bytes in the middle of a column chunk of ``path`` (the first chunk, from
+    the last column back, whose damage a full read notices: damage inside plain values
+    reads back as other values). The footer stays valid."""
+    good = path.read_bytes()
+    md = pq.read_metadata(path)
+    for rg in range(md.num_row_groups):
+        for ci in reversed(range(md.num_columns)):
+            c = md.row_group(rg).column(ci)
+            first = c.dictionary_page_offset or c.data_page_offset
+            mid = first + c.total_compressed_size // 2
+            data = bytearray(good)
+            data[mid:mid + 16] = b"\xab" * 16
+            path.write_bytes(bytes(data))
+            try:
+                pl.read_parquet(path)
+            except pl.exceptions.PolarsError:
+                assert pq.read_metadata(path).num_rows == md.num_rows  # the footer still reads
+                return
+    raise AssertionError(f"no damage to {path} that a read notices")
+
+
+def truncate(path: Path) -> None:
+    """A torn write: the first half of the file, no footer."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_each_skipped_file_is_reported_exactly_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One policy: a skipped file is reported once, to ``report`` when the caller passes
+    one (the caller warns), else as one log warning; the rest is read."""
+    rows = cpu_rows(1, per_hour=500)
+    paths = [lake.write_table(tmp_path, "cpu", rows.with_columns(user=pl.col("user") + 1000 * i))[0]
+             for i in range(4)]
+    damage_column_chunk(paths[1])
+    truncate(paths[2])
+
+    def warned(p: Path) -> int:
+        return sum(str(p) in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+    with caplog.at_level("INFO"):
+        report: list[lake.CorruptFileError] = []
+        got = lake.read(tmp_path, "cpu", on_corrupt="skip", report=report)
+        assert got.height == 1000 and set(got["user"] // 1000) == {0, 3}
+        assert sorted(e.path for e in report) == sorted(paths[1:3])
+        assert all(e.reason for e in report)
+        assert warned(paths[1]) == warned(paths[2]) == 0  # the caller reports
+        report = []
+        lake.scan(tmp_path, "cpu", on_corrupt="skip", report=report)  # footers only: the truncated one
+        assert [e.path for e in report] == [paths[2]] and warned(paths[2]) == 0
+
+        assert lake.read(tmp_path, "cpu", on_corrupt="skip").height == 1000
+        assert warned(paths[1]) == 1 and warned(paths[2]) == 1  # no report: one warning each
+        lake.scan(tmp_path, "cpu", on_corrupt="skip")
+        assert warned(paths[2]) == 2  # a second scan is a second reader: one more
+
+
+def test_probe_and_exclude_let_a_lazy_reader_skip_damaged_pages(tmp_path: Path) -> None:
+    rows = cpu_rows(1, per_hour=500)
+    paths = [lake.write_table(tmp_path, "cpu", rows.with_columns(user=pl.col("user") + 1000 * i))[0]
+             for i in range(3)]
+    damage_column_chunk(paths[0])
+    with pytest.raises(pl.exceptions.ComputeError):
+        lake.scan(tmp_path, "cpu").collect()
+    bad = lake.probe(paths)
+    assert [e.path for e in bad] == [paths[0]]
+    got = lake.scan(tmp_path, "cpu", exclude={paths[0]}).collect()
+    assert got.height == 1000 and set(got["user"] // 1000) == {1, 2}
+
+
 def test_dot_and_underscore_files_are_ignored(tmp_path: Path) -> None:
     (path,) = lake.write_table(tmp_path, "cpu", cpu_rows(1))
     extra = cpu_rows(1).drop("host")

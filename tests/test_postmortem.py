@@ -113,3 +113,71 @@ def test_postmortem_reads_influxdb_when_the_lake_lacks_the_interval(tmp_path: Pa
     feats = lake.read(pm, "features")
     assert feats.height == 58 and set(feats["host"]) == {"sim-00"}
     assert any(c.startswith("gpu.") for c in feats.columns)
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` (symlinks not followed) with its bytes (None for directories)."""
+    out: dict[str, bytes | None] = {}
+    for p in sorted(root.rglob("*")):
+        out[str(p.relative_to(root))] = None if p.is_dir() or p.is_symlink() else p.read_bytes()
+    return out
+
+
+def _pm_args(lake_dir: Path, pm_id: str) -> list[str]:
+    from tests.test_watermarks import CONFIG
+
+    return ["--config", str(CONFIG), "postmortem", "--lake", str(lake_dir), "--host", "sim-00",
+            "--from", (T0 + timedelta(seconds=20)).isoformat(), "--to", (T0 + timedelta(seconds=30)).isoformat(),
+            f"--id={pm_id}", "--no-progress"]
+
+
+@pytest.mark.parametrize("pm_id", ["../../victim", "../victim", "..", ".", "", "/tmp/abs", "a/b", ".tmp-x",
+                                   "-rf", "x\ny", "é"])
+def test_postmortem_id_cannot_leave_the_lake(sim_lake: Path, tmp_path: Path, pm_id: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A sibling directory of the lake survives a hostile --id, and nothing is written
+    anywhere (the id was used as a path: the old run moved the sibling into the lake and
+    deleted it)."""
+    from jobs.cli import main
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("precious")
+    before = _tree(tmp_path)
+    assert main(_pm_args(sim_lake, pm_id)) == 2
+    err = capsys.readouterr().err
+    assert "post-mortem id" in err and repr(pm_id) in err
+    assert (victim / "keep.txt").read_text() == "precious"
+    assert _tree(tmp_path) == before  # nothing written, inside the lake or out
+
+
+def test_postmortem_dir_symlinked_out_of_the_lake_is_refused(sim_lake: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import main
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (sim_lake / "_postmortem").symlink_to(outside, target_is_directory=True)
+    assert main(_pm_args(sim_lake, "pm-ok")) == 2
+    err = capsys.readouterr().err
+    assert "outside the lake" in err and str(outside) in err
+    assert list(outside.iterdir()) == []
+
+
+def test_postmortem_skips_corrupt_files_and_warns_once(sim_lake: Path, capsys: pytest.CaptureFixture[str],
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    from tests.test_scheduler import assert_warned_once, damage_two_files, run_cli
+
+    paths = damage_two_files(sim_lake)
+    with caplog.at_level("INFO"):
+        rc, text = run_cli(capsys, "postmortem", "--lake", str(sim_lake), "--host", "sim-00", "sim-01",
+                           "--from", T0.isoformat(), "--to", (T0 + timedelta(seconds=40)).isoformat(),
+                           "--id", "pm-corrupt", "--no-progress", "--out", str(sim_lake.parent / "pm.html"))
+    assert rc == 0, text
+    assert_warned_once(paths, "postmortem", text, caplog)
+    pm = sim_lake / "_postmortem" / "pm-corrupt"
+    feats = lake.read(pm, "features")
+    assert dict(feats.group_by("host").len().iter_rows()) == {"sim-00": 38, "sim-01": 38}
+    meta = json.loads((pm / "_postmortem.json").read_text())
+    assert sorted(c["path"] for c in meta["corrupt"]) == sorted(map(str, paths))
+    assert all(c["reason"] for c in meta["corrupt"])

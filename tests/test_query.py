@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -331,3 +332,135 @@ def test_corrupt_file_is_skipped_and_named(tmp_path: Path, capsys: pytest.Captur
     cap = capsys.readouterr()
     assert cap.out.splitlines() == ["load1", "1.0"]
     assert "skipped" in cap.err and str(paths[1]) in cap.err
+
+
+# ------------------------------------------------------------ lake tables only (no files, no URLs)
+
+
+@pytest.fixture
+def small_lake(tmp_path: Path) -> Path:
+    from ingest.lake import write_table
+
+    root = tmp_path / "lake"
+    write_table(root, "system", pl.DataFrame({"time": [T0], "host": ["h1"], "load1": [1.5]}))
+    return root
+
+
+@pytest.fixture
+def outside_file(tmp_path: Path) -> Path:
+    p = tmp_path / "outside" / "secret.csv"
+    p.parent.mkdir()
+    p.write_text("user,hash\nroot,s3cr3t-hash\n")
+    return p
+
+
+@pytest.fixture
+def http_server() -> Iterator[tuple[str, list[str]]]:
+    """A real HTTP server on localhost that records every request it gets."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            seen.append(self.path)
+            body = b"a\n1\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET  # noqa: N815
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", seen
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize("template", [
+    "SELECT * FROM read_csv('{f}')",
+    "SELECT * FROM READ_CSV('{f}')",
+    "SELECT * FROM \"read_csv\"('{f}')",
+    "SELECT * FROM read_ndjson('{f}')",
+    "SELECT * FROM read_json('{f}')",
+    "SELECT * FROM read_parquet('{f}')",
+    "SELECT * FROM read_ipc('{f}')",
+    "SELECT * FROM read_delta('{f}')",
+    "SELECT * FROM scan_csv('{f}')",
+    "SELECT load1, (SELECT count(*) FROM read_csv('{f}')) AS n FROM system",
+    "SELECT * FROM system WHERE EXISTS (SELECT 1 FROM read_csv('{f}'))",
+    "SELECT load1 FROM system UNION ALL SELECT 1.0 FROM read_csv('{f}')",
+    "WITH read_csv AS (SELECT 1 AS a) SELECT * FROM read_csv('{f}')",
+    "SELECT * FROM \"{f}\"",
+    "SELECT * FROM '{f}'",
+    "CREATE TABLE t AS SELECT * FROM read_csv('{f}')",
+])
+def test_sql_cannot_read_files_outside_the_lake(small_lake: Path, outside_file: Path, template: str) -> None:
+    sql = template.format(f=outside_file)
+    with pytest.raises(q.QueryError, match=r"lake tables only|unknown table") as info:
+        q.run_query(small_lake, sql)
+    assert "s3cr3t" not in str(info.value)
+
+
+def test_cli_read_csv_of_a_file_prints_nothing_of_it(small_lake: Path, outside_file: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["query", "--lake", str(small_lake), f"SELECT * FROM read_csv('{outside_file}')"]) == 2
+    cap = capsys.readouterr()
+    assert "s3cr3t" not in cap.out + cap.err
+    assert "read_csv" in cap.err and "lake tables only" in cap.err and "system" in cap.err
+
+
+@pytest.mark.parametrize("fn", ["read_csv", "read_parquet", "read_ndjson", "read_json", "read_ipc"])
+def test_sql_cannot_fetch_urls(small_lake: Path, http_server: tuple[str, list[str]], fn: str) -> None:
+    url, seen = http_server
+    with pytest.raises(q.QueryError, match="lake tables only"):
+        q.run_query(small_lake, f"SELECT * FROM {fn}('{url}/data')")
+    assert seen == []  # refused before anything was fetched
+
+
+def test_ctes_and_lake_tables_still_work(small_lake: Path) -> None:
+    got = q.run_query(small_lake, "WITH t AS (SELECT load1 FROM system), u (x) AS (SELECT load1 * 2 FROM t) "
+                                  "SELECT t.load1, u.x FROM t, u")
+    assert got.rows() == [(1.5, 3.0)]
+    assert q.run_query(small_lake, "SELECT 'read_csv(x)' AS s FROM system").item() == "read_csv(x)"
+
+
+def test_damaged_and_truncated_files_are_skipped_and_warned_once(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Damage inside a file with a valid footer used to fail the whole query without naming
+    the file; now it is skipped like a truncated one, each warned once, the rest returned."""
+    from ingest.lake import write_table
+    from tests.test_lake import damage_column_chunk, truncate
+    from tests.test_scheduler import assert_warned_once
+
+    n = 2000
+    paths = [write_table(tmp_path, "system", pl.DataFrame({
+        "time": [T0 + timedelta(hours=h, milliseconds=100 * i) for i in range(n)], "host": ["h1"] * n,
+        "load1": [float(h)] * n}))[0] for h in range(4)]
+    damage_column_chunk(paths[1])
+    truncate(paths[2])
+    with caplog.at_level("INFO"):
+        assert main(["query", "--lake", str(tmp_path), "--format", "csv",
+                     "SELECT load1, count(*) AS n FROM system GROUP BY load1 ORDER BY load1"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.splitlines() == ["load1,n", "0.0,2000", "3.0,2000"]
+    assert_warned_once((paths[1], paths[2]), "query", cap.err, caplog)
+    # the library: named in `corrupt`, or (without it) one log warning each
+    caplog.clear()
+    got: list = []
+    assert q.run_query(tmp_path, "SELECT * FROM system", corrupt=got).height == 2 * n
+    assert sorted(e.path for e in got) == paths[1:3]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    with caplog.at_level("WARNING"):
+        q.run_query(tmp_path, "SELECT * FROM system")
+    assert sorted(r.getMessage().count("corrupt lake file") for r in caplog.records) == [1, 1]

@@ -176,3 +176,170 @@ def test_matched_incidents_are_queued_once_as_dry_run_proposals(tmp_path: Path) 
     assert row["time"] == row["created"]
     with Queue(default_path(tmp_path)) as q:
         assert len(q.actions()) == 1
+
+
+# ------------------------------------------------------------ started before the agent's first commit
+
+
+def test_scheduler_waits_for_the_lake_in_process(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Under a service manager the scheduler and the agent start together: the scheduler
+    waits for the lake directory (saying so once), then runs."""
+    import threading
+
+    root = tmp_path / "lake"
+    seen: list[CycleSummary | None] = []
+    s = Scheduler(root, SweepConfig(compact_every=None), every=timedelta(seconds=0.2), on_cycle=seen.append,
+                  max_cycles=1, lake_poll=0.02)
+    appear = threading.Timer(0.4, root.mkdir)  # the agent's first commit, later
+    appear.start()
+    try:
+        with caplog.at_level("INFO", logger="jobs.scheduler"):
+            assert s.run(install_signals=False) == 0
+    finally:
+        appear.cancel()
+    assert s.cycles == 1 and s.failures == 0 and seen[0] is not None
+    waiting = [r.getMessage() for r in caplog.records if "waiting for the lake" in r.getMessage()]
+    assert waiting == [f"waiting for the lake at {root} (the agent creates it at its first commit)"]
+
+
+def test_scheduler_stopped_while_waiting_for_the_lake(tmp_path: Path) -> None:
+    import threading
+
+    s = Scheduler(tmp_path / "never", SweepConfig(), every=timedelta(seconds=1), lake_poll=0.02)
+    threading.Timer(0.2, s.stop).start()
+    t0 = time.monotonic()
+    assert s.run(install_signals=False) == 0
+    assert s.cycles == 0 and time.monotonic() - t0 < 5
+    assert not (tmp_path / "never").exists()  # waiting creates nothing
+
+
+def test_scheduler_refuses_a_lake_path_that_is_a_file(tmp_path: Path) -> None:
+    f = tmp_path / "lake"
+    f.write_text("not a directory")
+    with pytest.raises(ValueError, match=f"lake {f} exists but is not a directory"):
+        Scheduler(f, SweepConfig(), every=timedelta(seconds=1), lake_poll=0.02).run(install_signals=False)
+
+
+def test_schedule_once_on_a_missing_lake_fails_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import main
+
+    t0 = time.monotonic()
+    assert main(["schedule", "--lake", str(tmp_path / "none"), "--once", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"lake {tmp_path / 'none'} does not exist" in err and "--once does not wait" in err
+    assert time.monotonic() - t0 < 10
+
+
+def test_schedule_process_started_before_the_lake_waits_for_it(tmp_path: Path) -> None:
+    """A real `unveil schedule` process: it says once that it waits, starts its cycles when
+    the lake appears, and stops on SIGTERM."""
+    import os
+    import selectors
+
+    root = tmp_path / "lake"
+    p = popen("schedule", "--lake", str(root), "--every", "1s", "--no-progress")
+    try:
+        assert p.stderr is not None and p.stdout is not None
+        os.set_blocking(p.stderr.fileno(), False)
+        os.set_blocking(p.stdout.fileno(), False)
+        sel = selectors.DefaultSelector()
+        sel.register(p.stderr, selectors.EVENT_READ, "err")
+        sel.register(p.stdout, selectors.EVENT_READ, "out")
+        out = {"err": "", "out": ""}
+
+        def pump(until: str, where: str, timeout: float) -> None:
+            deadline = time.monotonic() + timeout
+            while until not in out[where]:
+                assert time.monotonic() < deadline and p.poll() is None, (out, p.poll())
+                for key, _ in sel.select(0.1):
+                    out[key.data] += key.fileobj.read() or ""  # type: ignore[union-attr]
+
+        pump("waiting for the lake", "err", 60)
+        time.sleep(2.5)  # it keeps polling (every second) and keeps quiet
+        assert not root.exists() and p.poll() is None
+        root.mkdir()
+        pump("cycle to ", "out", 60)
+        p.send_signal(signal.SIGTERM)
+        rest_out, rest_err = p.communicate(timeout=60)
+        out["out"] += rest_out or ""
+        out["err"] += rest_err or ""
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, out["err"]
+    assert out["err"].count("waiting for the lake") == 1
+    assert f"waiting for the lake at {root}" in out["err"]
+
+
+# ------------------------------------------------------------ corrupt files: one policy
+
+
+def damage_two_files(root: Path) -> tuple[Path, Path]:
+    """sim-00's first gpu file damaged inside a column chunk (valid footer), sim-01's first
+    net file truncated (a torn write)."""
+    from tests.test_lake import damage_column_chunk, truncate
+
+    damaged = sorted((root / "gpu" / "host=sim-00").rglob("*.parquet"))[0]
+    torn = sorted((root / "net" / "host=sim-01").rglob("*.parquet"))[0]
+    damage_column_chunk(damaged)
+    truncate(torn)
+    return damaged, torn
+
+
+def assert_warned_once(paths: tuple[Path, ...], command: str, text: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Each path appears once in everything the user sees (printed and logged), on one
+    line naming the command, the path and the reason."""
+    import re
+
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for p in paths:
+        assert (text + logged).count(str(p)) == 1, (p, text, logged)
+        assert re.search(rf"^unveil {command}: warning: corrupt file skipped: {re.escape(str(p))} \(.+\)$",
+                         text, re.M), text
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    from jobs.cli import main
+    from tests.test_watermarks import CONFIG
+
+    rc = main(["--config", str(CONFIG), *args])
+    cap = capsys.readouterr()
+    return rc, cap.out + cap.err
+
+
+@pytest.mark.parametrize("command", ["sweep", "schedule"])
+def test_corrupt_files_are_skipped_and_warned_once(sim_lake: Path, command: str, capsys: pytest.CaptureFixture[str],
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """`unveil sweep` and `unveil schedule` skip a damaged and a truncated file alike, warn
+    once per file, and analyse the rest (both hosts, every window)."""
+    paths = damage_two_files(sim_lake)
+    until = (T0 + timedelta(minutes=1)).isoformat()
+    with caplog.at_level("INFO"):
+        if command == "sweep":
+            rc, text = run_cli(capsys, "sweep", "--lake", str(sim_lake), "--since", T0.isoformat(), "--until", until)
+        else:
+            rc, text = run_cli(capsys, "schedule", "--once", "--lake", str(sim_lake), "--until", until,
+                               "--no-progress")
+    assert rc == 0, text
+    assert_warned_once(paths, command, text, caplog)
+    feats = lake.read(sim_lake, "features")
+    per_host = dict(feats.group_by("host").len().iter_rows())
+    assert per_host == {"sim-00": 58, "sim-01": 58}
+    assert all(p.exists() for p in paths)  # reported, never deleted
+
+
+def test_a_running_scheduler_warns_of_a_file_once_across_cycles(capsys: pytest.CaptureFixture[str]) -> None:
+    """A file in the reference history is read (and skipped) again by later cycles: the
+    long-running scheduler warns once per process, not every minute."""
+    from jobs.commands.schedule import print_summary
+
+    bad = lake.CorruptFileError(Path("/lake/gpu/x.parquet"), "Parquet magic bytes not found")
+    other = lake.CorruptFileError(Path("/lake/net/y.parquet"), "Invalid thrift")
+    warned: set[Path] = set()
+    print_summary(CycleSummary(corrupt=[bad]), warned)
+    print_summary(CycleSummary(corrupt=[bad, other]), warned)
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "unveil schedule: warning: corrupt file skipped: /lake/gpu/x.parquet (Parquet magic bytes not found)",
+        "unveil schedule: warning: corrupt file skipped: /lake/net/y.parquet (Invalid thrift)"]

@@ -189,7 +189,7 @@ def test_corrupt_file_is_reported_and_the_rest_processed(sim_lake: Path) -> None
     until = T0 + timedelta(minutes=1)
     r = schedule_once(sim_lake, until)
     assert r.returncode == 0, r.stderr
-    assert f"corrupt file skipped: {victim}" in r.stdout
+    assert f"unveil schedule: warning: corrupt file skipped: {victim} (" in r.stderr
     feats = lake.read(sim_lake, "features")
     assert set(feats["host"].unique()) == set(HOSTS)  # sim-00 still analysed from its other tables
     assert feats.filter(pl.col("host") == "sim-00").height == 58

@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from jobs import config as config_mod
+from jobs.commands import warn_corrupt
 from jobs.commands.schedule import add_common, sweep_config
 from jobs.pipeline import label_interval, postmortem, postmortem_id
 from jobs.timeparse import parse_duration, parse_time
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("give --host H --from T1 [--to T2], or --label ID")
         hosts = args.host
         start, end = parse_time(args.start), parse_time(args.end or "now")
-    pm_id = args.pm_id or postmortem_id(hosts, start, end, label)
+    pm_id = args.pm_id if args.pm_id is not None else postmortem_id(hosts, start, end, label)
     res = postmortem(lake, hosts, start, end, sc, pm_id=pm_id, influx=sc.influx, peers=not args.no_peers,
                      progress=args.progress)
     print(f"post-mortem {res.pm_id}: {', '.join(res.hosts)} {res.start.isoformat()} .. {res.end.isoformat()} "
@@ -55,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
         what = inc["entry_id"] or "unmatched"
         print(f"  {inc['host']} {inc['start']:%Y-%m-%d %H:%M:%S} .. {inc['end']:%H:%M:%S} {what}"
               f" ({inc['n_windows']} windows): {(inc['explanation'] or '')[:100]}")
-    for p in res.corrupt:
-        print(f"  corrupt file skipped: {p}")
     print(f"  results: {res.path}")
+    sys.stdout.flush()
+    warn_corrupt("postmortem", res.corrupt)
     out = Path(args.out) if args.out else res.path / "report.html"
     try:
         from jobs.report import write_report

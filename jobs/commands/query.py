@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ingest.lake import CorruptFileError
+from jobs.commands import warn_corrupt
 from jobs.query import FORMATS, named_queries, parse_param_args, run_query, write_output
 from jobs.timeparse import parse_time
 
@@ -52,8 +53,7 @@ def run(args: argparse.Namespace) -> int:
     corrupt: list[CorruptFileError] = []
     df = run_query(args.lake, args.query, start=start, end=end, hosts=args.hosts,
                    params=parse_param_args(args.param), corrupt=corrupt)
-    for err in corrupt:
-        print(f"unveil query: warning: skipped {err}", file=sys.stderr)
+    warn_corrupt("query", corrupt)
     write_output(df, args.format, args.out)
     if args.out:
         print(f"{df.height} rows written to {args.out}", file=sys.stderr)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from jobs import config as config_mod
+from jobs.commands import warn_corrupt
 from jobs.pipeline import (
     CycleSummary,
     SweepConfig,
@@ -84,7 +85,9 @@ def sweep_config(args: argparse.Namespace, cfg: config_mod.Config, lake: Path) -
     return sc
 
 
-def print_summary(s: CycleSummary | None) -> None:
+def print_summary(s: CycleSummary | None, seen: set[Path] | None = None) -> None:
+    """The cycle's summary on stdout; each corrupt file skipped warned once on stderr
+    (once per process with ``seen``)."""
     if s is None:
         print("skipped: another scheduler holds this lake's lock", file=sys.stderr)
         return
@@ -96,16 +99,19 @@ def print_summary(s: CycleSummary | None) -> None:
         print(f"recovered interrupted sweep(s): {', '.join(s.recovered)}")
     if s.influx_points:
         print(f"written to InfluxDB: {s.influx_points} points")
-    for p in s.corrupt:
-        print(f"corrupt file skipped: {p}")
     sys.stdout.flush()
+    warn_corrupt("schedule", s.corrupt, seen)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config)
     lake = config_mod.resolve_lake(args.lake, cfg)
-    if not lake.is_dir():
-        raise config_mod.ConfigError(f"lake {lake} does not exist or is not a directory")
+    if lake.exists() and not lake.is_dir():
+        raise config_mod.ConfigError(f"lake {lake} exists but is not a directory")
+    if args.once and not lake.is_dir():
+        # one cycle must not hang a cron job: the next run finds the lake
+        raise config_mod.ConfigError(f"lake {lake} does not exist (yet): --once does not wait for it "
+                                     "(without --once the scheduler waits for the agent's first commit)")
     sc = sweep_config(args, cfg, lake)
     until = parse_time(args.until) if args.until else None
     if args.once:
@@ -122,5 +128,6 @@ def run(args: argparse.Namespace) -> int:
         cfg.scheduler.get("every", "60s"), f"{cfg.source or 'config'}: [scheduler].every")
     from jobs.scheduler import Scheduler
 
+    warned: set[Path] = set()  # a file skipped again in later cycles is not warned again
     return Scheduler(lake, sc, every=every, until=until, hosts=args.hosts, progress=args.progress,
-                     on_cycle=print_summary).run()
+                     on_cycle=lambda s: print_summary(s, warned)).run()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from analytics.pipeline import AnalyticsConfig
 from ingest.lake import LakeError
+from jobs.commands import warn_corrupt
 from jobs.sweep import run_sweep
 from jobs.timeparse import parse_range
 
@@ -89,4 +91,6 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{h.ljust(width)}  {s.windows:>8}  {s.flagged:>8}  {s.signature:>8}  {s.findings:>8}")
     if summary.rows_written:
         print("written: " + ", ".join(f"{t} {n} rows" for t, n in summary.rows_written.items()))
+    sys.stdout.flush()
+    warn_corrupt("sweep", summary.corrupt)
     return 0
