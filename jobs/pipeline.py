@@ -60,7 +60,7 @@ from jobs.sweep import with_time
 from knowledge_base import INCIDENT_SCHEMA, build_incidents, load_kb
 from knowledge_base.detector import MATCH_COLUMNS, DetectionConfig, detect, empty_findings
 from knowledge_base.detector import attach_matches as _attach
-from knowledge_base.facts import FactError, HostFacts, fill_params
+from knowledge_base.facts import FactError, HostFacts, fill_params, in_force
 from knowledge_base.loader import KnowledgeBase
 from knowledge_base.matcher import MATCH_SCHEMA
 
@@ -434,9 +434,15 @@ def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max
 
 
 def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, facts: pl.DataFrame | None,
-                       kb: KnowledgeBase, queue_path: Path | None = None) -> pl.DataFrame:
+                       kb: KnowledgeBase, queue_path: Path | None = None, *,
+                       now: datetime | None = None) -> pl.DataFrame:
     """Propose (dry-run, idempotent) the KB remediation of every matched incident; returns the
-    ``remediations`` rows of those actions (time = when proposed)."""
+    ``remediations`` rows of those actions (time = when proposed).
+
+    ``{fact_before:...}`` parameters are the values in force before the incident's onset (past
+    the entry's fault values); a proposal that would set a fault value is refused, and one whose
+    targets the host already has at ``now`` (the sweep's horizon; None: the latest facts) is
+    not queued. Both are logged."""
     from remediation.errors import ParamError
     from remediation.queue import Queue, default_path
 
@@ -449,21 +455,25 @@ def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, fa
             entry = kb.by_id.get(inc["entry_id"])
             if entry is None or entry.remediation is None or entry.remediation.script is None:
                 continue
+            rem = entry.remediation
             devices = list(inc["devices"] or [])
-            hf = HostFacts.from_frame(facts, inc[HOST], inc["start"])
-            # {fact_before:...}: what a fact was before its last change up to the incident's
-            # end (a change observed a few seconds after the first anomalous window counts)
-            hf = replace(hf, before=HostFacts.from_frame(facts, inc[HOST], inc["end"]).before)
+            device = devices[0] if devices else ""
+            hf = HostFacts.from_frame(facts, inc[HOST], inc["start"], onset=inc["start"])
             try:
-                params = fill_params(entry.remediation.params, devices[0] if devices else "", hf)
+                params = fill_params(rem.params, device, hf, fault_values=rem.fault_values)
+                current = HostFacts.from_frame(facts, inc[HOST], now, with_before=False)
+                if in_force(rem.params, params, device, current):
+                    log.info("incident %s (%s on %s): remediation %s %s not queued: already in force on the host",
+                             inc["incident_id"], entry.id, inc[HOST], rem.script, params)
+                    continue
                 verification = entry.verification.spec(devices) if entry.verification is not None else None
                 q.propose(host=inc[HOST], entry_id=entry.id, incident_id=inc["incident_id"],
-                          script_id=entry.remediation.script, params=params, mode=entry.remediation.mode,
-                          verification=verification, actor="scheduler")
+                          script_id=rem.script, params=params, mode=rem.mode,
+                          verification=verification, actor="scheduler", fault_values=rem.fault_values)
                 ids.append(inc["incident_id"])
             except (FactError, ParamError, ValueError) as exc:
                 log.warning("incident %s (%s on %s): remediation %s not queued: %s", inc["incident_id"],
-                            entry.id, inc[HOST], entry.remediation.script, exc)
+                            entry.id, inc[HOST], rem.script, exc)
         frame = q.to_frame()
     rows = frame.filter(pl.col("incident_id").is_in(ids))
     return rows.with_columns(pl.col("created").alias(schema.TIME)).select(schema.TIME, pl.exclude(schema.TIME))
@@ -619,7 +629,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
                                          horizon=e, window_length=length, stride=stride)
     remediations = pl.DataFrame()
     if cfg.queue_remediations and incidents.height:
-        remediations = queue_remediations(lake, incidents, loaded.facts, kb, queue_path)
+        remediations = queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e)
     staged = wm.StagedSweep(lake, sid)
     if out.features.height:
         staged.write("features", with_time(out.features))

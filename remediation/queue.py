@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,7 @@ from typing import Any, Literal, cast
 import polars as pl
 
 from remediation import registry
-from remediation.errors import ActionNotFound, ParamError, TransitionError
+from remediation.errors import ActionNotFound, FaultValueError, ParamError, TransitionError
 from remediation.verify import parse_spec, spec_to_dict
 
 State = Literal[
@@ -222,11 +222,14 @@ class Queue:
         mode: Mode = "manual",
         verification: Mapping[str, Any] | None = None,
         actor: str = "scheduler",
+        fault_values: Mapping[str, Sequence[Any]] | None = None,
     ) -> Action:
         """Queue a remediation, or return the one already queued for (host, entry, incident).
 
         The script id and parameters are validated against the allowlist first, so nothing the
-        executor would refuse ever enters the queue.
+        executor would refuse ever enters the queue. ``fault_values`` (the entry's): a parameter
+        equal to one of its fault values is refused with FaultValueError, before anything is
+        written: a fix must never set the fault it is for.
         """
         for name, value in (("host", host), ("entry_id", entry_id), ("incident_id", incident_id)):
             if not isinstance(value, str) or not value:
@@ -234,6 +237,12 @@ class Queue:
         if mode not in ("auto", "manual"):
             raise ParamError(f"propose: mode must be 'auto' or 'manual', got {mode!r}")
         clean = registry.validate_params(script_id, params)
+        for name, bad in (fault_values or {}).items():
+            if name in clean and bad and clean[name] in registry.validate_values(script_id, name, bad):
+                raise FaultValueError(
+                    f"propose {entry_id} on {host}: {script_id} parameter {name!r} = {clean[name]!r} is the fault "
+                    f"this entry is for (fault_values.{name} = {list(bad)!r}); refused"
+                )
         if verification is not None:
             verification = spec_to_dict(parse_spec(verification))
         with self._tx() as db:
