@@ -142,6 +142,7 @@ class SweepConfig:
     max_incident: timedelta = timedelta(minutes=15)
     queue_remediations: bool = True
     auto_remediate: bool = False
+    remediation_root: str = "/"  # [remediation] root: where scripts act (auto runs, verification rollbacks)
     influx: InfluxConfig | None = None
     kb_path: str | None = None
     compact_every: timedelta | None = timedelta(minutes=10)
@@ -568,6 +569,7 @@ class CycleSummary:
     corrupt: list[Path] = field(default_factory=list)
     caught_up: bool = True
     influx_points: int = 0
+    verifications: dict[str, int] = field(default_factory=dict)  # concluded this cycle: state -> count
 
     @property
     def windows(self) -> int:
@@ -740,7 +742,9 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                     bar.advance(detail=f"{e.isoformat()} {len(group)} host(s)")
             summary.influx_points = hook.points
             if cfg.auto_remediate:
-                _auto_remediate(lake_p, queue_path)
+                _auto_remediate(lake_p, queue_path, cfg.remediation_root)
+            summary.verifications = _conclude_verifications(lake_p, queue_path, now or datetime.now(UTC),
+                                                            cfg.remediation_root)
         finally:
             hook.close()
         return summary
@@ -761,14 +765,32 @@ def _plan(marks: dict[str, wm.HostMark], horizon: datetime,
         yield group, s, e
 
 
-def _auto_remediate(lake: Path, queue_path: Path | None) -> None:
+def _auto_remediate(lake: Path, queue_path: Path | None, root: str = "/") -> None:
     from remediation.executor import Executor, ExecutorConfig
     from remediation.queue import Queue, default_path
 
     with Queue(queue_path or default_path(lake)) as q:
-        ran = Executor(q, ExecutorConfig(auto_remediate=True)).auto_run()
+        ran = Executor(q, ExecutorConfig(root=root, auto_remediate=True)).auto_run()
     if ran:
         log.info("auto-remediation ran %d action(s)", len(ran))
+
+
+def _conclude_verifications(lake: Path, queue_path: Path | None, now: datetime, root: str) -> dict[str, int]:
+    """Each cycle: judge the verifying actions that are due (jobs.verification); returns
+    outcome state -> count. A failure here is logged and does not undo the cycle's sweeps."""
+    from jobs.verification import conclude_verifications
+    from remediation.errors import RemediationError
+
+    try:
+        outcomes = conclude_verifications(lake, queue_path, now=_utc(now), root=root)
+    except (RemediationError, lake_mod.LakeError, OSError) as exc:
+        log.error("concluding remediation verifications failed (retried next cycle): %s", exc)
+        return {}
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        if o.state != "verifying":
+            counts[o.state] = counts.get(o.state, 0) + 1
+    return counts
 
 
 def maintain(lake: str | os.PathLike[str], cfg: SweepConfig) -> dict[str, Any]:

@@ -29,20 +29,24 @@ from remediation.errors import ActionNotFound, FaultValueError, ParamError, Tran
 from remediation.verify import parse_spec, spec_to_dict
 
 State = Literal[
-    "proposed", "approved", "running", "verifying", "succeeded", "failed", "rolled_back", "rejected"
+    "proposed", "approved", "running", "verifying", "succeeded", "failed", "unverifiable", "rolled_back",
+    "rejected",
 ]
 STATES: tuple[str, ...] = (
-    "proposed", "approved", "running", "verifying", "succeeded", "failed", "rolled_back", "rejected"
+    "proposed", "approved", "running", "verifying", "succeeded", "failed", "unverifiable", "rolled_back",
+    "rejected",
 )
 # from-state -> allowed to-states. failed -> rolled_back: an operator retries a rollback that did
-# not complete (the state file is still there); verifying -> rolled_back: rollback mid-watch.
+# not complete (the state file is still there); verifying -> rolled_back: rollback mid-watch;
+# verifying -> unverifiable: no data to judge by (the change stays, the host is free again).
 TRANSITIONS: dict[str, frozenset[str]] = {
     "proposed": frozenset({"approved", "rejected"}),
     "approved": frozenset({"running", "rejected"}),
     "running": frozenset({"verifying", "succeeded", "failed"}),
-    "verifying": frozenset({"succeeded", "failed", "rolled_back"}),
+    "verifying": frozenset({"succeeded", "failed", "unverifiable", "rolled_back"}),
     "succeeded": frozenset({"rolled_back"}),
     "failed": frozenset({"rolled_back"}),
+    "unverifiable": frozenset({"rolled_back"}),
     "rolled_back": frozenset(),
     "rejected": frozenset(),
 }
@@ -359,7 +363,7 @@ class Queue:
                 "state": a.state, "executed": a.executed, "approved_by": a.approved_by,
                 "created": a.created_us, "updated": a.updated_us, "approved": first("approved"),
                 "started": first("running"),
-                "finished": a.updated_us if a.state in TERMINAL | {"succeeded", "failed"} else None,
+                "finished": a.updated_us if a.state in TERMINAL | {"succeeded", "failed", "unverifiable"} else None,
                 "verdict": eff.get("verdict"),
                 "effect_before": json.dumps(eff.get("before")) if "before" in eff else None,
                 "effect_after": json.dumps(eff.get("after")) if "after" in eff else None,

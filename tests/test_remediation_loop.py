@@ -1,0 +1,152 @@
+"""The remediation loop on simulated lake data: the scheduler concludes verifications
+(succeeded / failed and rolled back / unverifiable), by hand too."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from jobs.pipeline import SweepConfig, run_cycle
+from knowledge_base import load_kb
+from remediation.executor import Executor, ExecutorConfig
+from remediation.queue import Queue, default_path
+from remediation.scripts import thp
+from remediation.scripts._base import Context
+from tests.test_remediation_scripts import DATA
+
+# sim-00: THP off from minute 5 to minute 20 (the fix at minute 20 "works": coverage recovers);
+# sim-01: THP off from minute 5 to the end (a fix at minute 20 changes nothing the data shows)
+SCENARIO = """
+name = "verify"
+seed = 3
+start = "{start}"
+duration = "32m"
+
+[[hosts]]
+name = "sim-00"
+workload = "llm_serving"
+
+[[hosts]]
+name = "sim-01"
+workload = "llm_serving"
+
+[[injections]]
+type = "thp_coverage_loss"
+host = "sim-00"
+start = "5m"
+duration = "15m"
+severity = 0.8
+
+[[injections]]
+type = "thp_coverage_loss"
+host = "sim-01"
+start = "5m"
+duration = "27m"
+severity = 0.8
+"""
+
+
+@dataclass
+class World:
+    lake: Path
+    root: Path  # the fake /sys the thp script acts on
+    start: datetime
+    queue: Path
+
+
+@pytest.fixture(scope="module")
+def sim_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, datetime]:
+    """One simulated lake whose minute 20 is now (the applies below happen now): 2 hosts x 32 min."""
+    from jobs.cli import main
+
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=20)
+    d = tmp_path_factory.mktemp("sim")
+    scenario = d / "verify.toml"
+    scenario.write_text(SCENARIO.format(start=start.strftime("%Y-%m-%dT%H:%M:%SZ")))
+    lake = d / "lake"
+    assert main(["simulate", "--lake", str(lake), "--scenario", str(scenario)]) == 0
+    return lake, start
+
+
+@pytest.fixture
+def world(sim_template: tuple[Path, datetime], tmp_path: Path) -> Iterator[World]:
+    lake = tmp_path / "lake"
+    shutil.copytree(sim_template[0], lake)
+    root = tmp_path / "root"
+    shutil.copytree(DATA / "sysroot", root)
+    yield World(lake, root, sim_template[1], default_path(lake))
+
+
+def thp_spec() -> dict:
+    entry = load_kb().by_id["thp_coverage_loss"]
+    assert entry.verification is not None
+    return entry.verification.spec([])
+
+
+def applied(w: World, host: str, params: dict, incident: str = "inc-1") -> int:
+    with Queue(w.queue) as q:
+        a = q.propose(host=host, entry_id="thp_coverage_loss", incident_id=incident, script_id="thp",
+                      params=params, mode="auto", verification=thp_spec())
+        q.approve(a.id, by="alice")
+        done = Executor(q, ExecutorConfig(root=str(w.root))).execute(a.id, actor="alice")
+        assert done.state == "verifying", done.output
+        return a.id
+
+
+def cfg(w: World) -> SweepConfig:
+    return SweepConfig(lag=timedelta(0), queue_remediations=False, remediation_root=str(w.root))
+
+
+def test_the_scheduler_concludes_verifications(world: World) -> None:
+    w = world
+    assert thp.read(Context(w.root), {})["enabled"] == "madvise"
+    ok = applied(w, "sim-00", {"enabled": "always"})
+    bad = applied(w, "sim-01", {"enabled": "madvise"})  # recorded before: always (set by `ok`)
+    ghost = applied(w, "ghost", {"enabled": "madvise"})  # a host with no telemetry at all
+    assert thp.read(Context(w.root), {})["enabled"] == "madvise"
+    end = w.start + timedelta(minutes=32)
+    # a cycle before anything is due: the sweeps run, nothing is judged yet
+    early = run_cycle(w.lake, cfg(w), now=datetime.now(UTC), until=end)
+    assert early is not None and early.verifications == {}
+    with Queue(w.queue) as q:
+        assert [q.get(i).state for i in (ok, bad, ghost)] == ["verifying"] * 3
+    # 10 min after the applies (within_s = 600) plus the grace for late data
+    later = datetime.now(UTC) + timedelta(seconds=600 + 301)
+    s = run_cycle(w.lake, cfg(w), now=later, until=end)
+    assert s is not None and s.verifications == {"succeeded": 1, "failed": 1, "unverifiable": 1}
+    with Queue(w.queue) as q:
+        a, b, g = (q.get(i) for i in (ok, bad, ghost))
+        assert (a.state, a.effect and a.effect["verdict"]) == ("succeeded", "improved")
+        assert a.effect["after"]["mem.hugepage_coverage"] > a.effect["before"]["mem.hugepage_coverage"] + 0.05
+        assert b.state == "failed" and b.effect and b.effect["verdict"] != "improved"
+        assert [e.event for e in q.audit(bad)][-2:] == ["verification_failed", "rolled_back"]
+        assert g.state == "unverifiable"
+        assert "cannot be evaluated" in q.audit(ghost)[-1].details["reason"]
+        # the host is free again: nothing holds it
+        assert not q.actions(state="verifying")
+    # the failed fix was rolled back on the host: the `ok` fix's mode is back
+    assert thp.read(Context(w.root), {})["enabled"] == "always"
+
+
+def test_remediate_verify_by_hand(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import main
+
+    w = world
+    ok = applied(w, "sim-00", {"enabled": "always"})
+    # swept to 30 s before the verification is due: the cycle leaves it alone
+    s = run_cycle(w.lake, cfg(w), now=datetime.now(UTC) + timedelta(seconds=570),
+                  until=w.start + timedelta(minutes=32))
+    assert s is not None and s.verifications == {}
+    # by hand, before the cycle would: judged now from what the lake has
+    config = w.lake.parent / "unveil.toml"
+    config.write_text(f'[remediation]\nroot = "{w.root}"\n')
+    assert main(["--config", str(config), "remediate", "--lake", str(w.lake), "verify", str(ok)]) == 0
+    out = capsys.readouterr().out
+    assert f"action {ok}: succeeded (verdict improved)" in out
+    with Queue(w.queue) as q:
+        assert q.get(ok).state == "succeeded"
