@@ -440,23 +440,35 @@ def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, fa
     """Propose (dry-run, idempotent) the KB remediation of every matched incident; returns the
     ``remediations`` rows of those actions (time = when proposed).
 
-    ``{fact_before:...}`` parameters are the values in force before the incident's onset (past
-    the entry's fault values); a proposal that would set a fault value is refused, and one whose
-    targets the host already has at ``now`` (the sweep's horizon; None: the latest facts) is
-    not queued. Both are logged."""
+    Per cause, not per incident fragment: while an action of the same entry on the same host is
+    open (proposed, approved, running, verifying) the incident attaches to it; a new proposal
+    after a succeeded fix links it (came back after N s). ``{fact_before:...}`` parameters are
+    the values in force before the incident's onset (past the entry's fault values); a
+    proposal that would set a fault value is refused, and one whose targets the host already
+    has at ``now`` (the sweep's horizon; None: the latest facts) is not queued. Both are
+    logged."""
     from remediation.errors import ParamError
     from remediation.queue import Queue, default_path
 
     matched = incidents.filter((pl.col("status") == "matched") & pl.col("entry_id").is_not_null())
     if matched.is_empty():
         return pl.DataFrame()
-    ids: list[str] = []
+    ids: list[int] = []
     with Queue(queue_path or default_path(Path(lake))) as q:
         for inc in matched.iter_rows(named=True):
             entry = kb.by_id.get(inc["entry_id"])
             if entry is None or entry.remediation is None or entry.remediation.script is None:
                 continue
             rem = entry.remediation
+            # one action per cause: a fragment of a fault already answered joins that action
+            known = q.attach_to_open(host=inc[HOST], entry_id=entry.id, incident_id=inc["incident_id"],
+                                     onset=inc["start"])
+            if known is not None:
+                if known.incident_id != inc["incident_id"]:
+                    log.info("incident %s (%s on %s): attached to remediation %d (%s)", inc["incident_id"],
+                             entry.id, inc[HOST], known.id, known.state)
+                ids.append(known.id)
+                continue
             devices = list(inc["devices"] or [])
             device = devices[0] if devices else ""
             hf = HostFacts.from_frame(facts, inc[HOST], inc["start"], onset=inc["start"])
@@ -468,15 +480,15 @@ def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, fa
                              inc["incident_id"], entry.id, inc[HOST], rem.script, params)
                     continue
                 verification = entry.verification.spec(devices) if entry.verification is not None else None
-                q.propose(host=inc[HOST], entry_id=entry.id, incident_id=inc["incident_id"],
-                          script_id=rem.script, params=params, mode=rem.mode,
-                          verification=verification, actor="scheduler", fault_values=rem.fault_values)
-                ids.append(inc["incident_id"])
+                a = q.propose(host=inc[HOST], entry_id=entry.id, incident_id=inc["incident_id"],
+                              script_id=rem.script, params=params, mode=rem.mode, verification=verification,
+                              actor="scheduler", fault_values=rem.fault_values, attach=True, onset=inc["start"])
+                ids.append(a.id)
             except (FactError, ParamError, ValueError) as exc:
                 log.warning("incident %s (%s on %s): remediation %s not queued: %s", inc["incident_id"],
                             entry.id, inc[HOST], rem.script, exc)
         frame = q.to_frame()
-    rows = frame.filter(pl.col("incident_id").is_in(ids))
+    rows = frame.filter(pl.col("action_id").is_in(ids))
     return rows.with_columns(pl.col("created").alias(schema.TIME)).select(schema.TIME, pl.exclude(schema.TIME))
 
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -85,11 +86,32 @@ CREATE TABLE IF NOT EXISTS audit (
     details    TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_action ON audit (action_id);
+CREATE TABLE IF NOT EXISTS attachments (
+    host         TEXT NOT NULL,
+    entry_id     TEXT NOT NULL,
+    incident_id  TEXT NOT NULL,
+    action_id    INTEGER NOT NULL REFERENCES actions (id),
+    onset_us     INTEGER,
+    time_us      INTEGER NOT NULL,
+    UNIQUE (host, entry_id, incident_id)
+);
+CREATE INDEX IF NOT EXISTS attachments_action ON attachments (action_id);
 """
+# States in which an action still answers its cause: a new incident of the same entry on the
+# same host attaches to it (per-cause proposals) instead of queueing another.
+OPEN = ("proposed", "approved", "running", "verifying")
 
 
 def _now_us() -> int:
     return time.time_ns() // 1000
+
+
+def _us(t: datetime | None) -> int | None:
+    if t is None:
+        return None
+    if t.tzinfo is None:
+        raise ParamError(f"onset {t!r} must be timezone-aware (UTC)")
+    return int(t.timestamp() * 1_000_000)
 
 
 @dataclass(frozen=True)
@@ -205,6 +227,12 @@ class Queue:
             args.append(host)
         return [Action._from_row(r) for r in self._db.execute(sql + " ORDER BY id", args)]
 
+    def attachments(self, action_id: int) -> list[tuple[str, int | None]]:
+        """(incident id, onset in us) of the incidents attached to an action, oldest first."""
+        rows = self._db.execute("SELECT incident_id, onset_us FROM attachments WHERE action_id = ? ORDER BY time_us,"
+                                " rowid", (action_id,))
+        return [(r["incident_id"], r["onset_us"]) for r in rows]
+
     def audit(self, action_id: int | None = None) -> list[AuditEvent]:
         sql = "SELECT * FROM audit" + (" WHERE action_id = ?" if action_id is not None else "")
         rows = self._db.execute(sql + " ORDER BY seq", () if action_id is None else (action_id,))
@@ -227,6 +255,8 @@ class Queue:
         verification: Mapping[str, Any] | None = None,
         actor: str = "scheduler",
         fault_values: Mapping[str, Sequence[Any]] | None = None,
+        attach: bool = False,
+        onset: datetime | None = None,
     ) -> Action:
         """Queue a remediation, or return the one already queued for (host, entry, incident).
 
@@ -234,6 +264,12 @@ class Queue:
         executor would refuse ever enters the queue. ``fault_values`` (the entry's): a parameter
         equal to one of its fault values is refused with FaultValueError, before anything is
         written: a fix must never set the fault it is for.
+
+        ``attach`` (per-cause proposals, what the sweep uses): while an action for (host, entry)
+        is proposed, approved, running or verifying, the incident attaches to it (audit event
+        ``attached``) and that action is returned; a new action after a ``succeeded`` one of the
+        same (host, entry) links it (``recurrence_of``, ``came_back_after_s`` from its apply to
+        ``onset``, the incident's start) in both audit trails.
         """
         for name, value in (("host", host), ("entry_id", entry_id), ("incident_id", incident_id)):
             if not isinstance(value, str) or not value:
@@ -256,6 +292,12 @@ class Queue:
             ).fetchone()
             if row is not None:
                 return Action._from_row(row)
+            link: dict[str, Any] = {}
+            if attach:
+                got = self._attach(host, entry_id, incident_id, onset, actor)
+                if got is not None:
+                    return self.get(got)
+                link = self._recurrence(host, entry_id, onset)
             now = _now_us()
             cur = db.execute(
                 "INSERT INTO actions (host, entry_id, incident_id, script_id, params, mode, verification,"
@@ -266,8 +308,56 @@ class Queue:
             action_id = int(cur.lastrowid or 0)
             self._audit(action_id, actor, "proposed",
                         {"script_id": script_id, "params": clean, "mode": mode, "entry_id": entry_id,
-                         "incident_id": incident_id})
+                         "incident_id": incident_id, **link})
+            if link:
+                self._audit(link["recurrence_of"], actor, "came_back",
+                            {"new_action": action_id, "incident_id": incident_id,
+                             "came_back_after_s": link.get("came_back_after_s")})
         return self.get(action_id)
+
+    def attach_to_open(self, *, host: str, entry_id: str, incident_id: str, onset: datetime | None = None,
+                       actor: str = "scheduler") -> Action | None:
+        """The action this incident already belongs to (queued for it, or attached), else attach it
+        to the open action of (host, entry); None when there is none (a proposal is due)."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT id FROM actions WHERE host = ? AND entry_id = ? AND incident_id = ?",
+                (host, entry_id, incident_id),
+            ).fetchone()
+            got = int(row["id"]) if row is not None else self._attach(host, entry_id, incident_id, onset, actor)
+        return None if got is None else self.get(got)
+
+    def _attach(self, host: str, entry_id: str, incident_id: str, onset: datetime | None, actor: str) -> int | None:
+        """Inside a transaction: the action id the incident is (now) attached to, or None."""
+        db = self._db
+        row = db.execute("SELECT action_id FROM attachments WHERE host = ? AND entry_id = ? AND incident_id = ?",
+                         (host, entry_id, incident_id)).fetchone()
+        if row is not None:
+            return int(row["action_id"])
+        marks = ", ".join("?" * len(OPEN))
+        row = db.execute(f"SELECT id FROM actions WHERE host = ? AND entry_id = ? AND state IN ({marks})"
+                         " ORDER BY id DESC LIMIT 1", (host, entry_id, *OPEN)).fetchone()
+        if row is None:
+            return None
+        aid = int(row["id"])
+        onset_us = _us(onset)
+        db.execute("INSERT INTO attachments (host, entry_id, incident_id, action_id, onset_us, time_us)"
+                   " VALUES (?, ?, ?, ?, ?, ?)", (host, entry_id, incident_id, aid, onset_us, _now_us()))
+        self._audit(aid, actor, "attached", {"incident_id": incident_id, "onset_us": onset_us})
+        return aid
+
+    def _recurrence(self, host: str, entry_id: str, onset: datetime | None) -> dict[str, Any]:
+        """Inside a transaction: the link to the latest succeeded fix of (host, entry), if any."""
+        row = self._db.execute("SELECT id FROM actions WHERE host = ? AND entry_id = ? AND state = 'succeeded'"
+                               " ORDER BY id DESC LIMIT 1", (host, entry_id)).fetchone()
+        if row is None:
+            return {}
+        prev = int(row["id"])
+        applied = self._db.execute("SELECT time_us FROM audit WHERE action_id = ? AND event = 'applied'"
+                                   " ORDER BY seq DESC LIMIT 1", (prev,)).fetchone()
+        onset_us = _us(onset)
+        after = (onset_us - applied["time_us"]) / 1e6 if applied is not None and onset_us is not None else None
+        return {"recurrence_of": prev, "came_back_after_s": after}
 
     def transition(
         self,
@@ -357,6 +447,8 @@ class Queue:
                 return next((e.time_us for e in events if e.event == name), None)
 
             eff = a.effect or {}
+            proposed = next((e.details for e in events if e.event == "proposed"), {})
+            attached = [i for i, _ in self.attachments(a.id)]
             rows.append({
                 "action_id": a.id, "host": a.host, "entry_id": a.entry_id, "incident_id": a.incident_id,
                 "script_id": a.script_id, "params": json.dumps(a.params, sort_keys=True), "mode": a.mode,
@@ -367,6 +459,9 @@ class Queue:
                 "verdict": eff.get("verdict"),
                 "effect_before": json.dumps(eff.get("before")) if "before" in eff else None,
                 "effect_after": json.dumps(eff.get("after")) if "after" in eff else None,
+                "attached_incidents": json.dumps(attached) if attached else None,
+                "recurrence_of": proposed.get("recurrence_of"),
+                "came_back_after_s": proposed.get("came_back_after_s"),
             })
         ts = pl.Datetime("us", "UTC")
         schema: dict[str, Any] = {
@@ -374,7 +469,8 @@ class Queue:
             "script_id": pl.String, "params": pl.String, "mode": pl.String, "state": pl.String,
             "executed": pl.Boolean, "approved_by": pl.String, "created": pl.Int64, "updated": pl.Int64,
             "approved": pl.Int64, "started": pl.Int64, "finished": pl.Int64, "verdict": pl.String,
-            "effect_before": pl.String, "effect_after": pl.String,
+            "effect_before": pl.String, "effect_after": pl.String, "attached_incidents": pl.String,
+            "recurrence_of": pl.Int64, "came_back_after_s": pl.Float64,
         }
         df = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
         return df.with_columns(

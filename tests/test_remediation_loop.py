@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from jobs.pipeline import SweepConfig, run_cycle
@@ -150,3 +151,112 @@ def test_remediate_verify_by_hand(world: World, capsys: pytest.CaptureFixture[st
     assert f"action {ok}: succeeded (verdict improved)" in out
     with Queue(w.queue) as q:
         assert q.get(ok).state == "succeeded"
+
+
+# sim-00: THP off from minute 5 to 17 (the fix "lands" at 17, when the simulator restores it),
+# and again from minute 35 to the end; sim-01 healthy (the cohort). Incidents are cut every
+# 5 minutes, so each episode arrives in fragments.
+RECURRING = """
+name = "recurring"
+seed = 5
+start = "{start}"
+duration = "52m"
+
+[[hosts]]
+name = "sim-00"
+workload = "llm_serving"
+
+[[hosts]]
+name = "sim-01"
+workload = "llm_serving"
+
+[[injections]]
+type = "thp_coverage_loss"
+host = "sim-00"
+start = "5m"
+duration = "12m"
+severity = 0.8
+
+[[injections]]
+type = "thp_coverage_loss"
+host = "sim-00"
+start = "35m"
+duration = "17m"
+severity = 0.8
+"""
+
+
+def test_one_proposal_per_cause_and_a_returning_fault_is_linked(tmp_path: Path) -> None:
+    from jobs.cli import main
+
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=17)
+    scenario = tmp_path / "recurring.toml"
+    scenario.write_text(RECURRING.format(start=start.strftime("%Y-%m-%dT%H:%M:%SZ")))
+    lake = tmp_path / "lake"
+    assert main(["simulate", "--lake", str(lake), "--scenario", str(scenario)]) == 0
+    root = tmp_path / "root"
+    shutil.copytree(DATA / "sysroot", root)
+    (root / "sys/kernel/mm/transparent_hugepage/enabled").write_text("always madvise [never]\n")
+    c = SweepConfig(lag=timedelta(0), max_incident=timedelta(minutes=5), remediation_root=str(root))
+    at = lambda minutes: start + timedelta(minutes=minutes)  # noqa: E731
+    qpath = default_path(lake)
+
+    # cycle 1 (to minute 12, THP still off): the first fragment is proposed
+    assert run_cycle(lake, c, now=at(12)) is not None
+    with Queue(qpath) as q:
+        [first] = q.actions()
+        assert (first.host, first.state, first.params) == ("sim-00", "proposed", {"enabled": "always", "defrag": "madvise"})
+        # the fix, now (= minute 17 of the data)
+        q.approve(first.id, by="alice")
+        assert Executor(q, ExecutorConfig(root=str(root))).execute(first.id, actor="alice").state == "verifying"
+    # cycle 2 (to minute 30): the rest of the episode attaches (no duplicate); the verification
+    # is due (applied at minute 17, within 600 s) and succeeds
+    s2 = run_cycle(lake, c, now=at(30))
+    assert s2 is not None and s2.verifications == {"succeeded": 1}
+    with Queue(qpath) as q:
+        assert [a.id for a in q.actions()] == [first.id]
+        attached = q.attachments(first.id)
+        assert len(attached) >= 1
+        assert q.get(first.id).state == "succeeded"
+    # cycle 3 (to minute 52): the fault came back at minute 35: exactly one new proposal, with
+    # the mode in force before it (the fix's), linked to the fix; its later fragments attach
+    s3 = run_cycle(lake, c, now=at(52))
+    assert s3 is not None
+    with Queue(qpath) as q:
+        actions = q.actions()
+        assert [a.id for a in actions[:1]] == [first.id] and len(actions) == 2
+        again = actions[1]
+        assert (again.host, again.entry_id, again.state) == ("sim-00", "thp_coverage_loss", "proposed")
+        assert again.params == {"enabled": "always", "defrag": "madvise"}
+        proposed = next(e for e in q.audit(again.id) if e.event == "proposed").details
+        assert proposed["recurrence_of"] == first.id
+        # came back 18 minutes after the fix (minute 35 - minute 17; detection lags seconds)
+        assert 17 * 60 <= proposed["came_back_after_s"] <= 19 * 60, proposed
+        assert [e.event for e in q.audit(first.id)][-1] == "came_back"
+        assert len(q.attachments(again.id)) >= 1
+        row = q.to_frame().filter(pl.col("action_id") == again.id).row(0, named=True)
+        assert row["recurrence_of"] == first.id and row["came_back_after_s"] == proposed["came_back_after_s"]
+
+
+def test_a_split_incident_produces_no_duplicate_proposal(tmp_path: Path) -> None:
+    from jobs.pipeline import queue_remediations
+    from tests.test_remediation_safety import m, thp_facts, thp_incidents
+
+    facts = thp_facts([(0, "always", "madvise"), (15, "never", "never")], until=40)  # still off
+    frags = thp_incidents(("inc-a", m(15), m(20)), ("inc-b", m(20), m(25)), ("inc-c", m(25), m(30)))
+    first = queue_remediations(tmp_path, frags, facts, load_kb(), now=m(40))
+    again = queue_remediations(tmp_path, frags, facts, load_kb(), now=m(40))  # a retried sweep
+    assert first["action_id"].unique().to_list() == again["action_id"].unique().to_list()
+    with Queue(default_path(tmp_path)) as q:
+        [a] = q.actions()
+        assert a.incident_id == "inc-a" and a.params == {"enabled": "always", "defrag": "madvise"}
+        assert [i for i, _ in q.attachments(a.id)] == ["inc-b", "inc-c"]
+        assert [e.event for e in q.audit(a.id)] == ["proposed", "attached", "attached"]
+        # another host's fault is its own cause
+        other = thp_incidents(("inc-x", m(15), m(20)), host="h2")
+        queue_remediations(tmp_path, other, facts.with_columns(pl.lit("h2").alias("host")), load_kb(), now=m(40))
+        assert len(q.actions()) == 2
+        # a rejected proposal no longer answers the cause: the next fragment is proposed anew
+        q.reject(a.id, by="bob")
+        queue_remediations(tmp_path, thp_incidents(("inc-d", m(30), m(35))), facts, load_kb(), now=m(40))
+        assert [x.incident_id for x in q.actions(host="h1")] == ["inc-a", "inc-d"]
