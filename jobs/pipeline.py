@@ -582,6 +582,7 @@ class CycleSummary:
     caught_up: bool = True
     influx_points: int = 0
     verifications: dict[str, int] = field(default_factory=dict)  # concluded this cycle: state -> count
+    remediation_rows: int = 0  # action snapshots appended to the remediations table at the cycle's end
 
     @property
     def windows(self) -> int:
@@ -757,6 +758,10 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                 _auto_remediate(lake_p, queue_path, cfg.remediation_root)
             summary.verifications = _conclude_verifications(lake_p, queue_path, now or datetime.now(UTC),
                                                             cfg.remediation_root)
+            try:
+                summary.remediation_rows = export_remediations(lake_p, queue_path)
+            except (lake_mod.LakeError, OSError) as exc:  # the next cycle exports what is still missing
+                log.error("exporting the remediation queue to the lake failed: %s", exc)
         finally:
             hook.close()
         return summary
@@ -785,6 +790,32 @@ def _auto_remediate(lake: Path, queue_path: Path | None, root: str = "/") -> Non
         ran = Executor(q, ExecutorConfig(root=root, auto_remediate=True)).auto_run()
     if ran:
         log.info("auto-remediation ran %d action(s)", len(ran))
+
+
+def export_remediations(lake: str | os.PathLike[str], queue_path: Path | None = None) -> int:
+    """The ``remediations`` table follows the queue: one row (time = its ``updated``) for every
+    action changed since the newest row the lake has of it (a state change, a verdict, an
+    attached incident). Readers take each action's latest row. Returns the rows appended."""
+    from remediation.queue import Queue, default_path
+
+    lake_p = Path(lake)
+    qpath = queue_path or default_path(lake_p)
+    if not qpath.is_file():
+        return 0
+    with Queue(qpath) as q:
+        frame = q.to_frame()
+    if frame.is_empty():
+        return 0
+    if "remediations" in lake_mod.tables(lake_p):
+        have = lake_mod.read(lake_p, "remediations", columns=["action_id", "updated"], on_corrupt="skip")
+        seen = have.group_by("action_id").agg(pl.col("updated").max().alias("seen"))
+        frame = frame.join(seen, on="action_id", how="left").filter(
+            pl.col("seen").is_null() | (pl.col("updated") > pl.col("seen"))).drop("seen")
+    if frame.is_empty():
+        return 0
+    lake_mod.write_table(lake_p, "remediations",
+                         frame.with_columns(pl.col("updated").alias(schema.TIME)).select(schema.TIME, pl.exclude(schema.TIME)))
+    return frame.height
 
 
 def _conclude_verifications(lake: Path, queue_path: Path | None, now: datetime, root: str) -> dict[str, int]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,7 +13,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from ingest import lake
+from jobs import query
 from jobs.pipeline import SweepConfig, run_cycle
+from jobs.report import write_report
 from knowledge_base import load_kb
 from remediation.executor import Executor, ExecutorConfig
 from remediation.queue import Queue, default_path
@@ -132,6 +136,26 @@ def test_the_scheduler_concludes_verifications(world: World) -> None:
         assert not q.actions(state="verifying")
     # the failed fix was rolled back on the host: the `ok` fix's mode is back
     assert thp.read(Context(w.root), {})["enabled"] == "always"
+    # the remediations table followed the queue, and shows each fix's measured effect
+    assert s.remediation_rows == 3
+    effects = query.run_query(w.lake, "remediation-effects").sort("action_id")
+    assert effects["action_id"].to_list() == [ok, bad, ghost]
+    assert effects["state"].to_list() == ["succeeded", "failed", "unverifiable"]
+    assert effects["verdict"].to_list()[0] == "improved"
+    before, after = (json.loads(effects[c][0]) for c in ("effect_before", "effect_after"))
+    assert after["mem.hugepage_coverage"] > before["mem.hugepage_coverage"]
+    # a cycle with nothing new appends nothing; the lake keeps the history of every change
+    s = run_cycle(w.lake, cfg(w), now=later, until=end)
+    assert s is not None and s.remediation_rows == 0
+    history = lake.read(w.lake, "remediations").filter(pl.col("action_id") == ok).sort("updated")
+    assert history["state"].to_list()[-2:] == ["verifying", "succeeded"]
+    # and the report shows the effect
+    html = w.lake.parent / "report.html"
+    shutil.rmtree(default_path(w.lake).parent)  # the report then reads the lake's table
+    summary = write_report(w.lake, html)
+    assert summary.remediations == {"succeeded": 1, "failed": 1, "unverifiable": 1}
+    text = html.read_text()
+    assert "mem.hugepage_coverage: " in text and "improved" in text
 
 
 def test_remediate_verify_by_hand(world: World, capsys: pytest.CaptureFixture[str]) -> None:
