@@ -460,6 +460,7 @@ def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, fa
             if entry is None or entry.remediation is None or entry.remediation.script is None:
                 continue
             rem = entry.remediation
+            script = entry.remediation.script
             # one action per cause: a fragment of a fault already answered joins that action
             known = q.attach_to_open(host=inc[HOST], entry_id=entry.id, incident_id=inc["incident_id"],
                                      onset=inc["start"])
@@ -481,7 +482,7 @@ def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, fa
                     continue
                 verification = entry.verification.spec(devices) if entry.verification is not None else None
                 a = q.propose(host=inc[HOST], entry_id=entry.id, incident_id=inc["incident_id"],
-                              script_id=rem.script, params=params, mode=rem.mode, verification=verification,
+                              script_id=script, params=params, mode=rem.mode, verification=verification,
                               actor="scheduler", fault_values=rem.fault_values, attach=True, onset=inc["start"])
                 ids.append(a.id)
             except (FactError, ParamError, ValueError) as exc:

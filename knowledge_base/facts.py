@@ -306,8 +306,8 @@ def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, A
             # fragment of a longer fault) the value before the fault; else the entry's fallback
             runs = facts.history.get((category, fd[1], key), ()) if fd is not None else ()
             runs = runs or facts.history.get((category, "", key), ())
-            for got in runs:
-                value = _fact_value(got)
+            for run in runs:
+                value = _fact_value(run)
                 if value is not None and not any(_eq(value, f) for f in faults):
                     return value
             if fallback:
