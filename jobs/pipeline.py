@@ -60,7 +60,7 @@ from jobs.sweep import with_time
 from knowledge_base import INCIDENT_SCHEMA, build_incidents, load_kb
 from knowledge_base.detector import MATCH_COLUMNS, DetectionConfig, detect, empty_findings
 from knowledge_base.detector import attach_matches as _attach
-from knowledge_base.facts import FactError, HostFacts, fill_params
+from knowledge_base.facts import FactError, HostFacts, fill_params, in_force
 from knowledge_base.loader import KnowledgeBase
 from knowledge_base.matcher import MATCH_SCHEMA
 
@@ -142,6 +142,7 @@ class SweepConfig:
     max_incident: timedelta = timedelta(minutes=15)
     queue_remediations: bool = True
     auto_remediate: bool = False
+    remediation_root: str = "/"  # [remediation] root: where scripts act (auto runs, verification rollbacks)
     influx: InfluxConfig | None = None
     kb_path: str | None = None
     compact_every: timedelta | None = timedelta(minutes=10)
@@ -446,38 +447,61 @@ def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max
 
 
 def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, facts: pl.DataFrame | None,
-                       kb: KnowledgeBase, queue_path: Path | None = None) -> pl.DataFrame:
+                       kb: KnowledgeBase, queue_path: Path | None = None, *,
+                       now: datetime | None = None) -> pl.DataFrame:
     """Propose (dry-run, idempotent) the KB remediation of every matched incident; returns the
-    ``remediations`` rows of those actions (time = when proposed)."""
+    ``remediations`` rows of those actions (time = when proposed).
+
+    Per cause, not per incident fragment: while an action of the same entry on the same host is
+    open (proposed, approved, running, verifying) the incident attaches to it; a new proposal
+    after a succeeded fix links it (came back after N s). ``{fact_before:...}`` parameters are
+    the values in force before the incident's onset (past the entry's fault values); a
+    proposal that would set a fault value is refused, and one whose targets the host already
+    has at ``now`` (the sweep's horizon; None: the latest facts) is not queued. Both are
+    logged."""
     from remediation.errors import ParamError
     from remediation.queue import Queue, default_path
 
     matched = incidents.filter((pl.col("status") == "matched") & pl.col("entry_id").is_not_null())
     if matched.is_empty():
         return pl.DataFrame()
-    ids: list[str] = []
+    ids: list[int] = []
     with Queue(queue_path or default_path(Path(lake))) as q:
         for inc in matched.iter_rows(named=True):
             entry = kb.by_id.get(inc["entry_id"])
             if entry is None or entry.remediation is None or entry.remediation.script is None:
                 continue
+            rem = entry.remediation
+            script = entry.remediation.script
+            # one action per cause: a fragment of a fault already answered joins that action
+            known = q.attach_to_open(host=inc[HOST], entry_id=entry.id, incident_id=inc["incident_id"],
+                                     onset=inc["start"])
+            if known is not None:
+                if known.incident_id != inc["incident_id"]:
+                    log.info("incident %s (%s on %s): attached to remediation %d (%s)", inc["incident_id"],
+                             entry.id, inc[HOST], known.id, known.state)
+                ids.append(known.id)
+                continue
             devices = list(inc["devices"] or [])
-            hf = HostFacts.from_frame(facts, inc[HOST], inc["start"])
-            # {fact_before:...}: what a fact was before its last change up to the incident's
-            # end (a change observed a few seconds after the first anomalous window counts)
-            hf = replace(hf, before=HostFacts.from_frame(facts, inc[HOST], inc["end"]).before)
+            device = devices[0] if devices else ""
+            hf = HostFacts.from_frame(facts, inc[HOST], inc["start"], onset=inc["start"])
             try:
-                params = fill_params(entry.remediation.params, devices[0] if devices else "", hf)
+                params = fill_params(rem.params, device, hf, fault_values=rem.fault_values)
+                current = HostFacts.from_frame(facts, inc[HOST], now, with_before=False)
+                if in_force(rem.params, params, device, current):
+                    log.info("incident %s (%s on %s): remediation %s %s not queued: already in force on the host",
+                             inc["incident_id"], entry.id, inc[HOST], rem.script, params)
+                    continue
                 verification = entry.verification.spec(devices) if entry.verification is not None else None
-                q.propose(host=inc[HOST], entry_id=entry.id, incident_id=inc["incident_id"],
-                          script_id=entry.remediation.script, params=params, mode=entry.remediation.mode,
-                          verification=verification, actor="scheduler")
-                ids.append(inc["incident_id"])
+                a = q.propose(host=inc[HOST], entry_id=entry.id, incident_id=inc["incident_id"],
+                              script_id=script, params=params, mode=rem.mode, verification=verification,
+                              actor="scheduler", fault_values=rem.fault_values, attach=True, onset=inc["start"])
+                ids.append(a.id)
             except (FactError, ParamError, ValueError) as exc:
                 log.warning("incident %s (%s on %s): remediation %s not queued: %s", inc["incident_id"],
-                            entry.id, inc[HOST], entry.remediation.script, exc)
+                            entry.id, inc[HOST], rem.script, exc)
         frame = q.to_frame()
-    rows = frame.filter(pl.col("incident_id").is_in(ids))
+    rows = frame.filter(pl.col("action_id").is_in(ids))
     return rows.with_columns(pl.col("created").alias(schema.TIME)).select(schema.TIME, pl.exclude(schema.TIME))
 
 
@@ -570,6 +594,8 @@ class CycleSummary:
     corrupt: list[Corrupt] = field(default_factory=list)  # files skipped this cycle, one entry each
     caught_up: bool = True
     influx_points: int = 0
+    verifications: dict[str, int] = field(default_factory=dict)  # concluded this cycle: state -> count
+    remediation_rows: int = 0  # action snapshots appended to the remediations table at the cycle's end
 
     @property
     def windows(self) -> int:
@@ -633,7 +659,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
                                          horizon=e, window_length=length, stride=stride)
     remediations = pl.DataFrame()
     if cfg.queue_remediations and incidents.height:
-        remediations = queue_remediations(lake, incidents, loaded.facts, kb, queue_path)
+        remediations = queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e)
     staged = wm.StagedSweep(lake, sid)
     if out.features.height:
         staged.write("features", with_time(out.features))
@@ -744,7 +770,13 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                     bar.advance(detail=f"{e.isoformat()} {len(group)} host(s)")
             summary.influx_points = hook.points
             if cfg.auto_remediate:
-                _auto_remediate(lake_p, queue_path)
+                _auto_remediate(lake_p, queue_path, cfg.remediation_root)
+            summary.verifications = _conclude_verifications(lake_p, queue_path, now or datetime.now(UTC),
+                                                            cfg.remediation_root)
+            try:
+                summary.remediation_rows = export_remediations(lake_p, queue_path)
+            except (lake_mod.LakeError, OSError) as exc:  # the next cycle exports what is still missing
+                log.error("exporting the remediation queue to the lake failed: %s", exc)
         finally:
             hook.close()
         return summary
@@ -765,14 +797,58 @@ def _plan(marks: dict[str, wm.HostMark], horizon: datetime,
         yield group, s, e
 
 
-def _auto_remediate(lake: Path, queue_path: Path | None) -> None:
+def _auto_remediate(lake: Path, queue_path: Path | None, root: str = "/") -> None:
     from remediation.executor import Executor, ExecutorConfig
     from remediation.queue import Queue, default_path
 
     with Queue(queue_path or default_path(lake)) as q:
-        ran = Executor(q, ExecutorConfig(auto_remediate=True)).auto_run()
+        ran = Executor(q, ExecutorConfig(root=root, auto_remediate=True)).auto_run()
     if ran:
         log.info("auto-remediation ran %d action(s)", len(ran))
+
+
+def export_remediations(lake: str | os.PathLike[str], queue_path: Path | None = None) -> int:
+    """The ``remediations`` table follows the queue: one row (time = its ``updated``) for every
+    action changed since the newest row the lake has of it (a state change, a verdict, an
+    attached incident). Readers take each action's latest row. Returns the rows appended."""
+    from remediation.queue import Queue, default_path
+
+    lake_p = Path(lake)
+    qpath = queue_path or default_path(lake_p)
+    if not qpath.is_file():
+        return 0
+    with Queue(qpath) as q:
+        frame = q.to_frame()
+    if frame.is_empty():
+        return 0
+    if "remediations" in lake_mod.tables(lake_p):
+        have = lake_mod.read(lake_p, "remediations", columns=["action_id", "updated"], on_corrupt="skip")
+        seen = have.group_by("action_id").agg(pl.col("updated").max().alias("seen"))
+        frame = frame.join(seen, on="action_id", how="left").filter(
+            pl.col("seen").is_null() | (pl.col("updated") > pl.col("seen"))).drop("seen")
+    if frame.is_empty():
+        return 0
+    lake_mod.write_table(lake_p, "remediations",
+                         frame.with_columns(pl.col("updated").alias(schema.TIME)).select(schema.TIME, pl.exclude(schema.TIME)))
+    return frame.height
+
+
+def _conclude_verifications(lake: Path, queue_path: Path | None, now: datetime, root: str) -> dict[str, int]:
+    """Each cycle: judge the verifying actions that are due (jobs.verification); returns
+    outcome state -> count. A failure here is logged and does not undo the cycle's sweeps."""
+    from jobs.verification import conclude_verifications
+    from remediation.errors import RemediationError
+
+    try:
+        outcomes = conclude_verifications(lake, queue_path, now=_utc(now), root=root)
+    except (RemediationError, lake_mod.LakeError, OSError) as exc:
+        log.error("concluding remediation verifications failed (retried next cycle): %s", exc)
+        return {}
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        if o.state != "verifying":
+            counts[o.state] = counts.get(o.state, 0) + 1
+    return counts
 
 
 def maintain(lake: str | os.PathLike[str], cfg: SweepConfig) -> dict[str, Any]:

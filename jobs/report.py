@@ -31,7 +31,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -147,6 +147,8 @@ def _remediations(lake: str | os.PathLike[str], available: Sequence[str],
             df = q.to_frame()
     elif "remediations" in available:
         df = lake_mod.read(lake, "remediations", hosts=hosts, on_corrupt="skip")
+        if df.height and "updated" in df.columns:  # the table follows the queue: each action's latest row
+            df = df.sort("updated").unique("action_id", keep="last", maintain_order=True)
     else:
         return None
     if hosts is not None:
@@ -446,6 +448,22 @@ def _effect(before: Any, after: Any) -> str:
     return "; ".join(f"{k}: {b.get(k)} → {a.get(k)}" for k in keys) or f"{before} -> {after}"
 
 
+def _history(r: Mapping[str, Any]) -> str:
+    """The cause's history: later fragments attached, the fix this fault came back after."""
+    parts = []
+    try:
+        attached = json.loads(r["attached_incidents"]) if r.get("attached_incidents") else []
+    except ValueError:
+        attached = []
+    if attached:
+        parts.append(f"{len(attached)} more incident(s) of this cause attached")
+    if r.get("recurrence_of") is not None:
+        after = r.get("came_back_after_s")
+        when = f" after {after / 60:.0f} min" if after is not None else ""
+        parts.append(f"came back{when} (fix {r['recurrence_of']} had succeeded)")
+    return "; ".join(parts)
+
+
 def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], start: datetime | None = None,
                  end: datetime | None = None, hosts: Sequence[str] | None = None) -> ReportSummary:
     """Write the HTML report of ``[start, end)`` (default: everything) for ``hosts``
@@ -552,13 +570,14 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
         sections.append('<section id="audit"><h2>Static audit of host facts</h2>' + _none(why) + "</section>")
     # --- remediations
     if remediations is not None and remediations.height:
-        rows = [{**r, "effect": _effect(r.get("effect_before"), r.get("effect_after"))}
+        rows = [{**r, "effect": _effect(r.get("effect_before"), r.get("effect_after")), "history": _history(r)}
                 for r in remediations.sort("created", descending=True).head(MAX_TABLE_ROWS).iter_rows(named=True)]
         sections.append('<section id="remediations"><h2>Remediations</h2>'
                         + _cap_note(remediations.height, "actions", "latest") + _table(rows, [
             ("action_id", "id"), ("host", "host"), ("entry_id", "entry"), ("incident_id", "incident"),
             ("script_id", "script"), ("params", "parameters"), ("mode", "mode"), ("state", "state"),
-            ("executed", "executed"), ("verdict", "verdict"), ("effect", "measured effect")], "remediations")
+            ("executed", "executed"), ("verdict", "verdict"), ("effect", "measured effect"),
+            ("history", "history")], "remediations")
             + "</section>")
     else:
         sections.append('<section id="remediations"><h2>Remediations</h2>' + _none("none queued") + "</section>")

@@ -45,14 +45,19 @@ class HostFacts:
     host: str
     facts: Mapping[tuple[str, str, str], tuple[str | None, float | None]]
     before: Mapping[tuple[str, str, str], tuple[str | None, float | None]] = field(default_factory=dict)
+    # with an incident's onset: per fact, the values in force strictly before it, newest first
+    # (consecutive repeats merged); {fact_before:...} then reads these instead of ``before``
+    onset: datetime | None = None
+    history: Mapping[tuple[str, str, str], tuple[tuple[str | None, float | None], ...]] = field(default_factory=dict)
 
     @classmethod
     def from_frame(cls, host_facts: pl.DataFrame | None, host: str, at: datetime | None = None, *,
-                   with_before: bool = True) -> HostFacts:
+                   with_before: bool = True, onset: datetime | None = None) -> HostFacts:
         if host_facts is None or host_facts.is_empty() or "host" not in host_facts.columns:
-            return cls(host, {})
+            return cls(host, {}, onset=onset)
         df = host_facts.filter(pl.col("host") == host)
         before = _before(df, at) if with_before else {}
+        history = _history(df, onset) if onset is not None else {}
         if "time" in df.columns and df.height:
             df = df.sort("time")
             if at is not None:
@@ -69,7 +74,7 @@ class HostFacts:
                else pl.lit(None, pl.Float64).alias("value_num"))
         last = df.select(*cols, val, num).unique(["category", "device", "key"], keep="last", maintain_order=True)
         facts = {(c, d, k): (v, n) for c, d, k, v, n in last.rows()}
-        return cls(host, facts, before)
+        return cls(host, facts, before, onset, history)
 
     def get(self, category: str, key: str, device: str = "") -> tuple[str | None, float | None] | None:
         return self.facts.get((category, device, key))
@@ -174,6 +179,22 @@ def _before(df: pl.DataFrame, at: datetime | None) -> dict[tuple[str, str, str],
     return out
 
 
+def _history(df: pl.DataFrame, onset: datetime) -> dict[tuple[str, str, str], tuple[tuple[str | None, float | None], ...]]:
+    """Per fact, the values in force strictly before ``onset``, newest first, repeats merged."""
+    if "time" not in df.columns or df.is_empty():
+        return {}
+    rows = df.filter(pl.col("time") < onset).sort("time")
+    num = "value_num" in rows.columns
+    runs: dict[tuple[str, str, str], list[tuple[str | None, float | None]]] = {}
+    for r in rows.iter_rows(named=True):
+        k = (str(r.get("category") or ""), str(r.get("device") or ""), str(r.get("key") or ""))
+        v = (r.get("value"), r.get("value_num") if num else None)
+        seen = runs.setdefault(k, [])
+        if not seen or seen[-1] != v:
+            seen.append(v)
+    return {k: tuple(reversed(v)) for k, v in runs.items()}
+
+
 def _norm_pci(addr: str) -> str:
     """NVML writes 00000000:18:00.0, sysfs 0000:18:00.0: keep a 4-digit domain, lower case."""
     a = addr.strip().lower()
@@ -267,20 +288,37 @@ def preconditions_hold(entry: Entry, facts: HostFacts) -> tuple[bool, list[str]]
 
 
 # ---------------------------------------------------------------- remediation params
-def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, Any]) -> Any:
+def _fact_value(got: tuple[str | None, float | None]) -> Any:
+    text, num = got
+    return num if num is not None and text is None else text
+
+
+def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, Any],
+          faults: tuple[Any, ...] = ()) -> Any:
     if placeholder in extra:
         return extra[placeholder]
     if placeholder.startswith("fact_before:"):
-        # the value the fact had before its latest change (e.g. the THP mode before it was
-        # switched off), else the entry's fallback
         name, _, fallback = placeholder[12:].partition("|")
         category, _, key = name.partition(".")
         fd = facts.fact_device(device) if device else None
+        if facts.onset is not None:
+            # the value in force before the incident's onset; when that is the fault itself (a
+            # fragment of a longer fault) the value before the fault; else the entry's fallback
+            runs = facts.history.get((category, fd[1], key), ()) if fd is not None else ()
+            runs = runs or facts.history.get((category, "", key), ())
+            for run in runs:
+                value = _fact_value(run)
+                if value is not None and not any(_eq(value, f) for f in faults):
+                    return value
+            if fallback:
+                return fallback
+            raise FactError(f"{{{placeholder}}}: no value of {category}.{key} other than the fault before "
+                            f"{facts.onset.isoformat()} on {facts.host} and there is no fallback")
+        # no onset given: the value the fact had before its latest change, else the fallback
         got = facts.before.get((category, fd[1], key)) if fd is not None else None
         got = got or facts.before.get((category, "", key))
         if got is not None:
-            text, num = got
-            return num if num is not None and text is None else text
+            return _fact_value(got)
         if fallback:
             return fallback
         raise FactError(f"{{{placeholder}}}: {category}.{key} never changed on {facts.host} and there is no fallback")
@@ -290,6 +328,16 @@ def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, A
         if not device:
             raise FactError("needs {cgroup}: the incident names no cgroup")
         return device
+    # a host-wide fact needs no device
+    if placeholder.startswith("fact:"):
+        category, _, key = placeholder[5:].partition(".")
+        fd = facts.fact_device(device) if device else None
+        v = facts.value(category, key, fd[1]) if fd is not None else None
+        if v is None:
+            v = facts.value(category, key)
+        if v is None:
+            raise FactError(f"{{{placeholder}}}: no fact {category}.{key} for {device or facts.host}")
+        return v
     if not device:
         raise FactError(f"needs {{{placeholder}}} but the incident names no device")
     if placeholder == "device":
@@ -316,24 +364,18 @@ def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, A
         return pci
     if placeholder == "netdev":
         return device
-    if placeholder.startswith("fact:"):
-        category, _, key = placeholder[5:].partition(".")
-        fd = facts.fact_device(device)
-        v = facts.value(category, key, fd[1]) if fd is not None else None
-        if v is None:
-            v = facts.value(category, key)
-        if v is None:
-            raise FactError(f"{{{placeholder}}}: no fact {category}.{key} for {device}")
-        return v
     raise FactError(f"unknown placeholder {{{placeholder}}}")
 
 
 def fill_params(params: Mapping[str, Any], device: str, facts: HostFacts,
-                extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                extra: Mapping[str, Any] | None = None,
+                fault_values: Mapping[str, tuple[Any, ...]] | None = None) -> dict[str, Any]:
     """Remediation parameters with their templates filled from the incident's device and the
     host's facts. A value that is exactly one placeholder keeps the fact's type (int node,
-    float power limit); otherwise placeholders are substituted as text. Raises FactError."""
+    float power limit); otherwise placeholders are substituted as text. ``fault_values``: per
+    parameter, values a ``{fact_before:...}`` lookup passes over. Raises FactError."""
     extra = extra or {}
+    faults = fault_values or {}
     out: dict[str, Any] = {}
     for name, value in params.items():
         if not isinstance(value, str) or "{" not in value:
@@ -341,8 +383,37 @@ def fill_params(params: Mapping[str, Any], device: str, facts: HostFacts,
             continue
         whole = TEMPLATE_RE.fullmatch(value)
         if whole:
-            v = _fill(whole.group(1), device, facts, extra)
+            v = _fill(whole.group(1), device, facts, extra, tuple(faults.get(name, ())))
             out[name] = int(v) if isinstance(v, float) and v.is_integer() and name != "limit_w" else v
         else:
             out[name] = TEMPLATE_RE.sub(lambda m: str(_fill(m.group(1), device, facts, extra)), value)
     return out
+
+
+def fact_params(params: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """Parameters that set the knob a fact reads: those templated ``{fact_before:<category>.<key>}``
+    (the fix restores that fact's earlier value) -> (category, key)."""
+    out: dict[str, tuple[str, str]] = {}
+    for name, value in params.items():
+        whole = TEMPLATE_RE.fullmatch(value) if isinstance(value, str) else None
+        if whole and whole.group(1).startswith("fact_before:"):
+            category, _, key = whole.group(1)[12:].partition("|")[0].partition(".")
+            out[name] = (category, key)
+    return out
+
+
+def in_force(templates: Mapping[str, Any], params: Mapping[str, Any], device: str, facts: HostFacts) -> bool:
+    """Whether the host already has every fact-backed target of ``params`` (``templates``: the
+    entry's parameters, telling which facts they set). False when no parameter is fact-backed:
+    then nothing says what is in force."""
+    linked = fact_params(templates)
+    if not linked:
+        return False
+    fd = facts.fact_device(device) if device else None
+    for name, (category, key) in linked.items():
+        now = facts.value(category, key, fd[1]) if fd is not None else None
+        if now is None:
+            now = facts.value(category, key)
+        if now is None or name not in params or not _eq(now, params[name]):
+            return False
+    return True

@@ -134,6 +134,8 @@ class Remediation:
     mode: Literal["auto", "manual"]
     params: Mapping[str, Any]
     guidance: str
+    # parameter -> the values that ARE the fault (THP enabled = never): no proposal sets them
+    fault_values: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -407,14 +409,14 @@ def _remediation(ctx: _Ctx, d: Any) -> Remediation:
 
     where = "remediation"
     d = _table(ctx, where, d)
-    _keys(ctx, where, d, ("script", "mode", "params", "guidance"), ("mode", "guidance"))
+    _keys(ctx, where, d, ("script", "mode", "params", "guidance", "fault_values"), ("mode", "guidance"))
     mode = _choice(ctx, f"{where}.mode", d["mode"], MODES)
     guidance = _str(ctx, f"{where}.guidance", d["guidance"])
     script = d.get("script")
     params = dict(_table(ctx, f"{where}.params", d.get("params", {})))
     if script is None:
-        if params:
-            raise ctx.err(f"{where}.params", "given without a script")
+        if params or "fault_values" in d:
+            raise ctx.err(f"{where}.{'params' if params else 'fault_values'}", "given without a script")
         if mode == "auto":
             raise ctx.err(f"{where}.mode", "'auto' needs a script")
         return Remediation(None, "manual", {}, guidance)
@@ -432,8 +434,10 @@ def _remediation(ctx: _Ctx, d: Any) -> Remediation:
     missing = [p.name for p in spec.params if p.required and p.name not in params]
     if missing:
         raise ctx.err(f"{where}.params", f"missing required parameter(s) {', '.join(missing)} of script {script!r}")
+    faults = _fault_values(ctx, where, d.get("fault_values", {}), script, spec)
     for name, value in params.items():
         pw = f"{where}.params.{name}"
+        fault = faults.get(name, ())
         if isinstance(value, str) and "{" in value:
             rest = TEMPLATE_RE.sub("", value)
             if "{" in rest or "}" in rest:
@@ -445,9 +449,11 @@ def _remediation(ctx: _Ctx, d: Any) -> Remediation:
                 _, bar, fallback = m.group(1).partition("|")
                 if bar and TEMPLATE_RE.fullmatch(value):
                     try:
-                        spec.param_index[name].validate(script, fallback)
+                        clean = spec.param_index[name].validate(script, fallback)
                     except ParamError as exc:
                         raise ctx.err(pw, f"bad fallback {fallback!r} in {value!r}: {exc}") from None
+                    if clean in fault:
+                        raise ctx.err(pw, f"fallback {fallback!r} is a fault value of this entry (fault_values.{name})")
             if not TEMPLATE_RE.fullmatch(value):
                 # text around placeholders must itself be valid: try it with a dummy value
                 try:
@@ -456,12 +462,38 @@ def _remediation(ctx: _Ctx, d: Any) -> Remediation:
                     raise ctx.err(pw, f"bad template {value!r}: {exc}") from None
             continue
         try:
-            spec.param_index[name].validate(script, value)
+            clean = spec.param_index[name].validate(script, value)
         except ParamError as exc:
             raise ctx.err(pw, str(exc)) from None
+        if clean in fault:
+            raise ctx.err(pw, f"{value!r} is a fault value of this entry (fault_values.{name}): the fix would set the fault")
     if spec.one_of and not any(k in params for k in spec.one_of):
         raise ctx.err(f"{where}.params", f"script {script!r} needs at least one of {', '.join(spec.one_of)}")
-    return Remediation(script, mode, params, guidance)  # type: ignore[arg-type]
+    return Remediation(script, mode, params, guidance, faults)  # type: ignore[arg-type]
+
+
+def _fault_values(ctx: _Ctx, where: str, d: Any, script: str, spec: Any) -> dict[str, tuple[Any, ...]]:
+    """``fault_values = { param = [value, ...] }``: each a parameter of the script, each value
+    valid for it (normalised the way the queue normalises proposals)."""
+    from remediation.errors import ParamError
+
+    d = _table(ctx, f"{where}.fault_values", d)
+    unknown = sorted(set(d) - set(spec.param_index))
+    if unknown:
+        raise ctx.err(f"{where}.fault_values", f"unknown parameter(s) {', '.join(unknown)} for script {script!r}; "
+                      f"known: {', '.join(spec.param_index)}")
+    out: dict[str, tuple[Any, ...]] = {}
+    for name, values in d.items():
+        fw = f"{where}.fault_values.{name}"
+        items = _list(ctx, fw, values)
+        clean = []
+        for i, v in enumerate(items):
+            try:
+                clean.append(spec.param_index[name].validate(script, v))
+            except ParamError as exc:
+                raise ctx.err(f"{fw}[{i}]", str(exc)) from None
+        out[name] = tuple(clean)
+    return out
 
 
 def _vfeature(ctx: _Ctx, where: str, d: Any) -> VerificationFeature:

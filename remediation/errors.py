@@ -26,3 +26,7 @@ class ActionNotFound(RemediationError, LookupError, ValueError):
 
 class VerificationError(RemediationError, ValueError):
     """A verification spec or the before/after data given to it is unusable."""
+
+
+class FaultValueError(ParamError):
+    """A proposal would set a parameter to the value its knowledge-base entry names as the fault."""

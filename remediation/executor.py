@@ -206,7 +206,7 @@ class Executor:
         if not self.state_path(action_id).exists():
             raise TransitionError(f"action {action_id} has no recorded state ({self.state_path(action_id)}): "
                                   "it was never applied, nothing to roll back")
-        if action.state not in ("verifying", "succeeded", "failed"):
+        if action.state not in ("verifying", "succeeded", "failed", "unverifiable"):
             raise TransitionError(f"action {action_id} is {action.state}; cannot roll back")
         res = self._run(self.command(action, "rollback"), self._timeout(action))
         if not res.ok:

@@ -16,33 +16,38 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import polars as pl
 
 from remediation import registry
-from remediation.errors import ActionNotFound, ParamError, TransitionError
+from remediation.errors import ActionNotFound, FaultValueError, ParamError, TransitionError
 from remediation.verify import parse_spec, spec_to_dict
 
 State = Literal[
-    "proposed", "approved", "running", "verifying", "succeeded", "failed", "rolled_back", "rejected"
+    "proposed", "approved", "running", "verifying", "succeeded", "failed", "unverifiable", "rolled_back",
+    "rejected",
 ]
 STATES: tuple[str, ...] = (
-    "proposed", "approved", "running", "verifying", "succeeded", "failed", "rolled_back", "rejected"
+    "proposed", "approved", "running", "verifying", "succeeded", "failed", "unverifiable", "rolled_back",
+    "rejected",
 )
 # from-state -> allowed to-states. failed -> rolled_back: an operator retries a rollback that did
-# not complete (the state file is still there); verifying -> rolled_back: rollback mid-watch.
+# not complete (the state file is still there); verifying -> rolled_back: rollback mid-watch;
+# verifying -> unverifiable: no data to judge by (the change stays, the host is free again).
 TRANSITIONS: dict[str, frozenset[str]] = {
     "proposed": frozenset({"approved", "rejected"}),
     "approved": frozenset({"running", "rejected"}),
     "running": frozenset({"verifying", "succeeded", "failed"}),
-    "verifying": frozenset({"succeeded", "failed", "rolled_back"}),
+    "verifying": frozenset({"succeeded", "failed", "unverifiable", "rolled_back"}),
     "succeeded": frozenset({"rolled_back"}),
     "failed": frozenset({"rolled_back"}),
+    "unverifiable": frozenset({"rolled_back"}),
     "rolled_back": frozenset(),
     "rejected": frozenset(),
 }
@@ -81,11 +86,32 @@ CREATE TABLE IF NOT EXISTS audit (
     details    TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_action ON audit (action_id);
+CREATE TABLE IF NOT EXISTS attachments (
+    host         TEXT NOT NULL,
+    entry_id     TEXT NOT NULL,
+    incident_id  TEXT NOT NULL,
+    action_id    INTEGER NOT NULL REFERENCES actions (id),
+    onset_us     INTEGER,
+    time_us      INTEGER NOT NULL,
+    UNIQUE (host, entry_id, incident_id)
+);
+CREATE INDEX IF NOT EXISTS attachments_action ON attachments (action_id);
 """
+# States in which an action still answers its cause: a new incident of the same entry on the
+# same host attaches to it (per-cause proposals) instead of queueing another.
+OPEN = ("proposed", "approved", "running", "verifying")
 
 
 def _now_us() -> int:
     return time.time_ns() // 1000
+
+
+def _us(t: datetime | None) -> int | None:
+    if t is None:
+        return None
+    if t.tzinfo is None:
+        raise ParamError(f"onset {t!r} must be timezone-aware (UTC)")
+    return int(t.timestamp() * 1_000_000)
 
 
 @dataclass(frozen=True)
@@ -201,6 +227,12 @@ class Queue:
             args.append(host)
         return [Action._from_row(r) for r in self._db.execute(sql + " ORDER BY id", args)]
 
+    def attachments(self, action_id: int) -> list[tuple[str, int | None]]:
+        """(incident id, onset in us) of the incidents attached to an action, oldest first."""
+        rows = self._db.execute("SELECT incident_id, onset_us FROM attachments WHERE action_id = ? ORDER BY time_us,"
+                                " rowid", (action_id,))
+        return [(r["incident_id"], r["onset_us"]) for r in rows]
+
     def audit(self, action_id: int | None = None) -> list[AuditEvent]:
         sql = "SELECT * FROM audit" + (" WHERE action_id = ?" if action_id is not None else "")
         rows = self._db.execute(sql + " ORDER BY seq", () if action_id is None else (action_id,))
@@ -222,11 +254,22 @@ class Queue:
         mode: Mode = "manual",
         verification: Mapping[str, Any] | None = None,
         actor: str = "scheduler",
+        fault_values: Mapping[str, Sequence[Any]] | None = None,
+        attach: bool = False,
+        onset: datetime | None = None,
     ) -> Action:
         """Queue a remediation, or return the one already queued for (host, entry, incident).
 
         The script id and parameters are validated against the allowlist first, so nothing the
-        executor would refuse ever enters the queue.
+        executor would refuse ever enters the queue. ``fault_values`` (the entry's): a parameter
+        equal to one of its fault values is refused with FaultValueError, before anything is
+        written: a fix must never set the fault it is for.
+
+        ``attach`` (per-cause proposals, what the sweep uses): while an action for (host, entry)
+        is proposed, approved, running or verifying, the incident attaches to it (audit event
+        ``attached``) and that action is returned; a new action after a ``succeeded`` one of the
+        same (host, entry) links it (``recurrence_of``, ``came_back_after_s`` from its apply to
+        ``onset``, the incident's start) in both audit trails.
         """
         for name, value in (("host", host), ("entry_id", entry_id), ("incident_id", incident_id)):
             if not isinstance(value, str) or not value:
@@ -234,6 +277,12 @@ class Queue:
         if mode not in ("auto", "manual"):
             raise ParamError(f"propose: mode must be 'auto' or 'manual', got {mode!r}")
         clean = registry.validate_params(script_id, params)
+        for name, bad in (fault_values or {}).items():
+            if name in clean and bad and clean[name] in registry.validate_values(script_id, name, bad):
+                raise FaultValueError(
+                    f"propose {entry_id} on {host}: {script_id} parameter {name!r} = {clean[name]!r} is the fault "
+                    f"this entry is for (fault_values.{name} = {list(bad)!r}); refused"
+                )
         if verification is not None:
             verification = spec_to_dict(parse_spec(verification))
         with self._tx() as db:
@@ -243,6 +292,12 @@ class Queue:
             ).fetchone()
             if row is not None:
                 return Action._from_row(row)
+            link: dict[str, Any] = {}
+            if attach:
+                got = self._attach(host, entry_id, incident_id, onset, actor)
+                if got is not None:
+                    return self.get(got)
+                link = self._recurrence(host, entry_id, onset)
             now = _now_us()
             cur = db.execute(
                 "INSERT INTO actions (host, entry_id, incident_id, script_id, params, mode, verification,"
@@ -253,8 +308,56 @@ class Queue:
             action_id = int(cur.lastrowid or 0)
             self._audit(action_id, actor, "proposed",
                         {"script_id": script_id, "params": clean, "mode": mode, "entry_id": entry_id,
-                         "incident_id": incident_id})
+                         "incident_id": incident_id, **link})
+            if link:
+                self._audit(link["recurrence_of"], actor, "came_back",
+                            {"new_action": action_id, "incident_id": incident_id,
+                             "came_back_after_s": link.get("came_back_after_s")})
         return self.get(action_id)
+
+    def attach_to_open(self, *, host: str, entry_id: str, incident_id: str, onset: datetime | None = None,
+                       actor: str = "scheduler") -> Action | None:
+        """The action this incident already belongs to (queued for it, or attached), else attach it
+        to the open action of (host, entry); None when there is none (a proposal is due)."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT id FROM actions WHERE host = ? AND entry_id = ? AND incident_id = ?",
+                (host, entry_id, incident_id),
+            ).fetchone()
+            got = int(row["id"]) if row is not None else self._attach(host, entry_id, incident_id, onset, actor)
+        return None if got is None else self.get(got)
+
+    def _attach(self, host: str, entry_id: str, incident_id: str, onset: datetime | None, actor: str) -> int | None:
+        """Inside a transaction: the action id the incident is (now) attached to, or None."""
+        db = self._db
+        row = db.execute("SELECT action_id FROM attachments WHERE host = ? AND entry_id = ? AND incident_id = ?",
+                         (host, entry_id, incident_id)).fetchone()
+        if row is not None:
+            return int(row["action_id"])
+        marks = ", ".join("?" * len(OPEN))
+        row = db.execute(f"SELECT id FROM actions WHERE host = ? AND entry_id = ? AND state IN ({marks})"
+                         " ORDER BY id DESC LIMIT 1", (host, entry_id, *OPEN)).fetchone()
+        if row is None:
+            return None
+        aid = int(row["id"])
+        onset_us = _us(onset)
+        db.execute("INSERT INTO attachments (host, entry_id, incident_id, action_id, onset_us, time_us)"
+                   " VALUES (?, ?, ?, ?, ?, ?)", (host, entry_id, incident_id, aid, onset_us, _now_us()))
+        self._audit(aid, actor, "attached", {"incident_id": incident_id, "onset_us": onset_us})
+        return aid
+
+    def _recurrence(self, host: str, entry_id: str, onset: datetime | None) -> dict[str, Any]:
+        """Inside a transaction: the link to the latest succeeded fix of (host, entry), if any."""
+        row = self._db.execute("SELECT id FROM actions WHERE host = ? AND entry_id = ? AND state = 'succeeded'"
+                               " ORDER BY id DESC LIMIT 1", (host, entry_id)).fetchone()
+        if row is None:
+            return {}
+        prev = int(row["id"])
+        applied = self._db.execute("SELECT time_us FROM audit WHERE action_id = ? AND event = 'applied'"
+                                   " ORDER BY seq DESC LIMIT 1", (prev,)).fetchone()
+        onset_us = _us(onset)
+        after = (onset_us - applied["time_us"]) / 1e6 if applied is not None and onset_us is not None else None
+        return {"recurrence_of": prev, "came_back_after_s": after}
 
     def transition(
         self,
@@ -344,16 +447,21 @@ class Queue:
                 return next((e.time_us for e in events if e.event == name), None)
 
             eff = a.effect or {}
+            proposed = next((e.details for e in events if e.event == "proposed"), {})
+            attached = [i for i, _ in self.attachments(a.id)]
             rows.append({
                 "action_id": a.id, "host": a.host, "entry_id": a.entry_id, "incident_id": a.incident_id,
                 "script_id": a.script_id, "params": json.dumps(a.params, sort_keys=True), "mode": a.mode,
                 "state": a.state, "executed": a.executed, "approved_by": a.approved_by,
                 "created": a.created_us, "updated": a.updated_us, "approved": first("approved"),
                 "started": first("running"),
-                "finished": a.updated_us if a.state in TERMINAL | {"succeeded", "failed"} else None,
+                "finished": a.updated_us if a.state in TERMINAL | {"succeeded", "failed", "unverifiable"} else None,
                 "verdict": eff.get("verdict"),
                 "effect_before": json.dumps(eff.get("before")) if "before" in eff else None,
                 "effect_after": json.dumps(eff.get("after")) if "after" in eff else None,
+                "attached_incidents": json.dumps(attached) if attached else None,
+                "recurrence_of": proposed.get("recurrence_of"),
+                "came_back_after_s": proposed.get("came_back_after_s"),
             })
         ts = pl.Datetime("us", "UTC")
         schema: dict[str, Any] = {
@@ -361,7 +469,8 @@ class Queue:
             "script_id": pl.String, "params": pl.String, "mode": pl.String, "state": pl.String,
             "executed": pl.Boolean, "approved_by": pl.String, "created": pl.Int64, "updated": pl.Int64,
             "approved": pl.Int64, "started": pl.Int64, "finished": pl.Int64, "verdict": pl.String,
-            "effect_before": pl.String, "effect_after": pl.String,
+            "effect_before": pl.String, "effect_after": pl.String, "attached_incidents": pl.String,
+            "recurrence_of": pl.Int64, "came_back_after_s": pl.Float64,
         }
         df = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
         return df.with_columns(

@@ -13,7 +13,7 @@ See docs/remediation.md for the full contract.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -317,6 +317,14 @@ def validate_params(script_id: str, params: Mapping[str, Any]) -> dict[str, Any]
     if spec.one_of and not any(k in out for k in spec.one_of):
         raise ParamError(f"{script_id}: give at least one of {', '.join(spec.one_of)}")
     return out
+
+
+def validate_values(script_id: str, name: str, values: Sequence[Any]) -> list[Any]:
+    """Each of ``values`` validated and normalised as parameter ``name`` of ``script_id``."""
+    spec = get(script_id)
+    if name not in spec.param_index:
+        raise ParamError(f"{script_id}: unknown parameter {name!r}; known: {', '.join(spec.param_index)}")
+    return [spec.param_index[name].validate(script_id, v) for v in values]
 
 
 def to_argv(script_id: str, params: Mapping[str, Any]) -> list[str]:

@@ -80,6 +80,7 @@ def test_illegal_transitions_raise_and_change_nothing(tmp_path: Path, frm: str, 
             "proposed": [], "approved": ["approved"], "running": ["approved", "running"],
             "verifying": ["approved", "running", "verifying"], "succeeded": ["approved", "running", "succeeded"],
             "failed": ["approved", "running", "failed"], "rejected": ["rejected"],
+            "unverifiable": ["approved", "running", "verifying", "unverifiable"],
             "rolled_back": ["approved", "running", "succeeded", "rolled_back"],
         }[frm]
         for step in path:

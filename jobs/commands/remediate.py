@@ -37,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("id", type=int)
     run.add_argument("--execute", action="store_true", help="really change the host (needs approval)")
     run.add_argument("--by")
+    vf = verbs.add_parser("verify", help="judge a verifying action now from the lake's features "
+                          "(succeeded, or rolled back and failed; unverifiable without data)")
+    vf.add_argument("id", type=int)
+    vf.add_argument("--by")
     rb = verbs.add_parser("rollback", help="restore the state recorded before an action")
     rb.add_argument("id", type=int)
     rb.add_argument("--by")
@@ -53,6 +57,8 @@ def _open(args: argparse.Namespace) -> tuple[Queue, Executor]:
         qpath = Path(str(section["queue"]))
     else:
         qpath = default_path(config.resolve_lake(args.lake, cfg))
+    if args.verb == "verify":  # judged from the lake's features
+        args.lake_dir = config.resolve_lake(args.lake, cfg)
     queue = Queue(qpath)
     return queue, Executor(queue, exec_cfg)
 
@@ -121,6 +127,16 @@ def _dispatch(args: argparse.Namespace, queue: Queue, ex: Executor) -> int:
         print(f"action {a.id}: {a.state}")
         print(json.dumps(out.get("result") or out, indent=2, sort_keys=True))
         return 0 if a.state in ("verifying", "succeeded") else 1
+    if args.verb == "verify":
+        from jobs.verification import conclude
+
+        o = conclude(Path(args.lake_dir), ex, queue.get(args.id), now=dt.datetime.now(dt.UTC), actor=_who(args),
+                     force=True)
+        print(f"action {o.action_id}: {o.state} ({o.reason})")
+        a = queue.get(args.id)
+        if a.effect:
+            print(json.dumps({k: a.effect.get(k) for k in ("verdict", "before", "after")}, indent=2, sort_keys=True))
+        return 0 if o.state in ("succeeded", "verifying") else 1
     if args.verb == "rollback":
         res = ex.rollback(args.id, actor=_who(args))
         print(f"action {args.id}: rolled back")

@@ -79,6 +79,11 @@ def sweep_config(args: argparse.Namespace, cfg: config_mod.Config, lake: Path) -
         over["max_chunks"] = args.max_chunks
     if getattr(args, "no_remediation", False):
         over["queue_remediations"] = False
+    root = cfg.remediation.get("root")
+    if root is not None:
+        if not isinstance(root, str) or not root:
+            raise config_mod.ConfigError(f"{where}: [remediation].root must be a path, got {root!r}")
+        over["remediation_root"] = root
     if over:
         from dataclasses import replace
         sc = replace(sc, **over)  # type: ignore[arg-type]
@@ -97,6 +102,9 @@ def print_summary(s: CycleSummary | None, seen: set[Path] | None = None) -> None
           f"{s.incidents} incidents ({state})")
     if s.recovered:
         print(f"recovered interrupted sweep(s): {', '.join(s.recovered)}")
+    if s.verifications:
+        print("remediation verifications concluded: "
+              + ", ".join(f"{n} {state}" for state, n in sorted(s.verifications.items())))
     if s.influx_points:
         print(f"written to InfluxDB: {s.influx_points} points")
     sys.stdout.flush()

@@ -20,13 +20,15 @@ parameters, 3 not applicable on this host (nothing changed), 4 failed and restor
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,82 @@ class Context:
         return self.root.resolve() == Path("/")
 
 
+def inside(ctx: Context, tree: str, rel: str) -> Path:
+    """``<root>/<tree>/<rel>`` as a real path, refused (ParamError) unless it stays inside the
+    real path of the tree: no "..", no symlink leading out. Callers use the returned real path,
+    so a link swapped in after the check is not followed either (writes also use O_NOFOLLOW)."""
+    base = os.path.realpath(ctx.path(tree))
+    real = os.path.realpath(os.path.join(base, rel))
+    if os.path.isabs(rel) or os.path.commonpath([base, real]) != base:
+        raise ParamError(f"{rel!r} resolves to {real}, outside {base}")
+    return Path(real)
+
+
+StateCheck = Callable[[str, State], State]
+
+
+def check_param_state(script_id: str, state: State) -> State:
+    """Default state check: every key is a parameter of the script and its value passes that
+    parameter's validator (thp, cgroup_cpu_quota, nic_ring record exactly their parameters)."""
+    spec = registry.get(script_id)
+    if not isinstance(state, Mapping):
+        raise ParamError(f"{script_id}: state must be a mapping, got {type(state).__name__}")
+    out: State = {}
+    for key, value in state.items():
+        p = spec.param_index.get(key)
+        if p is None:
+            raise ParamError(f"{script_id}: unknown state key {key!r}")
+        out[key] = None if value is None else p.validate(script_id, value)  # None: knob absent
+    return out
+
+
+def check_keyed_state(script_id: str, state: State, key_re: str, value: Callable[[str, Any], Any]) -> State:
+    """A state keyed by names the script builds paths from (cpufreq policies, IRQ numbers):
+    each key must match ``key_re`` in full, each value passes ``value(key, v)``."""
+    if not isinstance(state, Mapping):
+        raise ParamError(f"{script_id}: state must be a mapping, got {type(state).__name__}")
+    out: State = {}
+    for key, v in state.items():
+        if not isinstance(key, str) or not re.fullmatch(key_re, key):
+            raise ParamError(f"{script_id}: state key {key!r} does not match {key_re}")
+        out[key] = value(key, v)
+    return out
+
+
+def validate_inputs(
+    script_id: str,
+    params: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+    state: State | None = None,
+    check_state: StateCheck | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], State | None]:
+    """The one validation of what a script acts on, for a run (parameters from the command line)
+    and a rollback (parameters, recorded extras and previous state from the state file) alike.
+
+    Parameters go through the registry's validators; recorded extras named like a parameter go
+    through that parameter's validator and must equal the recorded parameter; other extras are
+    dropped (they are working data of ``read``, never needed to write back); ``state`` goes
+    through ``check_state``. Raises ParamError naming what is wrong."""
+    if not isinstance(params, Mapping):
+        raise ParamError(f"{script_id}: parameters must be a mapping, got {type(params).__name__}")
+    clean = registry.validate_params(script_id, {k: v for k, v in params.items() if v is not None})
+    spec = registry.get(script_id)
+    kept: dict[str, Any] = {}
+    if extra is not None and not isinstance(extra, Mapping):
+        raise ParamError(f"{script_id}: recorded extra must be a mapping, got {type(extra).__name__}")
+    for key, value in (extra or {}).items():
+        p = spec.param_index.get(key)
+        if p is None:
+            continue
+        v = p.validate(script_id, value)
+        if key in clean and clean[key] != v:
+            raise ParamError(f"{script_id}: recorded {key!r} = {value!r} disagrees with the recorded "
+                             f"parameter {clean[key]!r}")
+        kept[key] = v
+    checked = None if state is None else (check_state or check_param_state)(script_id, state)
+    return clean, kept, checked
+
+
 def read_text(path: Path) -> str:
     try:
         return path.read_text().strip()
@@ -77,10 +155,15 @@ def read_text(path: Path) -> str:
 def write_text(path: Path, value: str) -> None:
     """Write a sysfs/procfs value as one write() (the kernel parses each write separately)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC if not _is_kernel_file(path) else os.O_WRONLY)
+        # O_NOFOLLOW: a knob file that is a symlink is never written through (real /proc and
+        # /sys knob files are never links)
+        flags = os.O_WRONLY | os.O_NOFOLLOW | (0 if _is_kernel_file(path) else os.O_TRUNC)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise Unsupported(f"{path} does not exist on this host") from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ScriptFailed(f"refusing to write {path}: it is a symbolic link") from None
         raise ScriptFailed(f"cannot open {path} for writing: {exc.strerror or exc}") from exc
     try:
         os.write(fd, value.encode())
@@ -140,8 +223,11 @@ def main(
     write: Callable[[Context, State], None],
     argv: Sequence[str] | None = None,
     after_apply: Callable[[Context, dict[str, Any]], dict[str, Any]] | None = None,
+    check_state: StateCheck | None = None,
 ) -> int:
-    """Run one verb of a script; returns the exit code (callers ``sys.exit`` it)."""
+    """Run one verb of a script; returns the exit code (callers ``sys.exit`` it).
+    ``check_state`` validates a state the script writes (the plan on apply, the recorded state
+    on rollback); default :func:`check_param_state`."""
     try:
         spec = registry.get(script_id)
     except UnknownScriptError as exc:
@@ -159,8 +245,8 @@ def main(
     out: dict[str, Any] = {"script": script_id, "verb": args.verb, "root": str(ctx.root)}
     try:
         if args.verb == "rollback":
-            return _rollback(ctx, script_id, args.state, read, write, out)
-        params = registry.validate_params(script_id, {k: v for k, v in raw.items() if v is not None})
+            return _rollback(ctx, script_id, args.state, read, write, out, check_state)
+        params, _, _ = validate_inputs(script_id, raw)
         out["params"] = params
         if args.verb == "check":
             current = read(ctx, params)
@@ -169,7 +255,7 @@ def main(
             out["notes"] = ctx.notes
             _emit(out)
             return EXIT_OK
-        return _apply(ctx, script_id, args.state, params, read, plan, write, after_apply, out)
+        return _apply(ctx, script_id, args.state, params, read, plan, write, after_apply, out, check_state)
     except ParamError as exc:
         out.update(ok=False, error=str(exc))
         _emit(out)
@@ -194,11 +280,16 @@ def _apply(
     write: Callable[[Context, State], None],
     after_apply: Callable[[Context, dict[str, Any]], dict[str, Any]] | None,
     out: dict[str, Any],
+    check_state: StateCheck | None = None,
 ) -> int:
     if not state_path:
         raise ParamError(f"{script_id}: apply needs --state FILE to record the previous state")
     current = read(ctx, params)
     planned = plan(ctx, params, current)
+    # the plan, and the state recorded for rollback, pass the check a rollback applies: what
+    # is recorded can always be written back
+    validate_inputs(script_id, params, ctx.extra, planned, check_state)
+    validate_inputs(script_id, params, ctx.extra, current, check_state)
     record = {
         "script": script_id,
         "params": params,
@@ -248,6 +339,7 @@ def _rollback(
     read: Callable[[Context, dict[str, Any]], State],
     write: Callable[[Context, State], None],
     out: dict[str, Any],
+    check_state: StateCheck | None = None,
 ) -> int:
     if not state_path:
         raise ParamError(f"{script_id}: rollback needs --state FILE")
@@ -257,16 +349,24 @@ def _rollback(
         raise ScriptFailed(f"no state file {state_path}: nothing was applied, nothing to roll back") from None
     except (OSError, ValueError) as exc:
         raise ScriptFailed(f"unreadable state file {state_path}: {exc}") from exc
+    if not isinstance(record, dict) or "previous" not in record:
+        raise ScriptFailed(f"state file {state_path} has no recorded previous state")
     if record.get("script") != script_id:
         raise ScriptFailed(f"state file {state_path} belongs to {record.get('script')!r}, not {script_id!r}")
     if Path(record.get("root", "/")).resolve() != ctx.root.resolve():
         raise ScriptFailed(f"state file {state_path} was recorded under root {record.get('root')!r}, not {ctx.root}")
-    previous: State = record["previous"]
-    ctx.extra.update(record.get("extra") or {})
-    undo = _diff(previous, read(ctx, record.get("params") or {}))
+    # the state file is input like a command line: validated exactly as a run is
+    try:
+        params, extra, previous = validate_inputs(script_id, record.get("params") or {}, record.get("extra"),
+                                                  record["previous"], check_state)
+    except ParamError as exc:
+        raise ParamError(f"state file {state_path}: {exc}") from None
+    assert previous is not None
+    ctx.extra.update(extra)
+    undo = _diff(previous, read(ctx, params))
     if undo:
         write(ctx, undo)
-    got = read(ctx, record.get("params") or {})
+    got = read(ctx, params)
     wrong = {k: [v, got.get(k)] for k, v in previous.items() if got.get(k) != v}
     if wrong:
         raise ScriptFailed(f"after rollback the state differs from the recorded one (wanted, got): {wrong}")

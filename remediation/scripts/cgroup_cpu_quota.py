@@ -17,11 +17,13 @@ CG = "/sys/fs/cgroup"
 
 
 def _locate(ctx: Context, cgroup: str) -> tuple[str, Path]:
-    v2 = ctx.path(f"{CG}/{cgroup}")
+    # real paths checked to stay inside the cgroup mount: a cgroup name that is a symlink
+    # out of it (or a forged "..") is refused, for a run and a rollback alike
+    v2 = _base.inside(ctx, CG, cgroup)
     if (v2 / "cpu.max").exists():
         return "v2", v2
     for mount in ("cpu", "cpu,cpuacct"):
-        v1 = ctx.path(f"{CG}/{mount}/{cgroup}")
+        v1 = _base.inside(ctx, f"{CG}/{mount}", cgroup)
         if (v1 / "cpu.cfs_quota_us").exists():
             return "v1", v1
     raise Unsupported(f"cgroup {cgroup!r} has no cpu.max (v2) nor cpu.cfs_quota_us (v1) under {ctx.path(CG)}")
@@ -65,7 +67,7 @@ def write(ctx: Context, state: State) -> None:
 
 def _read(ctx: Context, params: dict[str, Any]) -> State:
     ctx.extra.setdefault("cgroup", params.get("cgroup"))
-    if not ctx.extra["cgroup"]:
+    if not ctx.extra.get("cgroup"):
         raise ScriptFailed("no cgroup recorded")
     return read(ctx, {"cgroup": ctx.extra["cgroup"]})
 

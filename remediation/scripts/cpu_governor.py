@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
 from remediation import registry
+from remediation.errors import ParamError
 from remediation.scripts import _base
 from remediation.scripts._base import Context, ScriptFailed, State, Unsupported
 
@@ -48,13 +50,23 @@ def plan(ctx: Context, params: dict[str, Any], current: State) -> State:
 
 
 def write(ctx: Context, state: State) -> None:
-    base = ctx.path(CPUFREQ)
-    for policy, gov in state.items():
-        _base.write_text(base / policy / "scaling_governor", str(gov))
+    for policy, gov in check_state("cpu_governor", state).items():
+        _base.write_text(_base.inside(ctx, CPUFREQ, f"{policy}/scaling_governor"), str(gov))
+
+
+def check_state(script_id: str, state: State) -> State:
+    """policyN -> a governor name (any the kernel may list, not only the allowlisted targets)."""
+
+    def governor(key: str, v: Any) -> str:
+        if not isinstance(v, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", v):
+            raise ParamError(f"{script_id}: {key}: {v!r} is not a governor name")
+        return v
+
+    return _base.check_keyed_state(script_id, state, r"policy\d{1,4}", governor)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return _base.main("cpu_governor", read, plan, write, argv)
+    return _base.main("cpu_governor", read, plan, write, argv, check_state=check_state)
 
 
 if __name__ == "__main__":

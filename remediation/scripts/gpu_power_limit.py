@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
+from remediation.errors import ParamError
 from remediation.scripts import _base
 from remediation.scripts._base import Context, ScriptFailed, State, Unsupported
 
@@ -142,9 +143,21 @@ def functions(backend_factory: Any) -> tuple[Any, Any, Any]:
     return read, plan, write
 
 
+def check_state(script_id: str, state: State) -> State:
+    """``{"power_limit_mw": int}`` within what the registry allows for ``limit_w``."""
+    if not isinstance(state, dict) or set(state) - {"power_limit_mw"}:
+        raise ParamError(f"{script_id}: state must be {{'power_limit_mw': N}}, got {state!r}")
+    mw = state.get("power_limit_mw")
+    if mw is None:
+        return {}
+    if isinstance(mw, bool) or not isinstance(mw, int) or not 1000 <= mw <= 5_000_000:
+        raise ParamError(f"{script_id}: power_limit_mw {mw!r} is not an integer in 1000..5000000")
+    return {"power_limit_mw": mw}
+
+
 def main(argv: list[str] | None = None, backend: NvmlBackend | None = None) -> int:
     read, plan, write = functions((lambda: backend) if backend is not None else PynvmlBackend)
-    return _base.main("gpu_power_limit", read, plan, write, argv)
+    return _base.main("gpu_power_limit", read, plan, write, argv, check_state=check_state)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from remediation import registry
+from remediation.errors import ParamError
 from remediation.scripts import _base
 from remediation.scripts._base import Context, ScriptFailed, State, Unsupported
 
@@ -71,8 +72,19 @@ def write(ctx: Context, state: State) -> None:
         _base.write_text(ctx.path(f"/proc/irq/{int(irq)}/smp_affinity_list"), str(cpus))
 
 
+def check_state(script_id: str, state: State) -> State:
+    """IRQ number -> CPU list."""
+
+    def cpus(key: str, v: Any) -> str:
+        if not isinstance(v, str) or not registry.CPULIST_RE.fullmatch(v):
+            raise ParamError(f"{script_id}: IRQ {key}: {v!r} is not a CPU list")
+        return v
+
+    return _base.check_keyed_state(script_id, state, r"\d{1,6}", cpus)
+
+
 def main(argv: list[str] | None = None) -> int:
-    return _base.main("irq_affinity", read, plan, write, argv)
+    return _base.main("irq_affinity", read, plan, write, argv, check_state=check_state)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Any
 
 from remediation import registry
+from remediation.errors import ParamError
 from remediation.scripts import _base
 from remediation.scripts._base import Context, ScriptFailed, State, Unsupported
 
@@ -115,8 +116,29 @@ def write(ctx: Context, state: State) -> None:
         raise ScriptFailed(f"migratepages {pid} {frm} {target} failed: {(proc.stderr or proc.stdout).strip()}")
 
 
+def check_state(script_id: str, state: State) -> State:
+    """``{"affinity": {thread id: CPU list}, "memory_node": node | None}``."""
+    if not isinstance(state, dict) or set(state) - {"affinity", "memory_node"}:
+        raise ParamError(f"{script_id}: unexpected state {state!r}")
+    out: State = {}
+    if "affinity" in state:
+
+        def cpus(key: str, v: Any) -> str:
+            if not isinstance(v, str) or not registry.CPULIST_RE.fullmatch(v):
+                raise ParamError(f"{script_id}: thread {key}: {v!r} is not a CPU list")
+            return v
+
+        out["affinity"] = _base.check_keyed_state(script_id, state["affinity"], r"\d{1,7}", cpus)
+    if "memory_node" in state:
+        node = state["memory_node"]
+        if node is not None and (isinstance(node, bool) or not isinstance(node, int) or not 0 <= node <= 1023):
+            raise ParamError(f"{script_id}: memory_node {node!r} is not a NUMA node")
+        out["memory_node"] = node
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    return _base.main("numa_rebind", read, plan, write, argv)
+    return _base.main("numa_rebind", read, plan, write, argv, check_state=check_state)
 
 
 if __name__ == "__main__":
