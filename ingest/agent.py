@@ -127,8 +127,8 @@ class _Generation:
 
 @dataclass
 class _Commit:
-    """A commit pass in progress: the (generation, table) pairs still to write, and the
-    first error and count of the tables that failed."""
+    """A commit pass in progress: the (generation, table) pairs still to write; a pass
+    ends at its first failure (``error``)."""
 
     work: list[tuple[_Generation, str]]
     failed: int = 0
@@ -268,6 +268,7 @@ class Agent:
         self._journal_failing = False  # log a failing journal or lake once per episode
         self._commit_failing = False
         self._refused: set[str] = set()  # journal files refused once (another user's): not again
+        self._failing: dict[str, int] = {}  # table -> the commit pass it last failed in
         self._warm_up()
         self._prime()
         self.replay_journals()
@@ -633,7 +634,8 @@ class Agent:
         :meth:`_commit_step` writes one table per tick afterwards, so that a commit (tens
         of milliseconds) never makes a tick late. A table that fails (full disk) stays in
         memory with its token, retried at every commit until it succeeds; its journal
-        file stays until then (replayed on restart)."""
+        file stays until then (replayed on restart). A pass stops at its first failure;
+        tables that failed are tried after the others in the next one."""
         if self._lake is None or self._journal is None:
             return
         self._finish_commit()  # the previous one first (only when commits come this close)
@@ -643,7 +645,11 @@ class Agent:
                                             {name: buf for name, buf in self._buffers.items() if buf.n}))
             self._buffers = {}
         self._bound_memory()
-        self._committing = _Commit([(g, name) for g in self._sealed for name in g.buffers])
+        work = [(g, name) for g in self._sealed for name in g.buffers]
+        # tables that failed go last, the longest-failing first: a fault of one table cannot
+        # hold up the others, and two failing tables take turns
+        work.sort(key=lambda w: self._failing.get(w[1], -1))
+        self._committing = _Commit(work)
         if not self._committing.work:
             self._end_commit()
 
@@ -676,9 +682,14 @@ class Agent:
             error = self._commit_buffer(gen.token, name, buf)
             if error is None:
                 del gen.buffers[name]
+                self._failing.pop(name, None)
             else:
+                # the rest waits for the next commit: on a full disk every table would fail
+                # alike, each after building its frame
                 c.failed += 1
-                c.error = c.error or error
+                c.error = error
+                self._failing[name] = self.stats.commits
+                c.work.clear()
             break
         if not c.work:
             self._end_commit()
@@ -693,10 +704,9 @@ class Agent:
         self._sealed = [g for g in self._sealed if g.buffers]
         self.stats.commits += 1
         if c.failed:
-            # one line per commit pass, not one per table: the cause is usually one (full disk)
-            log.error("lake %s: %d table commit(s) failed, %d rows kept in memory and retried at the "
-                      "next commit; first error: %s", self._lake.root, c.failed,
-                      sum(g.rows() for g in self._sealed), c.error)
+            log.error("lake %s: commit failed, %d rows of %d commit(s) kept in memory and retried at the "
+                      "next commit: %s", self._lake.root, sum(g.rows() for g in self._sealed),
+                      len(self._sealed), c.error)
             self._commit_failing = True
             return
         if self._commit_failing:

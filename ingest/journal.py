@@ -66,6 +66,7 @@ _HEADER_V1 = struct.Struct("<II")
 _MAX_RECORD = 1 << 30
 
 Columns = dict[str, list[Any]]
+Record = tuple[dict[str, int], dict[str, Columns]]  # (first row index per table, tables)
 
 
 class JournalError(Exception):
@@ -289,8 +290,8 @@ def _read_bytes(p: Path) -> bytes:
         os.close(fd)
 
 
-def _records_v1(p: Path, data: bytes) -> list[tuple[dict[str, int], dict[str, Columns]]]:
-    out = []
+def _records_v1(p: Path, data: bytes) -> list[Record]:
+    out: list[Record] = []
     off = len(MAGIC_V1)
     while off < len(data):
         if off + _HEADER_V1.size > len(data):
@@ -310,7 +311,7 @@ def _records_v1(p: Path, data: bytes) -> list[tuple[dict[str, int], dict[str, Co
     return out
 
 
-def _record_at(data: bytes, off: int) -> tuple[tuple[dict[str, int], dict[str, Columns]], int] | None:
+def _record_at(data: bytes, off: int) -> tuple[Record, int] | None:
     """The record starting at ``off`` and the offset after it; None if it is not whole."""
     if off + HEADER_SIZE > len(data):
         return None
@@ -330,8 +331,8 @@ def _record_at(data: bytes, off: int) -> tuple[tuple[dict[str, int], dict[str, C
     return (starts, tables), end
 
 
-def _records_v2(p: Path, data: bytes) -> list[tuple[dict[str, int], dict[str, Columns]]]:
-    out = []
+def _records_v2(p: Path, data: bytes) -> list[Record]:
+    out: list[Record] = []
     off = len(MAGIC)
     while off < len(data):
         got = _record_at(data, off)

@@ -130,6 +130,32 @@ def test_full_disk_at_commits_keeps_the_agent_sampling_and_loses_nothing(
     assert len(errors) <= 12, errors
 
 
+def test_a_table_that_cannot_be_committed_does_not_hold_up_the_others(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "lake"
+    root.mkdir()
+    (root / "system").write_text("a file where the table's directory should be")
+    col = _Counting()
+    cfg = AgentConfig(host="t", interval_s=0.02, flush_interval_s=0.04, commit_interval_s=0.08)
+    agent = Agent(cfg, [LakeSink(root)], [col])
+    t = threading.Thread(target=agent.run)
+    t.start()
+    try:
+        time.sleep(0.8)
+        # the agent's own rows are committed meanwhile, at every commit (two flushes)
+        assert "agent" in lake.tables(root)
+        assert lake.scan(root, "agent").collect().height >= agent.stats.flushes - 6
+        assert any("rows of system" in e and str(root / "system") in e for e in _errors(caplog))
+        (root / "system").unlink()
+        time.sleep(0.4)
+    finally:
+        agent.stop()
+        t.join(30)
+    assert _seq(root) == list(range(1, col.i + 1))
+    assert agent.stats.flushes == lake.scan(root, "agent").collect().height
+
+
 @needs_root
 def test_rows_beyond_the_memory_bound_are_dropped_oldest_first_and_counted(
     tmpfs: Path, caplog: pytest.LogCaptureFixture
