@@ -71,6 +71,9 @@ class AgentConfig:
     all_fast: bool = False  # every source at the fast interval (benchmarks)
     compact_every_s: float = 600.0
     collector_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: rows kept in memory at most while the lake cannot take them (full disk); beyond it
+    #: the oldest commit's rows are dropped from memory (their journaled part stays on disk)
+    max_buffered_rows: int = 500_000
 
     def validate(self) -> None:
         if not (0.01 <= self.interval_s <= 60):
@@ -81,6 +84,8 @@ class AgentConfig:
             raise ValueError("agent.commit_interval_s must be at least agent.flush_interval_s")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError("agent.duration_s must be positive")
+        if self.max_buffered_rows < 1:
+            raise ValueError("agent.max_buffered_rows must be positive")
         for name, tier in self.tiers.items():
             if tier not in schema.TIER_PERIOD_S:
                 raise ValueError(f"agent.tiers.{name}: unknown tier {tier!r}")
@@ -96,6 +101,7 @@ class AgentStats:
     rows_written: int = 0
     unavailable: dict[str, str] = field(default_factory=dict)
     errors: int = 0
+    rows_lost: int = 0  # rows neither the lake nor the journal took (memory bound, exit)
 
 
 @functools.cache
@@ -105,22 +111,39 @@ def _arrow_schema(measurement: schema.Measurement) -> pa.Schema:
 
 
 @dataclass
-class _Commit:
-    """A commit in progress: the sealed journal's token and the tables still to write."""
+class _Generation:
+    """The rows of one journal file (``token``): those sampled between two commits. Kept
+    in memory until every table is in the lake; tables leave ``buffers`` as they are."""
 
     token: str
-    pending: list[tuple[str, _Buffer]]
-    ok: bool = True
+    buffers: dict[str, _Buffer]
+
+    def rows(self) -> int:
+        return sum(b.n for b in self.buffers.values())
+
+    def unjournaled(self) -> int:
+        return sum(b.n - b.jmark for b in self.buffers.values())
+
+
+@dataclass
+class _Commit:
+    """A commit pass in progress: the (generation, table) pairs still to write; a pass
+    ends at its first failure (``error``)."""
+
+    work: list[tuple[_Generation, str]]
+    failed: int = 0
+    error: str = ""
 
 
 class _Buffer:
     """Columnar rows of one measurement since the last Parquet commit.
 
-    ``mark`` counts the rows already handed to the journal and the streaming sinks.
+    ``mark`` counts the rows already handed to the streaming sinks, ``jmark`` those already
+    in the journal (behind ``mark`` only while journal writes fail).
     Frames are built through Arrow directly (one typed array per column): Polars' per-frame
     overhead at this size would dominate the agent's whole CPU budget."""
 
-    __slots__ = ("measurement", "columns", "n", "mark", "arrow_schema")
+    __slots__ = ("measurement", "columns", "n", "mark", "jmark", "arrow_schema")
 
     def __init__(self, measurement: schema.Measurement) -> None:
         self.measurement = measurement
@@ -128,6 +151,7 @@ class _Buffer:
         self.columns: dict[str, list[Any]] = {c: [] for c in self.arrow_schema.names}
         self.n = 0
         self.mark = 0
+        self.jmark = 0
 
     def extend(self, times: list[int], n: int, tags: dict[str, list[str]], values: dict[str, list[Any]]) -> None:
         """Append ``n`` rows: their times (µs), tag columns and field columns."""
@@ -145,11 +169,9 @@ class _Buffer:
                 col.extend(src)
         self.n += n
 
-    def unmarked(self) -> dict[str, list[Any]]:
-        """The rows added since the last call (column slices), marking them handed over."""
-        m = self.mark
-        self.mark = self.n
-        return {c: col[m:] for c, col in self.columns.items()}
+    def since(self, i: int) -> dict[str, list[Any]]:
+        """Rows ``i`` to the end (column slices)."""
+        return {c: col[i:] for c, col in self.columns.items()}
 
     def take(self, host: str) -> pl.DataFrame:
         """Every buffered row as a frame with the host column; the buffer is emptied."""
@@ -160,7 +182,7 @@ class _Buffer:
     def clear(self) -> None:
         for col in self.columns.values():
             col.clear()
-        self.n = self.mark = 0
+        self.n = self.mark = self.jmark = 0
 
     def load(self, columns: dict[str, list[Any]]) -> None:
         """Append rows given as columns (a journal's); missing columns become nulls."""
@@ -242,6 +264,11 @@ class Agent:
         self._deferred_bytes = 0  # of the deferred samples that are bytes
         self._sync_requests: list[threading.Event] = []
         self._committing: _Commit | None = None
+        self._sealed: list[_Generation] = []  # committed journal files whose rows the lake lacks
+        self._journal_failing = False  # log a failing journal or lake once per episode
+        self._commit_failing = False
+        self._refused: set[str] = set()  # journal files refused once (another user's): not again
+        self._failing: dict[str, int] = {}  # table -> the commit pass it last failed in
         self._warm_up()
         self._prime()
         self.replay_journals()
@@ -533,12 +560,22 @@ class Agent:
         sinks; commit to the lake when the commit interval has passed."""
         self._agent_row(time.time_ns() // 1000)
         self._parse_deferred()
-        pending = {name: buf.unmarked() for name, buf in self._buffers.items() if buf.n > buf.mark}
-        if self._journal is not None and pending:
-            try:
-                self._journal.append(pending)
-            except OSError as exc:  # the rows stay buffered for the next commit
-                log.error("journal %s: cannot append: %s", self._journal.path, exc)
+        # Rows not yet journaled (more than this flush's when journal writes failed) and
+        # rows not yet streamed: the same slices unless the journal fell behind.
+        to_journal: dict[str, dict[str, list[Any]]] = {}
+        starts: dict[str, int] = {}
+        pending: dict[str, dict[str, list[Any]]] = {}
+        for name, buf in self._buffers.items():
+            if buf.n > buf.jmark:
+                to_journal[name] = buf.since(buf.jmark)
+                starts[name] = buf.jmark
+                if buf.mark == buf.jmark:
+                    pending[name] = to_journal[name]
+            if buf.n > buf.mark and name not in pending:
+                pending[name] = buf.since(buf.mark)
+            buf.mark = buf.n
+        if self._journal is not None and (to_journal or any(g.unjournaled() for g in self._sealed)):
+            self._journal_rows(to_journal, starts)
         for name, cols in pending.items():
             if not self._streams:
                 break
@@ -561,67 +598,159 @@ class Agent:
             self.commit()
         self.stats.flushes += 1
 
+    def _journal_rows(self, current: dict[str, dict[str, list[Any]]], starts: dict[str, int]) -> None:
+        """Append every row not yet in the journal: first the rows of sealed generations
+        whose journal writes failed (into their own files), then the current ones. A
+        failure (full disk, I/O error) leaves the file as it was and the rows marked as not
+        journaled: they are written again at the next flush. Logged once per episode."""
+        assert self._journal is not None
+        try:
+            for gen in self._sealed:
+                if gen.unjournaled():
+                    tables = {n: b.since(b.jmark) for n, b in gen.buffers.items() if b.n > b.jmark}
+                    self._journal.append(tables, start={n: gen.buffers[n].jmark for n in tables},
+                                         token=gen.token)
+                    for b in gen.buffers.values():
+                        b.jmark = b.n
+            if current:
+                self._journal.append(current, start=starts)
+                for name in current:
+                    buf = self._buffers[name]
+                    buf.jmark = buf.n
+        except OSError as exc:
+            if not self._journal_failing:
+                log.error("journal write failed, the rows stay in memory and are journaled again "
+                          "at the next flush: %s", exc)
+                self._journal_failing = True
+            return
+        if self._journal_failing:
+            log.warning("journal %s: writable again, the rows kept in memory are journaled", self._journal.dir)
+            self._journal_failing = False
+
     def commit(self) -> None:
         """Start writing every buffered row to the lake as Parquet (one file per table and
-        partition, named with the journal's token): the journal is sealed and the buffers
-        handed over now; :meth:`_commit_step` writes one table per tick afterwards, so that
-        a commit (tens of milliseconds) never makes a tick late. A table that fails stays
-        in its journal file, retried at the next commit and on restart."""
+        partition, named with its journal file's token): the journal's current file is
+        sealed with the rows sampled since the last commit (a generation), and
+        :meth:`_commit_step` writes one table per tick afterwards, so that a commit (tens
+        of milliseconds) never makes a tick late. A table that fails (full disk) stays in
+        memory with its token, retried at every commit until it succeeds; its journal
+        file stays until then (replayed on restart). A pass stops at its first failure;
+        tables that failed are tried after the others in the next one."""
         if self._lake is None or self._journal is None:
             return
         self._finish_commit()  # the previous one first (only when commits come this close)
         self._last_commit = self._clock()
-        pending = [(name, buf) for name, buf in self._buffers.items() if buf.n]
-        self._buffers = {}
-        self._committing = _Commit(self._journal.rotate(), pending)
-        if not pending:
+        if any(buf.n for buf in self._buffers.values()):
+            self._sealed.append(_Generation(self._journal.rotate(),
+                                            {name: buf for name, buf in self._buffers.items() if buf.n}))
+            self._buffers = {}
+        self._bound_memory()
+        work = [(g, name) for g in self._sealed for name in g.buffers]
+        # tables that failed go last, the longest-failing first: a fault of one table cannot
+        # hold up the others, and two failing tables take turns
+        work.sort(key=lambda w: self._failing.get(w[1], -1))
+        self._committing = _Commit(work)
+        if not self._committing.work:
             self._end_commit()
+
+    def _bound_memory(self) -> None:
+        """Drop the oldest sealed generations while more than ``max_buffered_rows`` rows
+        wait in memory (the lake has been refusing them): what their journal files hold
+        is replayed once the lake takes rows again; the rest is lost, counted and logged."""
+        limit = self.config.max_buffered_rows
+        total = sum(g.rows() for g in self._sealed) + sum(b.n for b in self._buffers.values())
+        while self._sealed and total > limit:
+            g = self._sealed.pop(0)
+            rows, lost = g.rows(), g.unjournaled()
+            total -= rows
+            self.stats.rows_lost += lost
+            assert self._journal is not None
+            log.error("agent: more than agent.max_buffered_rows=%d rows wait for the lake: the %d oldest "
+                      "are dropped from memory; %d of them are in journal %s (replayed when the lake "
+                      "takes rows again), %d are lost (%d lost in all)", limit, rows, rows - lost,
+                      self._journal.file(g.token), lost, self.stats.rows_lost)
 
     def _commit_step(self) -> None:
         c = self._committing
         if c is None:
             return
-        if c.pending:
-            name, buf = c.pending.pop(0)
-            c.ok = self._commit_buffer(c.token, name, buf) and c.ok
-        if not c.pending:
+        while c.work:
+            gen, name = c.work.pop(0)
+            buf = gen.buffers.get(name)
+            if buf is None:
+                continue
+            error = self._commit_buffer(gen.token, name, buf)
+            if error is None:
+                del gen.buffers[name]
+                self._failing.pop(name, None)
+            else:
+                # the rest waits for the next commit: on a full disk every table would fail
+                # alike, each after building its frame
+                c.failed += 1
+                c.error = error
+                self._failing[name] = self.stats.commits
+                c.work.clear()
+            break
+        if not c.work:
             self._end_commit()
 
     def _end_commit(self) -> None:
         c, self._committing = self._committing, None
-        if c is None or self._journal is None:
+        if c is None or self._journal is None or self._lake is None:
             return
-        if c.ok:
-            self._journal.discard(c.token)
+        for g in self._sealed:
+            if not g.buffers:
+                self._journal.discard(g.token)
+        self._sealed = [g for g in self._sealed if g.buffers]
         self.stats.commits += 1
-        for old in self._journal.sealed():  # journals of failed commits
-            if old != c.token:
+        if c.failed:
+            log.error("lake %s: commit failed, %d rows of %d commit(s) kept in memory and retried at the "
+                      "next commit: %s", self._lake.root, sum(g.rows() for g in self._sealed),
+                      len(self._sealed), c.error)
+            self._commit_failing = True
+            return
+        if self._commit_failing:
+            log.warning("lake %s: commits succeed again, the rows kept in memory are in the lake", self._lake.root)
+            self._commit_failing = False
+        live = {g.token for g in self._sealed}
+        for old in self._journal.sealed():  # left by an earlier agent, or dropped from memory
+            if old not in live:
                 self._replay(old)
 
     def _finish_commit(self) -> None:
         while self._committing is not None:
             self._commit_step()
 
-    def _commit_buffer(self, token: str, name: str, buf: _Buffer) -> bool:
-        """Write one table's rows under the journal's token; False (logged) on failure:
-        the rows stay in the sealed journal."""
+    def _commit_buffer(self, token: str, name: str, buf: _Buffer) -> str | None:
+        """Write one table's rows under the journal's token; the error (None: done). The
+        buffer keeps its rows on failure."""
         assert self._lake is not None
-        rows = buf.n
         try:
             self.stats.rows_written += buf.commit_to(self._lake, name, self.config.host,
                                                      journal_mod.token_hex(token))
         except Exception as exc:
-            log.error("lake commit of %d rows of %s failed (kept in journal %s): %s", rows, name, token, exc)
-            return False
-        return True
+            return f"{buf.n} rows of {name}: {exc}"
+        return None
 
     def _replay(self, token: str) -> None:
         assert self._journal is not None
         path = self._journal.file(token)
+        if token in self._refused:
+            return
         try:
             tables = journal_mod.read(path)
-        except journal_mod.JournalError as exc:
-            log.error("%s; left in place", exc)
+        except journal_mod.NotAJournal as exc:
+            try:
+                aside = self._journal.set_aside(token)
+            except OSError as err:
+                log.error("%s; cannot set it aside: %s", exc, err)
+                self._refused.add(token)
+                return
+            log.warning("%s: no rows can be read from it; renamed %s", exc, aside.name)
+            return
+        except journal_mod.JournalError as exc:  # another user's, a symlink, unreadable
+            log.error("%s", exc)
+            self._refused.add(token)
             return
         ok, rows = True, 0
         for name, cols in tables.items():
@@ -632,7 +761,11 @@ class Agent:
             buf = _Buffer(m)
             buf.load(cols)
             rows += buf.n
-            ok = self._commit_buffer(token, name, buf) and ok
+            error = self._commit_buffer(token, name, buf)
+            if error is not None:
+                log.error("journal %s: replay failed, the file stays for the next try: %s", path, error)
+                ok = False
+                break  # the next tables would most likely fail alike (full disk)
         if ok:
             self._journal.discard(token)
             log.info("journal %s: %d rows replayed into the lake", path, rows)
@@ -647,6 +780,13 @@ class Agent:
         self.flush()
         self.commit()
         self._finish_commit()
+        if self._sealed:
+            lost = sum(g.unjournaled() for g in self._sealed)
+            kept = sum(g.rows() for g in self._sealed) - lost
+            self.stats.rows_lost += lost
+            log.error("agent exiting while the lake refuses rows: %d rows stay in the journal under %s "
+                      "(replayed at the next start), %d that the journal could not take are lost",
+                      kept, self._journal.dir if self._journal else "-", lost)
         for done in self._sync_requests:
             done.set()
         if self._journal is not None:

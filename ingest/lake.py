@@ -51,6 +51,10 @@ TMP_PREFIX = ".tmp-"
 # A sink temp file older than this is a leftover of a killed writer (writes take seconds).
 STALE_TMP_S = 3600.0
 RETRY_S = 5.0  # a sink whose write failed tries again after this long
+# Modes of what the lake creates, whatever the umask (a stricter umask narrows them further):
+# telemetry is readable by the group, never writable or readable by others.
+DIR_MODE = 0o750
+FILE_MODE = 0o640
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
 _CAST = pl.ScanCastOptions(
@@ -119,7 +123,7 @@ def _makedirs(path: Path, *, durable: bool = True) -> None:
         p = p.parent
     for d in reversed(missing):
         try:
-            d.mkdir()
+            d.mkdir(mode=DIR_MODE)
         except FileExistsError:
             continue
         if durable:
@@ -130,6 +134,9 @@ def _write_parquet_atomic(df: pl.DataFrame, path: Path, *, compression: str, com
                           tmp_name: str | None = None, durable: bool = True) -> None:
     tmp = path.with_name(tmp_name or f"{TMP_PREFIX}{path.name}")
     try:
+        # created here with FILE_MODE (the writer truncates it, keeping the mode): never the umask's
+        tmp.unlink(missing_ok=True)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE))
         try:
             df.write_parquet(tmp, compression=compression,  # type: ignore[arg-type]
                              compression_level=compression_level, statistics=True)
@@ -151,7 +158,9 @@ def write_json_atomic(path: Path, obj: Any, *, pretty: bool = False) -> None:
     """Temp file, fsync, rename, fsync the directory: readers see the old or the new file."""
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        with open(fd, "w", encoding="utf-8") as fh:
             json.dump(obj, fh, indent=1 if pretty else None, sort_keys=pretty)
             fh.flush()
             os.fsync(fh.fileno())
@@ -339,7 +348,7 @@ def _table_lock(table_dir: Path, *, blocking: bool) -> Iterator[bool]:
     kernel when the holder dies, so a kill -9 never leaves it stuck."""
     jdir = table_dir / JOURNAL_DIR
     _makedirs(jdir)
-    fd = os.open(jdir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(jdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))

@@ -14,10 +14,11 @@ actions on one host, and never both claim the same action.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -161,12 +162,33 @@ def default_path(lake: str | Path) -> Path:
     return Path(lake) / "_remediation" / "queue.db"
 
 
+# Modes of what the queue creates, whatever the umask (a stricter umask narrows them further).
+DIR_MODE = 0o750
+FILE_MODE = 0o640
+
+
+def _create(path: Path) -> None:
+    """The queue's directory (0750) and an empty database file (0640) when missing: SQLite
+    would create the file with its own default mode (0644 less the umask), and gives its
+    -wal and -shm files the mode of the database file."""
+    missing = []
+    d = path.parent
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        with suppress(FileExistsError):
+            d.mkdir(mode=DIR_MODE)
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE))
+
+
 class Queue:
     """The queue over one SQLite file; open one per process (connections are not shared)."""
 
     def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _create(self.path)
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves so each change takes the write
         # lock up front (no lock-upgrade deadlocks between processes).
         self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None)
