@@ -40,6 +40,7 @@ class AgentSection:
     compact_every_s: float = 600.0
     cgroup_paths: list[str] = field(default_factory=list)
     durable: bool = False
+    max_buffered_rows: int = 500_000
 
 
 @dataclass
@@ -65,6 +66,7 @@ _TYPES: dict[str, dict[str, tuple[type, ...]]] = {
         "compact_every_s": (int, float),
         "cgroup_paths": (list,),
         "durable": (bool,),
+        "max_buffered_rows": (int,),
     },
     "influx": {
         "url": (str,),
@@ -143,6 +145,9 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
             for key in _POSITIVE:
                 check_seconds(getattr(cfg.agent, key), f"[agent].{key}")
             check_seconds(cfg.agent.compact_every_s, "[agent].compact_every_s", zero=True)
+            if isinstance(cfg.agent.max_buffered_rows, bool) or cfg.agent.max_buffered_rows < 1:
+                raise ValueError(f"[agent].max_buffered_rows must be a positive number of rows, "
+                                 f"got {cfg.agent.max_buffered_rows!r}")
         except ValueError as exc:
             raise ConfigError(f"{p}: {exc}") from None
         if cfg.influx.api not in ("auto", "v1", "v2"):

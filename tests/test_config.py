@@ -17,6 +17,7 @@ SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "unveil.toml"
 def test_sample_config_loads_in_every_section() -> None:
     cfg = config.load(SAMPLE)
     assert cfg.agent.interval_s == 0.1 and cfg.lake == "/var/lib/unveil/lake"
+    assert cfg.agent.max_buffered_rows == 500_000
     raw = tomllib.loads(SAMPLE.read_text())
     a = analytics_from_mapping(raw["analytics"])
     s = SweepConfig.from_mapping({k: v for k, v in raw["scheduler"].items() if k != "every"}, analytics=a)
@@ -69,6 +70,8 @@ def test_env_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         ("[agent]\ncollectors = ['cpu', '']\n", r"\[agent\]\.collectors must hold non-empty strings, got ''"),
         ("[agent]\ntiers = {cpu = 5}\n", r"\[agent\]\.tiers must hold non-empty strings, got 5"),
         ("[agent]\nhost = ''\n", r"\[agent\]\.host must not be empty"),
+        ("[agent]\nmax_buffered_rows = 0\n", r"\[agent\]\.max_buffered_rows must be a positive number of rows, got 0"),
+        ("[agent]\nmax_buffered_rows = 1.5\n", r"\[agent\]\.max_buffered_rows"),
     ],
 )
 def test_bad_lake_path_and_intervals_are_rejected_naming_the_key(tmp_path: Path, text: str, message: str) -> None:

@@ -67,6 +67,7 @@ def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], Path]:
         tiers=dict(a.tiers),
         all_fast=args.all_fast,
         compact_every_s=a.compact_every_s,
+        max_buffered_rows=a.max_buffered_rows,
     )
     if args.host or a.host:
         acfg.host = args.host or a.host or acfg.host
