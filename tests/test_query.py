@@ -464,3 +464,29 @@ def test_damaged_and_truncated_files_are_skipped_and_warned_once(tmp_path: Path,
     with caplog.at_level("WARNING"):
         q.run_query(tmp_path, "SELECT * FROM system")
     assert sorted(r.getMessage().count("corrupt lake file") for r in caplog.records) == [1, 1]
+
+
+def test_top_factors_keeps_the_direction_a_feature_moved(tmp_path: Path) -> None:
+    # A feature that went up in three windows and dipped (slightly, with little weight) in a
+    # fourth went up; one that went down every window went down.
+    from analytics.attribution import Factor, factors_series
+    from analytics.pipeline import FINDINGS_SCHEMA
+    from ingest.lake import write_table
+
+    def f(feature: str, contrib: float, value: float, ref: float) -> Factor:
+        return Factor(feature, feature.split(".")[0], "gpu0", "gpu", contrib, "up" if value >= ref else "down",
+                      value, ref)
+
+    tops = [[f("gpu_power_w", 0.5, 300.0, 200.0), f("gpu_sm_clock_mhz", 0.3, 900.0, 1900.0)]] * 3 + [
+        [f("gpu_power_w", 0.05, 195.0, 200.0), f("gpu_sm_clock_mhz", 0.3, 1000.0, 1900.0)]]
+    starts = [T0 + timedelta(seconds=10 * i) for i in range(4)]
+    df = pl.DataFrame({"time": starts, "host": ["h1"] * 4, "window_start": starts,
+                       "window_end": [s + timedelta(seconds=10) for s in starts], "reference": ["self"] * 4,
+                       "score": [3.0] * 4, "detectors": [["zscore"]] * 4}).with_columns(
+        factors_series(tops)).with_columns(pl.lit(0.0).alias(c) for c in FINDINGS_SCHEMA if c.startswith("share_"))
+    write_table(tmp_path, "findings", df, partition_by_hour=False)
+    out = q.run_query(tmp_path, "top-factors")
+    got = dict(zip(out["feature"], out["direction"], strict=True))
+    assert got == {"gpu_power_w": "up", "gpu_sm_clock_mhz": "down"}, out
+    row = out.filter(pl.col("feature") == "gpu_power_w").row(0, named=True)
+    assert row["windows"] == 4 and row["mean_value"] > row["mean_reference"]
