@@ -83,14 +83,34 @@ class ReportSummary:
     plots: int = 0
     missing_tables: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # the range the data read covers (bounds of the report's tables), shown for a bound not given
+    data_start: datetime | None = None
+    data_end: datetime | None = None
 
     @property
     def unmatched(self) -> int:
         return self.incidents - self.matched
 
+    def span(self) -> str:
+        """The report's time range: the bounds given, the data's for those not given."""
+        lo = self.start or self.data_start
+        hi = self.end or self.data_end
+        if self.start is not None and lo is not None and hi is not None and hi < lo:
+            hi = None  # every row read is older than --since (facts in force at it)
+        if lo is None and hi is None:
+            return "no data"
+        if hi is None:
+            return f"since {_fmt_time(lo)} (no data)"
+        if lo is None:
+            return f"until {_fmt_time(hi)} (no data)"
+        given = (self.start is not None, self.end is not None)
+        note = {(False, False): " (the data's range)", (True, False): " (end: the data's)",
+                (False, True): " (start: the data's)"}.get(given, "")
+        return f"{_fmt_time(lo)} .. {_fmt_time(hi)}{note}"
+
     def text(self) -> str:
         """The short terminal summary."""
-        span = f"{_fmt_time(self.start)} .. {_fmt_time(self.end)}"
+        span = self.span()
         lines = [f"Unveil report: {len(self.hosts)} host(s), {span}"]
         share = f" ({100.0 * self.flagged / self.windows:.1f} %)" if self.windows else ""
         lines.append(f"  windows {self.windows}, flagged {self.flagged}{share}, findings {self.findings}")
@@ -203,6 +223,22 @@ def _audit(host_facts: pl.DataFrame | None) -> pl.DataFrame | None:
 
     return out.with_columns(pl.Series("until", [until(t) for t in out["last_seen"].to_list()], dtype=ts)).drop(
         "last_seen")
+
+
+def _data_range(frames: Sequence[tuple[pl.DataFrame | None, str, str]]) -> tuple[datetime | None, datetime | None]:
+    """(earliest, latest) time of the (frame, start column, end column) given."""
+    lo: list[datetime] = []
+    hi: list[datetime] = []
+    for df, c0, c1 in frames:
+        if df is None or df.is_empty() or c0 not in df.columns:
+            continue
+        a = df[c0].min()
+        b = df[c1 if c1 in df.columns else c0].max()
+        if isinstance(a, datetime):
+            lo.append(a)
+        if isinstance(b, datetime):
+            hi.append(b)
+    return (min(lo) if lo else None), (max(hi) if hi else None)
 
 
 def _window_scores(scores: pl.DataFrame | None) -> pl.DataFrame | None:
@@ -483,6 +519,9 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
     ws = _window_scores(scores)
 
     summary = ReportSummary(out_p, start, end)
+    summary.data_start, summary.data_end = _data_range([
+        (scores, "window_start", "window_end"), (findings, "window_start", "window_end"),
+        (incidents, "start", "end"), (labels, "time", "end"), (host_facts, "time", "time")])
     summary.missing_tables = [t for t in ("scores", "findings", "incidents", "host_facts") if t not in available]
     host_set: set[str] = set()
     for df in (ws, incidents, labels, host_facts):
@@ -594,8 +633,7 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>Unveil report — {html.escape(str(lake))}</title><style>{_CSS}</style></head><body>"
         "<h1>Unveil report</h1>"
-        f'<p class="meta">lake <code>{html.escape(str(lake))}</code> · range {_e(start) or "all"} .. '
-        f'{_e(end) or "all"} · hosts {html.escape(", ".join(hosts) if hosts else "all")} · generated '
+        f'<p class="meta">lake <code>{html.escape(str(lake))}</code> · range {html.escape(summary.span())} · hosts {html.escape(", ".join(hosts) if hosts else "all")} · generated '
         f"{_e(datetime.now(UTC))}</p>{missing}"
         f'<section id="summary"><div class="cards">{card_html}</div></section>'
         + "".join(sections) + "</body></html>\n"

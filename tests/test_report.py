@@ -192,3 +192,58 @@ def test_audit_reports_when_a_misconfiguration_held(tmp_path: Path) -> None:
     assert thp_rows["first_seen"][0] == t[1] and thp_rows["until"][0] == t[3]
     still = _audit(facts.head(3))
     assert still is not None and still.filter(pl.col("entry_id") == "thp_coverage_loss")["until"][0] is None
+
+
+# ------------------------------------------------------------ a small lake built here
+
+
+def _small_lake(root: Path, n_incidents: int = 0, minutes: int = 30, entries: tuple[str, ...] = (
+        "gpu_power_throttle", "thp_coverage_loss", "irq_locality_miss")) -> Path:
+    """One host, 10 s combined scores over ``minutes``, and ``n_incidents`` short matched
+    incidents spread over it, their entries alternating (the plot's label pile-up)."""
+    from analytics.pipeline import SCORES_SCHEMA
+    from knowledge_base.incidents import INCIDENT_SCHEMA
+
+    n = minutes * 6
+    ws = [T0 + timedelta(seconds=10 * i) for i in range(n)]
+    scores = pl.DataFrame({"time": ws, "host": ["h1"] * n, "window_start": ws,
+                           "window_end": [w + timedelta(seconds=10) for w in ws], "detector": ["combined"] * n,
+                           "reference": ["self"] * n, "score": [0.5 + (i % 7) * 0.3 for i in range(n)],
+                           "threshold": [1.0] * n, "flagged": [(i % 7) > 1 for i in range(n)]},
+                          schema={"time": SCORES_SCHEMA["window_start"], **SCORES_SCHEMA})
+    write_table(root, "scores", scores, partition_by_hour=False)
+    if n_incidents:
+        step = n * 10 // n_incidents
+        starts = [T0 + timedelta(seconds=step * i) for i in range(n_incidents)]
+        inc = pl.DataFrame({
+            "time": starts, "incident_id": [f"inc-{i:04d}" for i in range(n_incidents)], "host": ["h1"] * n_incidents,
+            "start": starts, "end": [s + timedelta(seconds=12345 if i == 0 else 20) for i, s in enumerate(starts)],
+            "n_windows": [2] * n_incidents, "status": ["matched"] * n_incidents,
+            "entry_id": [entries[i % len(entries)] for i in range(n_incidents)],
+            "label_type": [entries[i % len(entries)] for i in range(n_incidents)],
+            "title": ["a title"] * n_incidents, "confidence": [0.9] * n_incidents,
+            "peak_score": [5.0 - i / n_incidents for i in range(n_incidents)],
+            "explanation": ["an explanation long enough to take the width of the table " * 4] * n_incidents},
+            schema_overrides={"start": INCIDENT_SCHEMA["start"], "end": INCIDENT_SCHEMA["end"]})
+        inc = inc.with_columns(pl.lit(None, dt).alias(c) for c, dt in INCIDENT_SCHEMA.items() if c not in inc.columns)
+        write_table(root, "incidents", inc, partition_by_hour=False)
+    return root
+
+
+def test_report_without_a_range_prints_the_range_of_the_data(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    lake = _small_lake(tmp_path / "lake", minutes=10)
+    out = tmp_path / "r.html"
+    assert main(["report", "--lake", str(lake), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    first = text.splitlines()[0]
+    assert "- .. -" not in first
+    assert first == "Unveil report: 1 host(s), 2026-01-05 08:00:00 UTC .. 2026-01-05 08:10:00 UTC (the data's range)"
+    assert "range 2026-01-05 08:00:00 UTC .. 2026-01-05 08:10:00 UTC (the data&#x27;s range)" in out.read_text()
+    # one bound given: the other is the data's
+    s = write_report(lake, out, start=T0 + timedelta(minutes=5))
+    assert s.text().splitlines()[0].endswith("2026-01-05 08:05:00 UTC .. 2026-01-05 08:10:00 UTC (end: the data's)")
+    # no data at all: said so, not "- .. -"
+    (tmp_path / "empty").mkdir()
+    empty = write_report(tmp_path / "empty", tmp_path / "e.html")
+    assert empty.text().splitlines()[0] == "Unveil report: 0 host(s), no data"
