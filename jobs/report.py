@@ -324,6 +324,7 @@ def plot_traces(ws: pl.DataFrame, incidents: pl.DataFrame | None, labels: pl.Dat
     n = len(hosts)
     fig, axes = plt.subplots(n, 1, figsize=(11, 1.9 * n + 0.6), sharex=True, squeeze=False)
     handles: dict[str, Any] = {}
+    marks: list[tuple[Any, int, datetime, str]] = []  # (panel, n, incident start, entry)
     for ax, host in zip(axes[:, 0], hosts, strict=True):
         h = _downsample(ws.filter(pl.col("host") == host), MAX_TRACE_POINTS)
         x = h["window_start"].to_list()
@@ -354,14 +355,13 @@ def plot_traces(ws: pl.DataFrame, incidents: pl.DataFrame | None, labels: pl.Dat
         ax.set_ylabel(host, rotation=0, ha="right", va="center")
         ax.grid(True, axis="y", alpha=0.3)
         if incidents is not None:
-            # Mark each matched incident's entry once per contiguous run on this host.
+            # Mark each matched incident's entry once per contiguous run on this host
+            # (placed once the layout is final, see _place_labels).
             last = None
             for inc in incidents.filter((pl.col("host") == host) & (pl.col("status") == "matched")).sort(
                     "start").iter_rows(named=True):
                 if inc["entry_id"] != last:
-                    ax.annotate(inc["entry_id"], xy=(inc["start"], 1.0), xycoords=("data", "axes fraction"),
-                                xytext=(2, -2), textcoords="offset points", fontsize=7, va="top",
-                                color=_entry_color(inc["entry_id"], palette), zorder=5)
+                    marks.append((ax, len(marks), inc["start"], inc["entry_id"]))
                 last = inc["entry_id"]
     handles.setdefault("threshold (combined = 1)", axes[0, 0].lines[-1])
     axes[0, 0].set_title("combined anomaly score per window (symlog; > 1 = flagged)")
@@ -370,7 +370,35 @@ def plot_traces(ws: pl.DataFrame, incidents: pl.DataFrame | None, labels: pl.Dat
     # Under the last panel, clear of its rotated date labels (in that panel's height units).
     axes[-1, 0].legend(list(handles.values()), list(handles), loc="upper center", ncol=min(4, len(handles)),
                        bbox_to_anchor=(0.5, -0.6), frameon=False, fontsize=8)
+    _place_labels(fig, marks, palette)
     return _svg(fig)
+
+
+LABEL_ROWS = 2  # rows of incident labels along the top of a panel
+
+
+def _place_labels(fig: Any, marks: Sequence[tuple[Any, int, datetime, str]], palette: dict[str, str]) -> None:
+    """Label incidents with their entry along the top of their panel, left to right, in the
+    first of :data:`LABEL_ROWS` rows where the label overlaps no other; labels with no room
+    are left out (the colour and the legend still tell the entry), so dense incidents thin
+    out instead of piling into an unreadable strip."""
+    renderer = fig.canvas.get_renderer()
+    placed: dict[int, list[Any]] = {}
+    for ax, n, x, entry in sorted(marks, key=lambda m: (id(m[0]), m[2])):
+        boxes = placed.setdefault(id(ax), [])
+        panel = list(fig.axes).index(ax)
+        for row in range(LABEL_ROWS):
+            ann = ax.annotate(entry, xy=(x, 1.0), xycoords=("data", "axes fraction"),
+                              xytext=(2, -2 - 9 * row), textcoords="offset points", fontsize=7, va="top",
+                              color=_entry_color(entry, palette), zorder=5, gid=f"incident-label-{panel}-{n}")
+            bb = ann.get_window_extent(renderer)
+            # Margin: a viewer without the font matplotlib measured with renders it a little wider.
+            pad = 0.1 * bb.width + 4
+            box = (bb.x0 - pad, bb.x1 + pad, bb.y0, bb.y1)
+            if not any(box[0] < b[1] and b[0] < box[1] and box[2] < b[3] and b[2] < box[3] for b in boxes):
+                boxes.append(box)
+                break
+            ann.remove()
 
 
 def plot_fingerprints(incidents: pl.DataFrame) -> str:
@@ -412,6 +440,7 @@ td{overflow-wrap:anywhere}
 th,td{border:1px solid #e3e3e3;padding:4px 6px;text-align:left;vertical-align:top}
 th{background:#f5f5f5}tr:nth-child(even) td{background:#fafafa}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num,td.nowrap{white-space:nowrap;overflow-wrap:normal}
 .ok{color:#1a7f37;font-weight:600}.bad{color:#b42318;font-weight:600}.warn{color:#9a6700;font-weight:600}
 figure{margin:8px 0}figure svg{width:100%;height:auto}
 code{font-size:.9em}
@@ -430,7 +459,11 @@ def _e(v: Any) -> str:
     return html.escape(str(v))
 
 
-def _table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str]], cls: str = "") -> str:
+def _table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str]], cls: str = "",
+           nowrap: Sequence[str] = ()) -> str:
+    """An HTML table of ``rows``; ``cols``: (key, header); numbers and the ``nowrap`` columns
+    stay on one line (the other cells may wrap anywhere, so long text cannot widen the
+    table, but that lets the layout squeeze a short column to one character a line)."""
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t in cols)
     body = []
     for r in rows:
@@ -439,7 +472,7 @@ def _table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str]], cls:
             v = r.get(k)
             num = isinstance(v, int | float) and not isinstance(v, bool)
             raw = isinstance(v, _Raw)
-            attr = ' class="num"' if num else ""
+            attr = ' class="num"' if num else ' class="nowrap"' if k in nowrap else ""
             cells.append(f"<td{attr}>{v.html if raw else _e(v)}</td>")  # type: ignore[union-attr]
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead>'
@@ -460,6 +493,20 @@ def _cap_note(n: int, what: str, order: str) -> str:
 
 def _none(what: str) -> str:
     return f'<p class="none">{html.escape(what)}</p>'
+
+
+def _duration(seconds: float | None) -> str:
+    """A duration to read at a glance: 20 s, 5 min 3 s, 3 h 25 min, 2 d 3 h."""
+    if seconds is None:
+        return ""
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.3g} s" if seconds < 10 else f"{s} s"
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
+        if s >= size:
+            rest = (s % size) // sub_size
+            return f"{s // size} {unit}" + (f" {rest} {sub}" if rest else "")
+    return f"{s} s"  # unreachable: s >= 60
 
 
 def _factors(top: Any) -> str:
@@ -576,12 +623,14 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
             st = r["status"]
             rows.append({**r, "status": _Raw(f'<span class="{"ok" if st == "matched" else "warn"}">{_e(st)}</span>'),
                          "what": r["title"] or "—", "factors": _factors(r.get("top_factors")),
-                         "duration": (r["end"] - r["start"]).total_seconds() if r["end"] and r["start"] else None})
+                         "duration": _duration((r["end"] - r["start"]).total_seconds()
+                                               if r["end"] and r["start"] else None)})
         cap = _cap_note(incidents.height, "incidents", "highest peak score")
         sections.append('<section id="incidents"><h2>Incidents</h2>' + cap + _table(rows, [
-            ("host", "host"), ("start", "start"), ("duration", "s"), ("n_windows", "windows"), ("status", "status"),
+            ("host", "host"), ("start", "start"), ("duration", "duration"), ("n_windows", "windows"), ("status", "status"),
             ("what", "knowledge-base entry"), ("confidence", "confidence"), ("peak_score", "peak"),
-            ("devices", "devices"), ("factors", "top factors"), ("explanation", "explanation")], "incidents")
+            ("devices", "devices"), ("factors", "top factors"), ("explanation", "explanation")], "incidents",
+            nowrap=("duration",))
             + "</section>")
     else:
         why = "none: no incidents table yet (run a sweep and the matcher)" if incidents is None else \

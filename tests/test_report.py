@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import html as html_mod
+import json
 import re
 import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -198,9 +201,10 @@ def test_audit_reports_when_a_misconfiguration_held(tmp_path: Path) -> None:
 
 
 def _small_lake(root: Path, n_incidents: int = 0, minutes: int = 30, entries: tuple[str, ...] = (
-        "gpu_power_throttle", "thp_coverage_loss", "irq_locality_miss")) -> Path:
-    """One host, 10 s combined scores over ``minutes``, and ``n_incidents`` short matched
-    incidents spread over it, their entries alternating (the plot's label pile-up)."""
+        "gpu_power_throttle", "thp_coverage_loss", "irq_locality_miss"), long_first: bool = False) -> Path:
+    """One host, 10 s combined scores over ``minutes``, and ``n_incidents`` 20 s matched
+    incidents spread over it, their entries alternating (the plot's label pile-up); with
+    ``long_first`` the first one lasts 12345 s."""
     from analytics.pipeline import SCORES_SCHEMA
     from knowledge_base.incidents import INCIDENT_SCHEMA
 
@@ -217,7 +221,7 @@ def _small_lake(root: Path, n_incidents: int = 0, minutes: int = 30, entries: tu
         starts = [T0 + timedelta(seconds=step * i) for i in range(n_incidents)]
         inc = pl.DataFrame({
             "time": starts, "incident_id": [f"inc-{i:04d}" for i in range(n_incidents)], "host": ["h1"] * n_incidents,
-            "start": starts, "end": [s + timedelta(seconds=12345 if i == 0 else 20) for i, s in enumerate(starts)],
+            "start": starts, "end": [s + timedelta(seconds=12345 if i == 0 and long_first else 20) for i, s in enumerate(starts)],
             "n_windows": [2] * n_incidents, "status": ["matched"] * n_incidents,
             "entry_id": [entries[i % len(entries)] for i in range(n_incidents)],
             "label_type": [entries[i % len(entries)] for i in range(n_incidents)],
@@ -247,3 +251,78 @@ def test_report_without_a_range_prints_the_range_of_the_data(tmp_path: Path,
     (tmp_path / "empty").mkdir()
     empty = write_report(tmp_path / "empty", tmp_path / "e.html")
     assert empty.text().splitlines()[0] == "Unveil report: 0 host(s), no data"
+
+
+_MEASURE = """<script>
+// Layout as Chromium renders it: the boxes of the score plot's incident labels, per panel,
+// and the number of lines each incidents-table duration cell takes.
+window.addEventListener('load', () => {
+  const labels = [...document.querySelectorAll('#traces [id^="incident-label"]')].map(g => {
+    const r = g.getBoundingClientRect();
+    return {panel: g.id.split('-')[2], text: g.textContent.trim(), l: r.left, r: r.right, t: r.top, b: r.bottom};
+  });
+  const col = [...document.querySelectorAll('table.incidents thead th')].findIndex(th => th.textContent === 'duration');
+  const cells = col < 0 ? [] : [...document.querySelectorAll('table.incidents tbody tr')].map(tr => {
+    const td = tr.children[col]; const range = document.createRange(); range.selectNodeContents(td);
+    const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+    return {text: td.textContent, lines: tops.size};
+  });
+  const pre = document.createElement('pre'); pre.id = 'measure';
+  pre.textContent = JSON.stringify({labels, cells, col});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _measure(report: Path, tmp_path: Path, width: int = 1280) -> dict[str, Any]:
+    page = tmp_path / "measure.html"
+    page.write_text(report.read_text(encoding="utf-8").replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    dom, console = chromium(page, tmp_path, "--dump-dom", f"--window-size={width},1600",
+                            "--virtual-time-budget=5000")
+    assert console == []
+    m = re.search(r'<pre id="measure">(.*?)</pre>', dom, flags=re.S)
+    assert m, "the measuring script did not run"
+    return json.loads(html_mod.unescape(m.group(1)))  # type: ignore[no-any-return]
+
+
+def _overlaps(boxes: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    out = []
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            if a["panel"] == b["panel"] and min(a["r"], b["r"]) - max(a["l"], b["l"]) > 0.5 \
+                    and min(a["b"], b["b"]) - max(a["t"], b["t"]) > 0.5:
+                out.append((a["text"], b["text"]))
+    return out
+
+
+def test_incident_labels_on_the_score_plot_do_not_overlap(tmp_path: Path) -> None:
+    # 60 short incidents in 30 min, their entries alternating: one label per incident used to
+    # pile into an unreadable strip along the top of the panel.
+    lake = _small_lake(tmp_path / "lake", n_incidents=60)
+    out = tmp_path / "r.html"
+    write_report(lake, out)
+    m = _measure(out, tmp_path)
+    labels = m["labels"]
+    assert len(labels) >= 3, labels  # thinned, not dropped: each entry is still named at least once
+    assert {lb["text"] for lb in labels} == {"gpu_power_throttle", "thp_coverage_loss", "irq_locality_miss"}
+    assert _overlaps(labels) == [], f"{len(_overlaps(labels))} overlapping label pairs of {len(labels)}"
+
+
+def test_incident_duration_renders_on_one_line(tmp_path: Path) -> None:
+    lake = _small_lake(tmp_path / "lake", n_incidents=5, long_first=True)
+    out = tmp_path / "r.html"
+    write_report(lake, out)
+    m = _measure(out, tmp_path, width=900)  # a narrow window: the explanation column squeezes the others
+    assert m["col"] >= 0, "no duration column"
+    cells = m["cells"]
+    assert len(cells) == 5
+    assert [c["lines"] for c in cells] == [1] * 5, cells
+    assert "3 h 25 min" in {c["text"] for c in cells} and "20 s" in {c["text"] for c in cells}
+
+
+def test_duration_is_rendered_in_units_to_read_at_a_glance() -> None:
+    from jobs.report import _duration
+
+    assert [_duration(s) for s in (0.0, 2.5, 20.0, 59.6, 303.0, 3600.0, 12345.0, 2 * 86400 + 3 * 3600 + 5)] == [
+        "0 s", "2.5 s", "20 s", "1 min", "5 min 3 s", "1 h", "3 h 25 min", "2 d 3 h"]
+    assert _duration(None) == ""
