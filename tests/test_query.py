@@ -490,3 +490,27 @@ def test_top_factors_keeps_the_direction_a_feature_moved(tmp_path: Path) -> None
     assert got == {"gpu_power_w": "up", "gpu_sm_clock_mhz": "down"}, out
     row = out.filter(pl.col("feature") == "gpu_power_w").row(0, named=True)
     assert row["windows"] == 4 and row["mean_value"] > row["mean_reference"]
+
+
+def test_remediation_effects_on_a_lake_written_before_the_history_columns(tmp_path: Path) -> None:
+    # remediations files written before attached_incidents / recurrence_of / came_back_after_s
+    # existed: those read as null, the rest as written.
+    from ingest.lake import write_table
+    from remediation.queue import Queue
+
+    with Queue(tmp_path / "q.db") as qu:
+        a = qu.propose(host="h1", entry_id="thp_coverage_loss", incident_id="inc-1", script_id="thp",
+                       params={"enabled": "always"})
+        qu.approve(a.id, by="alice")
+        frame = qu.to_frame()
+    new_cols = ["attached_incidents", "recurrence_of", "came_back_after_s"]
+    old = frame.drop(new_cols).with_columns(pl.col("updated").alias("time"))
+    write_table(tmp_path / "lake", "remediations", old, partition_by_hour=False)
+    out = q.run_query(tmp_path / "lake", "remediation-effects")
+    assert out.height == 1
+    row = out.row(0, named=True)
+    assert row["action_id"] == a.id and row["state"] == "approved" and row["approved_by"] == "alice"
+    assert all(row[c] is None for c in new_cols)
+    assert out.schema["recurrence_of"] == pl.Int64 and out.schema["came_back_after_s"] == pl.Float64
+    # and ad hoc SQL naming a new column works on the old files too
+    assert q.run_query(tmp_path / "lake", "SELECT count(recurrence_of) AS n FROM remediations")["n"][0] == 0
