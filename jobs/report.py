@@ -382,21 +382,28 @@ def _place_labels(fig: Any, marks: Sequence[tuple[Any, int, datetime, str]], pal
     first of :data:`LABEL_ROWS` rows where the label overlaps no other; labels with no room
     are left out (the colour and the legend still tell the entry), so dense incidents thin
     out instead of piling into an unreadable strip."""
+    from matplotlib.dates import date2num
+
     renderer = fig.canvas.get_renderer()
-    placed: dict[int, list[Any]] = {}
-    for ax, n, x, entry in sorted(marks, key=lambda m: (id(m[0]), m[2])):
-        boxes = placed.setdefault(id(ax), [])
-        panel = list(fig.axes).index(ax)
+    # per panel and row, the right edge (display units) of the last label placed: labels go
+    # left to right and the rows (9 pt apart, 7 pt text) do not overlap vertically, so a label
+    # can only collide with the last one of its row
+    right: dict[int, list[float]] = {}
+    for ax, n, x, entry in sorted(marks, key=lambda m: (fig.axes.index(m[0]), m[2])):
+        edges = right.setdefault(id(ax), [float("-inf")] * LABEL_ROWS)
+        anchor = ax.transData.transform((date2num(x), 0.0))[0]
+        panel = fig.axes.index(ax)
         for row in range(LABEL_ROWS):
+            if anchor <= edges[row]:  # starts inside the last label of this row: no need to measure
+                continue
             ann = ax.annotate(entry, xy=(x, 1.0), xycoords=("data", "axes fraction"),
                               xytext=(2, -2 - 9 * row), textcoords="offset points", fontsize=7, va="top",
                               color=_entry_color(entry, palette), zorder=5, gid=f"incident-label-{panel}-{n}")
             bb = ann.get_window_extent(renderer)
             # Margin: a viewer without the font matplotlib measured with renders it a little wider.
             pad = 0.1 * bb.width + 4
-            box = (bb.x0 - pad, bb.x1 + pad, bb.y0, bb.y1)
-            if not any(box[0] < b[1] and b[0] < box[1] and box[2] < b[3] and b[2] < box[3] for b in boxes):
-                boxes.append(box)
+            if bb.x0 - pad >= edges[row]:
+                edges[row] = bb.x1 + pad
                 break
             ann.remove()
 
