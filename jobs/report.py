@@ -327,6 +327,13 @@ def plot_traces(ws: pl.DataFrame, incidents: pl.DataFrame | None, labels: pl.Dat
     marks: list[tuple[Any, int, datetime, str]] = []  # (panel, n, incident start, entry)
     for ax, host in zip(axes[:, 0], hosts, strict=True):
         h = _downsample(ws.filter(pl.col("host") == host), MAX_TRACE_POINTS)
+        # +inf scores (a detector whose reference had no spread) are drawn at the top of the
+        # panel, above every finite score and marked: matplotlib leaves them out, which broke
+        # the trace exactly where the anomaly was worst
+        inf = pl.col("score").is_infinite() & (pl.col("score") > 0)
+        finite_max = h.filter(pl.col("score").is_finite())["score"].max()
+        top = 4.0 * max(1.0, float(finite_max) if isinstance(finite_max, int | float) else 1.0)
+        h = h.with_columns(inf.alias("_inf"), pl.when(inf).then(top).otherwise(pl.col("score")).alias("score"))
         x = h["window_start"].to_list()
         y = h["score"].to_list()
         if labels is not None:
@@ -345,11 +352,16 @@ def plot_traces(ws: pl.DataFrame, incidents: pl.DataFrame | None, labels: pl.Dat
                                lw=0, zorder=1)
                     handles.setdefault("incident: unmatched", Patch(facecolor="none", edgecolor="#999999",
                                                                     hatch="///"))
-        ax.plot(x, y, color="#333333", lw=0.8, zorder=3)
+        ax.plot(x, y, color="#333333", lw=0.8, zorder=3, gid=f"score-trace-{hosts.index(host)}")
         fl = h.filter(pl.col("flagged"))
         if fl.height:
             ax.scatter(fl["window_start"].to_list(), fl["score"].to_list(), s=6, color="#d62728", zorder=4)
             handles.setdefault("flagged window", ax.collections[-1])
+        hi = h.filter(pl.col("_inf"))
+        if hi.height:
+            ax.scatter(hi["window_start"].to_list(), hi["score"].to_list(), s=14, marker="^", color="#7f0000",
+                       zorder=4, gid=f"score-infinite-{hosts.index(host)}")
+            handles.setdefault("score = ∞ (drawn at the top)", ax.collections[-1])
         ax.axhline(1.0, color="#d62728", lw=0.8, ls="--", zorder=2)
         ax.set_yscale("symlog", linthresh=1.0)
         ax.set_ylabel(host, rotation=0, ha="right", va="center")
@@ -398,7 +410,9 @@ def _place_labels(fig: Any, marks: Sequence[tuple[Any, int, datetime, str]], pal
                 continue
             ann = ax.annotate(entry, xy=(x, 1.0), xycoords=("data", "axes fraction"),
                               xytext=(2, -2 - 9 * row), textcoords="offset points", fontsize=7, va="top",
-                              color=_entry_color(entry, palette), zorder=5, gid=f"incident-label-{panel}-{n}")
+                              color=_entry_color(entry, palette), zorder=5, gid=f"incident-label-{panel}-{n}",
+                              # readable over the trace and the flagged dots
+                              bbox={"boxstyle": "square,pad=0.1", "fc": "white", "alpha": 0.75, "lw": 0})
             bb = ann.get_window_extent(renderer)
             # Margin: a viewer without the font matplotlib measured with renders it a little wider.
             pad = 0.1 * bb.width + 4

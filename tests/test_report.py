@@ -201,10 +201,12 @@ def test_audit_reports_when_a_misconfiguration_held(tmp_path: Path) -> None:
 
 
 def _small_lake(root: Path, n_incidents: int = 0, minutes: int = 30, entries: tuple[str, ...] = (
-        "gpu_power_throttle", "thp_coverage_loss", "irq_locality_miss"), long_first: bool = False) -> Path:
+        "gpu_power_throttle", "thp_coverage_loss", "irq_locality_miss"), long_first: bool = False,
+        infinite: range = range(0)) -> Path:
     """One host, 10 s combined scores over ``minutes``, and ``n_incidents`` 20 s matched
     incidents spread over it, their entries alternating (the plot's label pile-up); with
-    ``long_first`` the first one lasts 12345 s."""
+    ``long_first`` the first one lasts 12345 s; the windows ``infinite`` score +inf (a
+    detector whose reference had no spread)."""
     from analytics.pipeline import SCORES_SCHEMA
     from knowledge_base.incidents import INCIDENT_SCHEMA
 
@@ -212,7 +214,7 @@ def _small_lake(root: Path, n_incidents: int = 0, minutes: int = 30, entries: tu
     ws = [T0 + timedelta(seconds=10 * i) for i in range(n)]
     scores = pl.DataFrame({"time": ws, "host": ["h1"] * n, "window_start": ws,
                            "window_end": [w + timedelta(seconds=10) for w in ws], "detector": ["combined"] * n,
-                           "reference": ["self"] * n, "score": [0.5 + (i % 7) * 0.3 for i in range(n)],
+                           "reference": ["self"] * n, "score": [float("inf") if i in infinite else 0.5 + (i % 7) * 0.3 for i in range(n)],
                            "threshold": [1.0] * n, "flagged": [(i % 7) > 1 for i in range(n)]},
                           schema={"time": SCORES_SCHEMA["window_start"], **SCORES_SCHEMA})
     write_table(root, "scores", scores, partition_by_hour=False)
@@ -326,3 +328,20 @@ def test_duration_is_rendered_in_units_to_read_at_a_glance() -> None:
     assert [_duration(s) for s in (0.0, 2.5, 20.0, 59.6, 303.0, 3600.0, 12345.0, 2 * 86400 + 3 * 3600 + 5)] == [
         "0 s", "2.5 s", "20 s", "1 min", "5 min 3 s", "1 h", "3 h 25 min", "2 d 3 h"]
     assert _duration(None) == ""
+
+
+def test_infinite_scores_are_drawn_at_the_top_of_their_panel(tmp_path: Path) -> None:
+    # +inf scores (a degenerate reference) used to vanish from the trace: the line broke and
+    # no dot was drawn exactly where the anomaly was worst.
+    lake = _small_lake(tmp_path / "lake", minutes=10, infinite=range(20, 40))
+    out = tmp_path / "r.html"
+    write_report(lake, out)
+    svg = out.read_text()
+    trace = re.search(r'<g id="score-trace-0">.*?<path d="([^"]*)"', svg, flags=re.S)
+    assert trace, "no score trace in the SVG"
+    d = trace.group(1)
+    assert d.count("M") == 1, "the trace is broken"
+    assert len(re.findall(r"[ML]\s*-?[\d.]+\s+-?[\d.]+", d)) == 60  # every window drawn
+    marks = re.search(r'<g id="score-infinite-0">(.*?)</g>\s*</g>', svg, flags=re.S)
+    assert marks and marks.group(1).count("<use") == 20, "the 20 infinite windows are not marked"
+    assert "score = ∞ (drawn at the top)" in svg
