@@ -560,11 +560,26 @@ class WriteBack:
             host = _host_of(path)
             if host is not None and HOST not in df.columns:
                 df = df.with_columns(pl.lit(host).alias(HOST))
-            out = influx_frame(table, df)
-            tags = [t for t in INFLUX_TAGS[table] if t in out.columns]
-            self.sink.write(INFLUX_MEASUREMENTS[table], out, tags=tags)
-            self.points += out.height
+            self._send(table, df)
         self.sink.flush()
+
+    def _send(self, table: str, df: pl.DataFrame) -> None:
+        assert self.sink is not None
+        out = influx_frame(table, df)
+        tags = [t for t in INFLUX_TAGS[table] if t in out.columns]
+        self.sink.write(INFLUX_MEASUREMENTS[table], out, tags=tags)
+        self.points += out.height
+
+    def write_rows(self, table: str, df: pl.DataFrame) -> None:
+        """Mirror rows that reach the lake outside a sweep's publication (the remediations'
+        state changes the cycle exports at its end); a failure is logged like a sweep's."""
+        if self.sink is None or df.is_empty():
+            return
+        try:
+            self._send(table, df)
+            self.sink.flush()
+        except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
+            log.error("write-back of %d %s row(s) to InfluxDB failed (the lake has them): %s", df.height, table, exc)
 
     def close(self) -> None:
         if self.sink is not None:
@@ -768,15 +783,16 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                     summary.chunks.append(chunk)
                     merge_corrupt(summary.corrupt, corrupt)
                     bar.advance(detail=f"{e.isoformat()} {len(group)} host(s)")
-            summary.influx_points = hook.points
             if cfg.auto_remediate:
                 _auto_remediate(lake_p, queue_path, cfg.remediation_root)
             summary.verifications = _conclude_verifications(lake_p, queue_path, now or datetime.now(UTC),
                                                             cfg.remediation_root)
             try:
-                summary.remediation_rows = export_remediations(lake_p, queue_path)
+                summary.remediation_rows = export_remediations(
+                    lake_p, queue_path, mirror=lambda df: hook.write_rows("remediations", df))
             except (lake_mod.LakeError, OSError) as exc:  # the next cycle exports what is still missing
                 log.error("exporting the remediation queue to the lake failed: %s", exc)
+            summary.influx_points = hook.points
         finally:
             hook.close()
         return summary
@@ -807,10 +823,14 @@ def _auto_remediate(lake: Path, queue_path: Path | None, root: str = "/") -> Non
         log.info("auto-remediation ran %d action(s)", len(ran))
 
 
-def export_remediations(lake: str | os.PathLike[str], queue_path: Path | None = None) -> int:
+def export_remediations(lake: str | os.PathLike[str], queue_path: Path | None = None, *,
+                        mirror: Callable[[pl.DataFrame], None] | None = None) -> int:
     """The ``remediations`` table follows the queue: one row (time = its ``updated``) for every
     action changed since the newest row the lake has of it (a state change, a verdict, an
-    attached incident). Readers take each action's latest row. Returns the rows appended."""
+    attached incident). Readers take each action's latest row. Returns the rows appended.
+
+    ``mirror`` (the InfluxDB write-back) gets the rows before the lake does: a crash between
+    the two sends them again next cycle, the same points, which InfluxDB stores once."""
     from remediation.queue import Queue, default_path
 
     lake_p = Path(lake)
@@ -828,8 +848,10 @@ def export_remediations(lake: str | os.PathLike[str], queue_path: Path | None = 
             pl.col("seen").is_null() | (pl.col("updated") > pl.col("seen"))).drop("seen")
     if frame.is_empty():
         return 0
-    lake_mod.write_table(lake_p, "remediations",
-                         frame.with_columns(pl.col("updated").alias(schema.TIME)).select(schema.TIME, pl.exclude(schema.TIME)))
+    rows = frame.with_columns(pl.col("updated").alias(schema.TIME)).select(schema.TIME, pl.exclude(schema.TIME))
+    if mirror is not None:
+        mirror(rows)
+    lake_mod.write_table(lake_p, "remediations", rows)
     return frame.height
 
 

@@ -341,8 +341,22 @@ def _scan(lake: str | os.PathLike[str], table: str, start: datetime | None, end:
         if table == "labels" and start is not None:
             lf = lf.filter(pl.col("end").is_null() | (pl.col("end") > start))
         return lf
-    return lake_mod.scan(lake, table, start=start, end=end, hosts=hosts, on_corrupt="skip", report=corrupt,
-                         exclude=exclude)
+    return _complete(table, lake_mod.scan(lake, table, start=start, end=end, hosts=hosts, on_corrupt="skip",
+                                          report=corrupt, exclude=exclude))
+
+
+def _complete(table: str, lf: pl.LazyFrame) -> pl.LazyFrame:
+    """A downstream table with the columns its files predate added as typed nulls (e.g.
+    remediations written before attached_incidents / recurrence_of / came_back_after_s), so
+    the named queries that select them run on older lakes."""
+    if table not in _KNOWN_EMPTY:
+        return lf
+    known = _empty_known(table)
+    if known is None:
+        return lf
+    have = set(lf.collect_schema().names())
+    missing = [pl.lit(None, dt).alias(c) for c, dt in known.collect_schema().items() if c not in have]
+    return lf.with_columns(missing) if missing else lf
 
 
 def _scanned(sql: str, available: Sequence[str]) -> list[str]:

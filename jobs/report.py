@@ -83,14 +83,34 @@ class ReportSummary:
     plots: int = 0
     missing_tables: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # the range the data read covers (bounds of the report's tables), shown for a bound not given
+    data_start: datetime | None = None
+    data_end: datetime | None = None
 
     @property
     def unmatched(self) -> int:
         return self.incidents - self.matched
 
+    def span(self) -> str:
+        """The report's time range: the bounds given, the data's for those not given."""
+        lo = self.start or self.data_start
+        hi = self.end or self.data_end
+        if self.start is not None and lo is not None and hi is not None and hi < lo:
+            hi = None  # every row read is older than --since (facts in force at it)
+        if lo is None and hi is None:
+            return "no data"
+        if hi is None:
+            return f"since {_fmt_time(lo)} (no data)"
+        if lo is None:
+            return f"until {_fmt_time(hi)} (no data)"
+        given = (self.start is not None, self.end is not None)
+        note = {(False, False): " (the data's range)", (True, False): " (end: the data's)",
+                (False, True): " (start: the data's)"}.get(given, "")
+        return f"{_fmt_time(lo)} .. {_fmt_time(hi)}{note}"
+
     def text(self) -> str:
         """The short terminal summary."""
-        span = f"{_fmt_time(self.start)} .. {_fmt_time(self.end)}"
+        span = self.span()
         lines = [f"Unveil report: {len(self.hosts)} host(s), {span}"]
         share = f" ({100.0 * self.flagged / self.windows:.1f} %)" if self.windows else ""
         lines.append(f"  windows {self.windows}, flagged {self.flagged}{share}, findings {self.findings}")
@@ -205,6 +225,22 @@ def _audit(host_facts: pl.DataFrame | None) -> pl.DataFrame | None:
         "last_seen")
 
 
+def _data_range(frames: Sequence[tuple[pl.DataFrame | None, str, str]]) -> tuple[datetime | None, datetime | None]:
+    """(earliest, latest) time of the (frame, start column, end column) given."""
+    lo: list[datetime] = []
+    hi: list[datetime] = []
+    for df, c0, c1 in frames:
+        if df is None or df.is_empty() or c0 not in df.columns:
+            continue
+        a = df[c0].min()
+        b = df[c1 if c1 in df.columns else c0].max()
+        if isinstance(a, datetime):
+            lo.append(a)
+        if isinstance(b, datetime):
+            hi.append(b)
+    return (min(lo) if lo else None), (max(hi) if hi else None)
+
+
 def _window_scores(scores: pl.DataFrame | None) -> pl.DataFrame | None:
     """Per host and window: the combined score (worse reference) and whether flagged."""
     if scores is None:
@@ -288,8 +324,16 @@ def plot_traces(ws: pl.DataFrame, incidents: pl.DataFrame | None, labels: pl.Dat
     n = len(hosts)
     fig, axes = plt.subplots(n, 1, figsize=(11, 1.9 * n + 0.6), sharex=True, squeeze=False)
     handles: dict[str, Any] = {}
+    marks: list[tuple[Any, int, datetime, str]] = []  # (panel, n, incident start, entry)
     for ax, host in zip(axes[:, 0], hosts, strict=True):
         h = _downsample(ws.filter(pl.col("host") == host), MAX_TRACE_POINTS)
+        # +inf scores (a detector whose reference had no spread) are drawn at the top of the
+        # panel, above every finite score and marked: matplotlib leaves them out, which broke
+        # the trace exactly where the anomaly was worst
+        inf = pl.col("score").is_infinite() & (pl.col("score") > 0)
+        finite_max = h.filter(pl.col("score").is_finite())["score"].max()
+        top = 4.0 * max(1.0, float(finite_max) if isinstance(finite_max, int | float) else 1.0)
+        h = h.with_columns(inf.alias("_inf"), pl.when(inf).then(top).otherwise(pl.col("score")).alias("score"))
         x = h["window_start"].to_list()
         y = h["score"].to_list()
         if labels is not None:
@@ -308,24 +352,28 @@ def plot_traces(ws: pl.DataFrame, incidents: pl.DataFrame | None, labels: pl.Dat
                                lw=0, zorder=1)
                     handles.setdefault("incident: unmatched", Patch(facecolor="none", edgecolor="#999999",
                                                                     hatch="///"))
-        ax.plot(x, y, color="#333333", lw=0.8, zorder=3)
+        ax.plot(x, y, color="#333333", lw=0.8, zorder=3, gid=f"score-trace-{hosts.index(host)}")
         fl = h.filter(pl.col("flagged"))
         if fl.height:
             ax.scatter(fl["window_start"].to_list(), fl["score"].to_list(), s=6, color="#d62728", zorder=4)
             handles.setdefault("flagged window", ax.collections[-1])
+        hi = h.filter(pl.col("_inf"))
+        if hi.height:
+            ax.scatter(hi["window_start"].to_list(), hi["score"].to_list(), s=14, marker="^", color="#7f0000",
+                       zorder=4, gid=f"score-infinite-{hosts.index(host)}")
+            handles.setdefault("score = ∞ (drawn at the top)", ax.collections[-1])
         ax.axhline(1.0, color="#d62728", lw=0.8, ls="--", zorder=2)
         ax.set_yscale("symlog", linthresh=1.0)
         ax.set_ylabel(host, rotation=0, ha="right", va="center")
         ax.grid(True, axis="y", alpha=0.3)
         if incidents is not None:
-            # Mark each matched incident's entry once per contiguous run on this host.
+            # Mark each matched incident's entry once per contiguous run on this host
+            # (placed once the layout is final, see _place_labels).
             last = None
             for inc in incidents.filter((pl.col("host") == host) & (pl.col("status") == "matched")).sort(
                     "start").iter_rows(named=True):
                 if inc["entry_id"] != last:
-                    ax.annotate(inc["entry_id"], xy=(inc["start"], 1.0), xycoords=("data", "axes fraction"),
-                                xytext=(2, -2), textcoords="offset points", fontsize=7, va="top",
-                                color=_entry_color(inc["entry_id"], palette), zorder=5)
+                    marks.append((ax, len(marks), inc["start"], inc["entry_id"]))
                 last = inc["entry_id"]
     handles.setdefault("threshold (combined = 1)", axes[0, 0].lines[-1])
     axes[0, 0].set_title("combined anomaly score per window (symlog; > 1 = flagged)")
@@ -334,7 +382,44 @@ def plot_traces(ws: pl.DataFrame, incidents: pl.DataFrame | None, labels: pl.Dat
     # Under the last panel, clear of its rotated date labels (in that panel's height units).
     axes[-1, 0].legend(list(handles.values()), list(handles), loc="upper center", ncol=min(4, len(handles)),
                        bbox_to_anchor=(0.5, -0.6), frameon=False, fontsize=8)
+    _place_labels(fig, marks, palette)
     return _svg(fig)
+
+
+LABEL_ROWS = 2  # rows of incident labels along the top of a panel
+
+
+def _place_labels(fig: Any, marks: Sequence[tuple[Any, int, datetime, str]], palette: dict[str, str]) -> None:
+    """Label incidents with their entry along the top of their panel, left to right, in the
+    first of :data:`LABEL_ROWS` rows where the label overlaps no other; labels with no room
+    are left out (the colour and the legend still tell the entry), so dense incidents thin
+    out instead of piling into an unreadable strip."""
+    from matplotlib.dates import date2num
+
+    renderer = fig.canvas.get_renderer()
+    # per panel and row, the right edge (display units) of the last label placed: labels go
+    # left to right and the rows (9 pt apart, 7 pt text) do not overlap vertically, so a label
+    # can only collide with the last one of its row
+    right: dict[int, list[float]] = {}
+    for ax, n, x, entry in sorted(marks, key=lambda m: (fig.axes.index(m[0]), m[2])):
+        edges = right.setdefault(id(ax), [float("-inf")] * LABEL_ROWS)
+        anchor = ax.transData.transform((date2num(x), 0.0))[0]
+        panel = fig.axes.index(ax)
+        for row in range(LABEL_ROWS):
+            if anchor <= edges[row]:  # starts inside the last label of this row: no need to measure
+                continue
+            ann = ax.annotate(entry, xy=(x, 1.0), xycoords=("data", "axes fraction"),
+                              xytext=(2, -2 - 9 * row), textcoords="offset points", fontsize=7, va="top",
+                              color=_entry_color(entry, palette), zorder=5, gid=f"incident-label-{panel}-{n}",
+                              # readable over the trace and the flagged dots
+                              bbox={"boxstyle": "square,pad=0.1", "fc": "white", "alpha": 0.75, "lw": 0})
+            bb = ann.get_window_extent(renderer)
+            # Margin: a viewer without the font matplotlib measured with renders it a little wider.
+            pad = 0.1 * bb.width + 4
+            if bb.x0 - pad >= edges[row]:
+                edges[row] = bb.x1 + pad
+                break
+            ann.remove()
 
 
 def plot_fingerprints(incidents: pl.DataFrame) -> str:
@@ -376,6 +461,7 @@ td{overflow-wrap:anywhere}
 th,td{border:1px solid #e3e3e3;padding:4px 6px;text-align:left;vertical-align:top}
 th{background:#f5f5f5}tr:nth-child(even) td{background:#fafafa}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num,td.nowrap{white-space:nowrap;overflow-wrap:normal}
 .ok{color:#1a7f37;font-weight:600}.bad{color:#b42318;font-weight:600}.warn{color:#9a6700;font-weight:600}
 figure{margin:8px 0}figure svg{width:100%;height:auto}
 code{font-size:.9em}
@@ -394,7 +480,11 @@ def _e(v: Any) -> str:
     return html.escape(str(v))
 
 
-def _table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str]], cls: str = "") -> str:
+def _table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str]], cls: str = "",
+           nowrap: Sequence[str] = ()) -> str:
+    """An HTML table of ``rows``; ``cols``: (key, header); numbers and the ``nowrap`` columns
+    stay on one line (the other cells may wrap anywhere, so long text cannot widen the
+    table, but that lets the layout squeeze a short column to one character a line)."""
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t in cols)
     body = []
     for r in rows:
@@ -403,7 +493,7 @@ def _table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str]], cls:
             v = r.get(k)
             num = isinstance(v, int | float) and not isinstance(v, bool)
             raw = isinstance(v, _Raw)
-            attr = ' class="num"' if num else ""
+            attr = ' class="num"' if num else ' class="nowrap"' if k in nowrap else ""
             cells.append(f"<td{attr}>{v.html if raw else _e(v)}</td>")  # type: ignore[union-attr]
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead>'
@@ -424,6 +514,20 @@ def _cap_note(n: int, what: str, order: str) -> str:
 
 def _none(what: str) -> str:
     return f'<p class="none">{html.escape(what)}</p>'
+
+
+def _duration(seconds: float | None) -> str:
+    """A duration to read at a glance: 20 s, 5 min 3 s, 3 h 25 min, 2 d 3 h."""
+    if seconds is None:
+        return ""
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.3g} s" if seconds < 10 else f"{s} s"
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
+        if s >= size:
+            rest = (s % size) // sub_size
+            return f"{s // size} {unit}" + (f" {rest} {sub}" if rest else "")
+    return f"{s} s"  # unreachable: s >= 60
 
 
 def _factors(top: Any) -> str:
@@ -483,6 +587,9 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
     ws = _window_scores(scores)
 
     summary = ReportSummary(out_p, start, end)
+    summary.data_start, summary.data_end = _data_range([
+        (scores, "window_start", "window_end"), (findings, "window_start", "window_end"),
+        (incidents, "start", "end"), (labels, "time", "end"), (host_facts, "time", "time")])
     summary.missing_tables = [t for t in ("scores", "findings", "incidents", "host_facts") if t not in available]
     host_set: set[str] = set()
     for df in (ws, incidents, labels, host_facts):
@@ -537,12 +644,14 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
             st = r["status"]
             rows.append({**r, "status": _Raw(f'<span class="{"ok" if st == "matched" else "warn"}">{_e(st)}</span>'),
                          "what": r["title"] or "—", "factors": _factors(r.get("top_factors")),
-                         "duration": (r["end"] - r["start"]).total_seconds() if r["end"] and r["start"] else None})
+                         "duration": _duration((r["end"] - r["start"]).total_seconds()
+                                               if r["end"] and r["start"] else None)})
         cap = _cap_note(incidents.height, "incidents", "highest peak score")
         sections.append('<section id="incidents"><h2>Incidents</h2>' + cap + _table(rows, [
-            ("host", "host"), ("start", "start"), ("duration", "s"), ("n_windows", "windows"), ("status", "status"),
+            ("host", "host"), ("start", "start"), ("duration", "duration"), ("n_windows", "windows"), ("status", "status"),
             ("what", "knowledge-base entry"), ("confidence", "confidence"), ("peak_score", "peak"),
-            ("devices", "devices"), ("factors", "top factors"), ("explanation", "explanation")], "incidents")
+            ("devices", "devices"), ("factors", "top factors"), ("explanation", "explanation")], "incidents",
+            nowrap=("duration",))
             + "</section>")
     else:
         why = "none: no incidents table yet (run a sweep and the matcher)" if incidents is None else \
@@ -594,8 +703,7 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>Unveil report — {html.escape(str(lake))}</title><style>{_CSS}</style></head><body>"
         "<h1>Unveil report</h1>"
-        f'<p class="meta">lake <code>{html.escape(str(lake))}</code> · range {_e(start) or "all"} .. '
-        f'{_e(end) or "all"} · hosts {html.escape(", ".join(hosts) if hosts else "all")} · generated '
+        f'<p class="meta">lake <code>{html.escape(str(lake))}</code> · range {html.escape(summary.span())} · hosts {html.escape(", ".join(hosts) if hosts else "all")} · generated '
         f"{_e(datetime.now(UTC))}</p>{missing}"
         f'<section id="summary"><div class="cards">{card_html}</div></section>'
         + "".join(sections) + "</body></html>\n"

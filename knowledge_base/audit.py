@@ -63,6 +63,15 @@ def _owners(hf: HostFacts) -> dict[str, str]:
     return out
 
 
+def _node(v: Any) -> int | None:
+    """A NUMA node fact as a node number; None when unknown or negative (no placement)."""
+    try:
+        node = int(float(v))
+    except (TypeError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
 def _run_check(entry: Entry, check: AuditCheck, hf: HostFacts) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
@@ -112,13 +121,15 @@ def _run_check(entry: Entry, check: AuditCheck, hf: HostFacts) -> list[dict[str,
         total: dict[str, int] = defaultdict(int)
         home: dict[str, str] = {}
         for irq, pci in hf.device_values("irq", "pci").items():
-            dnode = hf.value("irq", "device_node", irq)
+            dnode = _node(hf.value("irq", "device_node", irq))
             aff = hf.value("irq", "affinity_nodes", irq)
-            if dnode is None or aff is None or str(dnode).strip() in ("", "-1"):
+            # node -1 (read back as -1.0): the device has no NUMA placement (one-node VMs),
+            # so no affinity can be off it
+            if dnode is None or aff is None:
                 continue
             name = owners.get(_norm_pci(str(pci)), str(pci))
             total[name] += 1
-            home[name] = str(int(float(dnode)))
+            home[name] = str(dnode)
             if home[name] not in str(aff).split(","):
                 per_dev[name].append(irq)
         for dev, off in sorted(per_dev.items()):

@@ -9,10 +9,15 @@ planned change, changes nothing) is the default; ``execute=True`` really applies
 A failed or timed-out apply leaves the action ``failed`` with its output, and the host as it was:
 the script restores on its own errors, and after a timeout (the script was killed mid-way) the
 executor runs the script's rollback from the state file the script wrote before changing anything.
+
+An action whose parameters set a value its knowledge-base entry names as the fault
+(``fault_values``, e.g. THP ``enabled = never``) is refused, whenever it was queued: the queue
+refuses such proposals now, but a queue written before that check may still hold some.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -20,14 +25,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from remediation import registry
-from remediation.errors import RemediationError, TransitionError
+from remediation.errors import FaultValueError, RemediationError, TransitionError
 from remediation.queue import Action, Queue
+
+#: entry id -> its fault values (parameter -> the values that are the fault)
+FaultValues = Callable[[str], Mapping[str, Sequence[Any]]]
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +94,50 @@ class RunResult:
         }
 
 
-class Executor:
-    """Runs actions of one queue. ``worker`` names this executor in the audit trail."""
+def kb_fault_values() -> FaultValues:
+    """The shipped knowledge base's fault values per entry (loaded once, on first use); an
+    entry it does not know, or one without a remediation, has none."""
+    @functools.cache
+    def table() -> dict[str, Mapping[str, Sequence[Any]]]:
+        # Imported here: the knowledge base names this package's scripts (it imports
+        # remediation.registry), so a module-level import would be circular.
+        from knowledge_base.loader import load_kb
 
-    def __init__(self, queue: Queue, config: ExecutorConfig | None = None, *, worker: str | None = None) -> None:
+        return {e.id: e.remediation.fault_values if e.remediation else {} for e in load_kb()}
+
+    def lookup(entry_id: str) -> Mapping[str, Sequence[Any]]:
+        return table().get(entry_id, {})
+
+    return lookup
+
+
+class Executor:
+    """Runs actions of one queue. ``worker`` names this executor in the audit trail;
+    ``fault_values``: entry id -> its fault values (default: the shipped knowledge base)."""
+
+    def __init__(self, queue: Queue, config: ExecutorConfig | None = None, *, worker: str | None = None,
+                 fault_values: FaultValues | None = None) -> None:
         self.queue = queue
         self.config = config or ExecutorConfig()
         self.worker = worker or f"executor@{os.uname().nodename}:{os.getpid()}"
+        self.fault_values = fault_values or kb_fault_values()
+
+    def check_fault_values(self, action: Action) -> None:
+        """Raise FaultValueError when ``action`` sets a parameter to a fault value of its
+        entry; RemediationError when the fault values cannot be read (fails closed)."""
+        try:
+            faults = self.fault_values(action.entry_id)
+        except Exception as exc:  # any failure to read them means: do not run
+            raise RemediationError(f"action {action.id} ({action.entry_id} on {action.host}): cannot read the "
+                                   f"entry's fault values ({type(exc).__name__}: {exc}); refused") from exc
+        params = registry.validate_params(action.script_id, action.params)
+        for name, bad in faults.items():
+            if name in params and bad and params[name] in registry.validate_values(action.script_id, name, bad):
+                raise FaultValueError(
+                    f"action {action.id} ({action.entry_id} on {action.host}): {action.script_id} parameter "
+                    f"{name!r} = {params[name]!r} is the fault this entry is for (fault_values.{name} = "
+                    f"{list(bad)!r}); it was queued before proposals were checked against them; refused "
+                    "(reject it: unveil remediate reject ID)")
 
     # ---- commands ------------------------------------------------------------------------------
 
@@ -150,6 +195,7 @@ class Executor:
         action = self.queue.get(action_id)
         if action.state not in ("proposed", "approved"):
             raise TransitionError(f"action {action_id} is {action.state}: a dry run is for proposed or approved actions")
+        self.check_fault_values(action)
         res = self._run(self.command(action, "check"), self._timeout(action))
         self.queue.record(action_id, actor=actor, event="dry_run", details={
             "would_run": self.command(action, "apply"), **res.as_dict(),
@@ -162,6 +208,7 @@ class Executor:
         registry.validate_params(action.script_id, action.params)
         if action.state != "approved":
             raise TransitionError(f"action {action_id} is {action.state}; only approved actions run")
+        self.check_fault_values(action)
         claimed = self.queue.claim(worker=self.worker, action_id=action_id)
         if claimed is None:
             busy = [a.id for a in self.queue.actions(host=action.host) if a.state in ("running", "verifying")]
@@ -178,6 +225,7 @@ class Executor:
 
     def _apply(self, action: Action, *, actor: str) -> Action:
         try:
+            self.check_fault_values(action)
             argv = self.command(action, "apply")
         except RemediationError as exc:
             return self.queue.transition(action.id, "failed", actor=actor, event="refused",

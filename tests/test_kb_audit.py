@@ -69,3 +69,26 @@ def test_audit_reads_the_facts_in_force_at_a_time() -> None:
     during = audit(facts, kb, at=labels["time"] + timedelta(seconds=10))
     assert set(during.filter(pl.col("entry_id") == "gpu_power_throttle")["device"]) == {"gpu3", "gpu5"}
     assert audit(facts, kb).is_empty()  # latest facts: the limit was restored
+
+
+def test_one_node_vm_with_devices_on_node_minus_one_passes_the_irq_check() -> None:
+    # The recorded one-node VM (tests/data/proc/normal): its PCI devices report NUMA node -1
+    # ("no placement"), which the facts carry as value "-1" / value_num -1.0. No IRQ of such a
+    # device can be off its node.
+    from ingest.collectors.hostfacts import HostFactsCollector
+
+    r = HostFactsCollector(Path(__file__).parent / "data" / "proc" / "normal").facts()
+    df = pl.DataFrame({"time": [T0] * r.n_rows, "host": ["vm"] * r.n_rows, **r.tags, **r.fields})
+    assert df.filter((pl.col("key") == "device_node") & (pl.col("value_num") == -1.0)).height > 0
+    out = audit(df, load_kb())
+    assert out.filter(pl.col("entry_id") == "irq_locality_miss").is_empty(), out.rows()
+
+
+def test_irq_check_still_flags_a_known_node_given_as_a_number() -> None:
+    # Control for the -1 fix: a device on node 1 (value_num 1.0) whose IRQs sit on node 0.
+    rows = [("irq", "90", "pci", "0000:ca:00.0", None), ("irq", "90", "device_node", "1", 1.0),
+            ("irq", "90", "affinity_nodes", "0", None), ("numa", "", "nodes", "2", 2.0)]
+    df = pl.DataFrame([(T0, "h", *r) for r in rows], orient="row",
+                      schema=["time", "host", "category", "device", "key", "value", "value_num"])
+    out = audit(df, load_kb()).filter(pl.col("entry_id") == "irq_locality_miss")
+    assert out["device"].to_list() == ["0000:ca:00.0"] and "off node 1" in out["evidence"][0]

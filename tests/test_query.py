@@ -464,3 +464,53 @@ def test_damaged_and_truncated_files_are_skipped_and_warned_once(tmp_path: Path,
     with caplog.at_level("WARNING"):
         q.run_query(tmp_path, "SELECT * FROM system")
     assert sorted(r.getMessage().count("corrupt lake file") for r in caplog.records) == [1, 1]
+
+
+def test_top_factors_keeps_the_direction_a_feature_moved(tmp_path: Path) -> None:
+    # A feature that went up in three windows and dipped (slightly, with little weight) in a
+    # fourth went up; one that went down every window went down.
+    from analytics.attribution import Factor, factors_series
+    from analytics.pipeline import FINDINGS_SCHEMA
+    from ingest.lake import write_table
+
+    def f(feature: str, contrib: float, value: float, ref: float) -> Factor:
+        return Factor(feature, feature.split(".")[0], "gpu0", "gpu", contrib, "up" if value >= ref else "down",
+                      value, ref)
+
+    tops = [[f("gpu_power_w", 0.5, 300.0, 200.0), f("gpu_sm_clock_mhz", 0.3, 900.0, 1900.0)]] * 3 + [
+        [f("gpu_power_w", 0.05, 195.0, 200.0), f("gpu_sm_clock_mhz", 0.3, 1000.0, 1900.0)]]
+    starts = [T0 + timedelta(seconds=10 * i) for i in range(4)]
+    df = pl.DataFrame({"time": starts, "host": ["h1"] * 4, "window_start": starts,
+                       "window_end": [s + timedelta(seconds=10) for s in starts], "reference": ["self"] * 4,
+                       "score": [3.0] * 4, "detectors": [["zscore"]] * 4}).with_columns(
+        factors_series(tops)).with_columns(pl.lit(0.0).alias(c) for c in FINDINGS_SCHEMA if c.startswith("share_"))
+    write_table(tmp_path, "findings", df, partition_by_hour=False)
+    out = q.run_query(tmp_path, "top-factors")
+    got = dict(zip(out["feature"], out["direction"], strict=True))
+    assert got == {"gpu_power_w": "up", "gpu_sm_clock_mhz": "down"}, out
+    row = out.filter(pl.col("feature") == "gpu_power_w").row(0, named=True)
+    assert row["windows"] == 4 and row["mean_value"] > row["mean_reference"]
+
+
+def test_remediation_effects_on_a_lake_written_before_the_history_columns(tmp_path: Path) -> None:
+    # remediations files written before attached_incidents / recurrence_of / came_back_after_s
+    # existed: those read as null, the rest as written.
+    from ingest.lake import write_table
+    from remediation.queue import Queue
+
+    with Queue(tmp_path / "q.db") as qu:
+        a = qu.propose(host="h1", entry_id="thp_coverage_loss", incident_id="inc-1", script_id="thp",
+                       params={"enabled": "always"})
+        qu.approve(a.id, by="alice")
+        frame = qu.to_frame()
+    new_cols = ["attached_incidents", "recurrence_of", "came_back_after_s"]
+    old = frame.drop(new_cols).with_columns(pl.col("updated").alias("time"))
+    write_table(tmp_path / "lake", "remediations", old, partition_by_hour=False)
+    out = q.run_query(tmp_path / "lake", "remediation-effects")
+    assert out.height == 1
+    row = out.row(0, named=True)
+    assert row["action_id"] == a.id and row["state"] == "approved" and row["approved_by"] == "alice"
+    assert all(row[c] is None for c in new_cols)
+    assert out.schema["recurrence_of"] == pl.Int64 and out.schema["came_back_after_s"] == pl.Float64
+    # and ad hoc SQL naming a new column works on the old files too
+    assert q.run_query(tmp_path / "lake", "SELECT count(recurrence_of) AS n FROM remediations")["n"][0] == 0

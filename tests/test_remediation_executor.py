@@ -50,8 +50,9 @@ def state(root: Path) -> dict:
     return thp.read(Context(root), {})
 
 
-def approved(q: Queue, params: dict | None = None, incident: str = "inc-1", host: str = "h1", **kw: Any) -> int:
-    a = q.propose(host=host, entry_id="thp_off", incident_id=incident, script_id="thp",
+def approved(q: Queue, params: dict | None = None, incident: str = "inc-1", host: str = "h1",
+             entry: str = "thp_off", **kw: Any) -> int:
+    a = q.propose(host=host, entry_id=entry, incident_id=incident, script_id="thp",
                   params=params or {"enabled": "never"}, **kw)
     q.approve(a.id, by="alice")
     return a.id
@@ -298,3 +299,44 @@ def test_config_errors_name_the_key(q: Queue) -> None:
     aid = q.propose(host="h", entry_id="e", incident_id="i", script_id="thp", params={"enabled": "never"}).id
     with pytest.raises(RemediationError, match="unknown verb"):
         Executor(q).command(q.get(aid), "destroy")
+
+
+def test_an_old_proposal_that_sets_the_fault_is_refused(q: Queue, root: Path) -> None:
+    # Queued before proposals were checked against the entry's fault values: THP "never" is
+    # the fault thp_coverage_loss is for (fault_values.enabled in its entry).
+    from remediation.errors import FaultValueError
+
+    ex = Executor(q, ExecutorConfig(root=str(root)))
+    aid = approved(q, {"enabled": "never"}, incident="inc-old", entry="thp_coverage_loss")  # no fault_values given
+    with pytest.raises(FaultValueError, match=r"action \d+ \(thp_coverage_loss on h1\): thp parameter 'enabled' = "
+                                              r"'never' is the fault .*fault_values\.enabled.*refused"):
+        ex.execute(aid, actor="alice")
+    assert q.get(aid).state == "approved" and state(root)["enabled"] == "madvise"
+    with pytest.raises(FaultValueError):
+        ex.dry_run(aid, actor="alice")
+    # the unattended path takes it out of the queue: failed, refused, never executed
+    a = ex.run_next()
+    assert a is not None and a.id == aid and a.state == "failed" and not a.executed
+    ev = q.audit(aid)[-1]
+    assert ev.event == "refused" and "is the fault" in ev.details["error"]
+    assert state(root)["enabled"] == "madvise" and not ex.state_path(aid).exists()
+    # a fix of the same entry that does not set the fault still runs
+    ok = approved(q, {"enabled": "always"}, incident="inc-new", entry="thp_coverage_loss")
+    assert ex.execute(ok, actor="alice").state == "succeeded" and state(root)["enabled"] == "always"
+
+
+def test_fault_values_come_from_the_given_lookup(q: Queue, root: Path) -> None:
+    from remediation.errors import FaultValueError
+
+    ex = Executor(q, ExecutorConfig(root=str(root)), fault_values=lambda entry: {"enabled": ["always"]})
+    aid = approved(q, {"enabled": "always"})
+    with pytest.raises(FaultValueError, match="'always' is the fault"):
+        ex.execute(aid, actor="alice")
+
+    def broken(entry: str) -> dict[str, list[str]]:
+        raise ValueError("knowledge base unreadable")
+
+    ex = Executor(q, ExecutorConfig(root=str(root)), fault_values=broken)
+    a = ex.run_next()  # cannot check: refused (fails closed), the host untouched
+    assert a is not None and a.state == "failed" and "knowledge base unreadable" in q.audit(a.id)[-1].details["error"]
+    assert state(root)["enabled"] == "madvise"

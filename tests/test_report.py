@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import html as html_mod
+import json
 import re
 import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -192,3 +195,153 @@ def test_audit_reports_when_a_misconfiguration_held(tmp_path: Path) -> None:
     assert thp_rows["first_seen"][0] == t[1] and thp_rows["until"][0] == t[3]
     still = _audit(facts.head(3))
     assert still is not None and still.filter(pl.col("entry_id") == "thp_coverage_loss")["until"][0] is None
+
+
+# ------------------------------------------------------------ a small lake built here
+
+
+def _small_lake(root: Path, n_incidents: int = 0, minutes: int = 30, entries: tuple[str, ...] = (
+        "gpu_power_throttle", "thp_coverage_loss", "irq_locality_miss"), long_first: bool = False,
+        infinite: range = range(0)) -> Path:
+    """One host, 10 s combined scores over ``minutes``, and ``n_incidents`` 20 s matched
+    incidents spread over it, their entries alternating (the plot's label pile-up); with
+    ``long_first`` the first one lasts 12345 s; the windows ``infinite`` score +inf (a
+    detector whose reference had no spread)."""
+    from analytics.pipeline import SCORES_SCHEMA
+    from knowledge_base.incidents import INCIDENT_SCHEMA
+
+    n = minutes * 6
+    ws = [T0 + timedelta(seconds=10 * i) for i in range(n)]
+    scores = pl.DataFrame({"time": ws, "host": ["h1"] * n, "window_start": ws,
+                           "window_end": [w + timedelta(seconds=10) for w in ws], "detector": ["combined"] * n,
+                           "reference": ["self"] * n, "score": [float("inf") if i in infinite else 0.5 + (i % 7) * 0.3 for i in range(n)],
+                           "threshold": [1.0] * n, "flagged": [(i % 7) > 1 for i in range(n)]},
+                          schema={"time": SCORES_SCHEMA["window_start"], **SCORES_SCHEMA})
+    write_table(root, "scores", scores, partition_by_hour=False)
+    if n_incidents:
+        step = n * 10 // n_incidents
+        starts = [T0 + timedelta(seconds=step * i) for i in range(n_incidents)]
+        inc = pl.DataFrame({
+            "time": starts, "incident_id": [f"inc-{i:04d}" for i in range(n_incidents)], "host": ["h1"] * n_incidents,
+            "start": starts, "end": [s + timedelta(seconds=12345 if i == 0 and long_first else 20) for i, s in enumerate(starts)],
+            "n_windows": [2] * n_incidents, "status": ["matched"] * n_incidents,
+            "entry_id": [entries[i % len(entries)] for i in range(n_incidents)],
+            "label_type": [entries[i % len(entries)] for i in range(n_incidents)],
+            "title": ["a title"] * n_incidents, "confidence": [0.9] * n_incidents,
+            "peak_score": [5.0 - i / n_incidents for i in range(n_incidents)],
+            "explanation": ["an explanation long enough to take the width of the table " * 4] * n_incidents},
+            schema_overrides={"start": INCIDENT_SCHEMA["start"], "end": INCIDENT_SCHEMA["end"]})
+        inc = inc.with_columns(pl.lit(None, dt).alias(c) for c, dt in INCIDENT_SCHEMA.items() if c not in inc.columns)
+        write_table(root, "incidents", inc, partition_by_hour=False)
+    return root
+
+
+def test_report_without_a_range_prints_the_range_of_the_data(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    lake = _small_lake(tmp_path / "lake", minutes=10)
+    out = tmp_path / "r.html"
+    assert main(["report", "--lake", str(lake), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    first = text.splitlines()[0]
+    assert "- .. -" not in first
+    assert first == "Unveil report: 1 host(s), 2026-01-05 08:00:00 UTC .. 2026-01-05 08:10:00 UTC (the data's range)"
+    assert "range 2026-01-05 08:00:00 UTC .. 2026-01-05 08:10:00 UTC (the data&#x27;s range)" in out.read_text()
+    # one bound given: the other is the data's
+    s = write_report(lake, out, start=T0 + timedelta(minutes=5))
+    assert s.text().splitlines()[0].endswith("2026-01-05 08:05:00 UTC .. 2026-01-05 08:10:00 UTC (end: the data's)")
+    # no data at all: said so, not "- .. -"
+    (tmp_path / "empty").mkdir()
+    empty = write_report(tmp_path / "empty", tmp_path / "e.html")
+    assert empty.text().splitlines()[0] == "Unveil report: 0 host(s), no data"
+
+
+_MEASURE = """<script>
+// Layout as Chromium renders it: the boxes of the score plot's incident labels, per panel,
+// and the number of lines each incidents-table duration cell takes.
+window.addEventListener('load', () => {
+  const labels = [...document.querySelectorAll('#traces [id^="incident-label"]')].map(g => {
+    const r = g.getBoundingClientRect();
+    return {panel: g.id.split('-')[2], text: g.textContent.trim(), l: r.left, r: r.right, t: r.top, b: r.bottom};
+  });
+  const col = [...document.querySelectorAll('table.incidents thead th')].findIndex(th => th.textContent === 'duration');
+  const cells = col < 0 ? [] : [...document.querySelectorAll('table.incidents tbody tr')].map(tr => {
+    const td = tr.children[col]; const range = document.createRange(); range.selectNodeContents(td);
+    const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+    return {text: td.textContent, lines: tops.size};
+  });
+  const pre = document.createElement('pre'); pre.id = 'measure';
+  pre.textContent = JSON.stringify({labels, cells, col});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _measure(report: Path, tmp_path: Path, width: int = 1280) -> dict[str, Any]:
+    page = tmp_path / "measure.html"
+    page.write_text(report.read_text(encoding="utf-8").replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    dom, console = chromium(page, tmp_path, "--dump-dom", f"--window-size={width},1600",
+                            "--virtual-time-budget=5000")
+    assert console == []
+    m = re.search(r'<pre id="measure">(.*?)</pre>', dom, flags=re.S)
+    assert m, "the measuring script did not run"
+    return json.loads(html_mod.unescape(m.group(1)))  # type: ignore[no-any-return]
+
+
+def _overlaps(boxes: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    out = []
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            if a["panel"] == b["panel"] and min(a["r"], b["r"]) - max(a["l"], b["l"]) > 0.5 \
+                    and min(a["b"], b["b"]) - max(a["t"], b["t"]) > 0.5:
+                out.append((a["text"], b["text"]))
+    return out
+
+
+def test_incident_labels_on_the_score_plot_do_not_overlap(tmp_path: Path) -> None:
+    # 60 short incidents in 30 min, their entries alternating: one label per incident used to
+    # pile into an unreadable strip along the top of the panel.
+    lake = _small_lake(tmp_path / "lake", n_incidents=60)
+    out = tmp_path / "r.html"
+    write_report(lake, out)
+    m = _measure(out, tmp_path)
+    labels = m["labels"]
+    assert len(labels) >= 3, labels  # thinned, not dropped: each entry is still named at least once
+    assert {lb["text"] for lb in labels} == {"gpu_power_throttle", "thp_coverage_loss", "irq_locality_miss"}
+    assert _overlaps(labels) == [], f"{len(_overlaps(labels))} overlapping label pairs of {len(labels)}"
+
+
+def test_incident_duration_renders_on_one_line(tmp_path: Path) -> None:
+    lake = _small_lake(tmp_path / "lake", n_incidents=5, long_first=True)
+    out = tmp_path / "r.html"
+    write_report(lake, out)
+    m = _measure(out, tmp_path, width=900)  # a narrow window: the explanation column squeezes the others
+    assert m["col"] >= 0, "no duration column"
+    cells = m["cells"]
+    assert len(cells) == 5
+    assert [c["lines"] for c in cells] == [1] * 5, cells
+    assert "3 h 25 min" in {c["text"] for c in cells} and "20 s" in {c["text"] for c in cells}
+
+
+def test_duration_is_rendered_in_units_to_read_at_a_glance() -> None:
+    from jobs.report import _duration
+
+    assert [_duration(s) for s in (0.0, 2.5, 20.0, 59.6, 303.0, 3600.0, 12345.0, 2 * 86400 + 3 * 3600 + 5)] == [
+        "0 s", "2.5 s", "20 s", "1 min", "5 min 3 s", "1 h", "3 h 25 min", "2 d 3 h"]
+    assert _duration(None) == ""
+
+
+def test_infinite_scores_are_drawn_at_the_top_of_their_panel(tmp_path: Path) -> None:
+    # +inf scores (a degenerate reference) used to vanish from the trace: the line broke and
+    # no dot was drawn exactly where the anomaly was worst.
+    lake = _small_lake(tmp_path / "lake", minutes=10, infinite=range(20, 40))
+    out = tmp_path / "r.html"
+    write_report(lake, out)
+    svg = out.read_text()
+    trace = re.search(r'<g id="score-trace-0">.*?<path d="([^"]*)"', svg, flags=re.S)
+    assert trace, "no score trace in the SVG"
+    d = trace.group(1)
+    assert d.count("M") == 1, "the trace is broken"
+    assert len(re.findall(r"[ML]\s*-?[\d.]+\s+-?[\d.]+", d)) == 60  # every window drawn
+    marks = re.search(r'<g id="score-infinite-0">(.*?)</g>\s*</g>', svg, flags=re.S)
+    assert marks and marks.group(1).count("<use") == 20, "the 20 infinite windows are not marked"
+    assert "score = ∞ (drawn at the top)" in svg
