@@ -150,6 +150,14 @@ def sysfs_pci_address(bus_id: str) -> str:
 
 
 def _load_pynvml() -> Any:
+    # NVML's library first, as nvmlInit's first step would (same name, same message): on a
+    # host without an NVIDIA driver the pynvml module (~4 MB of the agent's resident
+    # memory) is then not imported at all.
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as e:
+        log.debug("cannot load libnvidia-ml.so.1: %s", e)
+        raise SourceUnavailable("no NVIDIA GPU/driver: nvmlInit failed: NVML Shared Library Not Found") from e
     try:
         import pynvml
     except ImportError as e:  # pragma: no cover - nvidia-ml-py is a declared dependency
