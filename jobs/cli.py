@@ -28,8 +28,8 @@ def _command_word(argv: Sequence[str]) -> str | None:
 #
 # And it needs no OpenSSL: Polars imports hashlib (for its Iceberg reader), whose OpenSSL
 # backend maps libcrypto, 3.5 MB of the agent's resident memory. Without it hashlib uses
-# CPython's own md5/sha1/sha2/sha3/blake2 (only pbkdf2_hmac and scrypt go); TLS (the ssl
-# module, for an https InfluxDB) loads OpenSSL itself and is unaffected.
+# CPython's own md5/sha1/sha2/sha3/blake2 (scrypt and OpenSSL-only algorithms go); TLS
+# (the ssl module, for an https InfluxDB) loads OpenSSL itself and is unaffected.
 if _command_word(sys.argv[1:]) == "agent":
     os.environ.setdefault("POLARS_MAX_THREADS", "1")
     sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
