@@ -1056,6 +1056,21 @@ def compact(root: str | os.PathLike[str], table: str | None = None, *,
     return stats
 
 
+def compaction_candidates(root: str | os.PathLike[str], *, older_than: timedelta = timedelta(minutes=5),
+                          now: datetime | None = None) -> dict[Path, frozenset[str]]:
+    """The partitions :func:`compact` would look into (closed ``older_than`` ago, two files
+    or more), with their files: a listing, no file opened. Lets a caller skip a compaction
+    that would find nothing new, without loading the Parquet reader."""
+    r = _root(root)
+    cutoff = (_utc(now) if now is not None else _now()) - older_than
+    out: dict[Path, frozenset[str]] = {}
+    for t in tables(r):
+        for part in _iter_partitions(_table_dir(r, t), end=cutoff):
+            if part.end <= cutoff and len(part.files) >= 2:
+                out[part.path] = frozenset(part.files)
+    return out
+
+
 def retention(root: str | os.PathLike[str], table: str, *, keep: timedelta,
               now: datetime | None = None) -> int:
     """Delete the partitions of ``table`` that ended more than ``keep`` ago; returns how many.

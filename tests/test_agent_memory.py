@@ -187,3 +187,75 @@ def test_agent_rows_unchanged_end_to_end(tmp_path: Path) -> None:
     df = lake.read(tmp_path, "cpu")
     assert df.height > 0
     assert df.schema == schema.get("cpu").polars_schema()
+
+
+def _old_hour(root: Path, host: str, files: int) -> Path:
+    """``files`` small files of ``system`` in an hour that closed three hours ago."""
+    from datetime import UTC, datetime, timedelta
+
+    t0 = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    for k in range(files):
+        times = [t0 + timedelta(minutes=k, seconds=i) for i in range(5)]
+        df = pl.DataFrame({"time": times, "host": [host] * 5, "ctxt": [k * 10 + i for i in range(5)]})
+        lake.write_table(root, "system", df)
+    (path,) = {p.parent for p in lake.files(root, "system", hosts=[host])}
+    return path
+
+
+def test_compaction_candidates_lists_closed_partitions_with_files_to_merge(tmp_path: Path) -> None:
+    old = _old_hour(tmp_path, "h1", 3)
+    _old_hour(tmp_path, "h2", 1)  # one file: nothing to merge
+    lake.write_table(tmp_path, "system", pl.DataFrame(  # the current hour: not closed
+        {"time": [datetime_now()] * 2, "host": ["h1", "h1"], "ctxt": [1, 2]}))
+    lake.write_table(tmp_path, "system", pl.DataFrame(
+        {"time": [datetime_now()], "host": ["h1"], "ctxt": [3]}))
+    got = lake.compaction_candidates(tmp_path)
+    assert list(got) == [old]
+    assert got[old] == frozenset(p.name for p in old.iterdir())
+    lake.compact(tmp_path)
+    assert lake.compaction_candidates(tmp_path) == {}
+
+
+def datetime_now() -> object:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+def test_agent_compacts_in_a_child_process_and_only_when_needed(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's compaction loop merges a closed hour's files, but not in its own process
+    (lake.compact here raises), and starts a child only when there is something new."""
+    import ingest.agent as agent_mod
+
+    old = _old_hour(tmp_path, "h1", 4)
+    rows = lake.read(tmp_path, "system").sort("time")
+
+    def in_process(*_a: object, **_k: object) -> None:
+        raise AssertionError("compaction ran in the agent's process")
+
+    calls: list[str] = []
+    real = agent_mod.compact_in_child
+
+    def counted(root: Path) -> str:
+        calls.append(str(root))
+        return real(root)
+
+    monkeypatch.setattr(lake, "compact", in_process)
+    monkeypatch.setattr(agent_mod, "compact_in_child", counted)
+    cfg = AgentConfig(lake=tmp_path, host="h1", duration_s=4, compact_every_s=0.3,
+                      collectors=("memory",))
+    Agent(cfg, [lake.LakeSink(tmp_path, durable=False)]).run()
+    assert len(calls) == 1
+    assert len([p for p in old.iterdir() if p.suffix == ".parquet"]) == 1
+    monkeypatch.undo()
+    after = lake.read(tmp_path, "system", hosts=["h1"]).filter(pl.col("time") <= rows["time"].max())
+    assert after.sort("time").equals(rows)
+
+
+def test_compact_in_child_reports_failure(tmp_path: Path) -> None:
+    from ingest.agent import compact_in_child
+
+    (tmp_path / "f").write_text("not a lake")
+    with pytest.raises(lake.LakeError, match="child process"):
+        compact_in_child(tmp_path / "f")
