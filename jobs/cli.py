@@ -27,7 +27,7 @@ def _command_word(argv: Sequence[str]) -> str | None:
 # when it is imported (below), so the limit has to be set before that.
 #
 # And it needs no OpenSSL: Polars imports hashlib (for its Iceberg reader), whose OpenSSL
-# backend maps libcrypto, 3.5 MB of the agent's resident memory. Without it hashlib uses
+# backend maps libcrypto, 3.4 MiB of the agent's resident memory. Without it hashlib uses
 # CPython's own md5/sha1/sha2/sha3/blake2 (scrypt and OpenSSL-only algorithms go); TLS
 # (the ssl module, for an https InfluxDB) loads OpenSSL itself and is unaffected.
 if _command_word(sys.argv[1:]) == "agent":

@@ -25,8 +25,8 @@ from ingest.agent import Agent, AgentConfig, _Buffer
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: modules the agent process must not load at default settings: each costs tens of MB of
-#: resident memory (pyarrow.parquet ~90 MB with its numpy) and the agent needs none of them
+#: modules the agent process must not load at default settings: each costs MiB to tens of
+#: MiB of resident memory (pyarrow.parquet ~75) and the agent needs none of them
 HEAVY = ("pyarrow", "sklearn", "scipy", "urllib3", "influxdb_client", "analytics", "knowledge_base",
          "remediation")
 
@@ -84,8 +84,8 @@ def test_agent_command_loads_no_heavy_module(tmp_path: Path) -> None:
     loaded = set(out["modules"])  # type: ignore[arg-type]
     heavy = set(HEAVY) | (set() if _has_nvml() else {"pynvml"})
     assert not loaded & heavy, sorted(loaded & heavy)
-    # ~100 MiB measured (numpy + polars alone: ~77); pyarrow or the other commands' imports
-    # would add 40 to 170 MiB. A loose bound: other builds of the libraries differ a little.
+    # ~95 MiB measured (numpy + polars alone: ~77); pyarrow or the other commands' imports
+    # would add 65 to 165 MiB. A loose bound: other builds of the libraries differ a little.
     assert out["hwm_mib"] < 130, out["hwm_mib"]  # type: ignore[operator]
     # no OpenSSL mapped for hashlib (jobs/cli.py), and hashlib still hashes
     assert out["libcrypto"] is False

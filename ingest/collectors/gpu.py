@@ -159,7 +159,7 @@ def _import_pynvml() -> Any:
 
 def _load_pynvml() -> Any:
     """The real NVML backend. The library is loaded first, as nvmlInit's first step would
-    (same name, same message): on a host without an NVIDIA driver the pynvml module (~4 MB
+    (same name, same message): on a host without an NVIDIA driver the pynvml module (1.7 MiB
     of the agent's resident memory) is then not imported at all."""
     try:
         ctypes.CDLL("libnvidia-ml.so.1")
