@@ -4,9 +4,11 @@ Runs the agent twice for --seconds (default 60): at default settings (fast tier 
 100 ms, slower sources on their tiers) and with every source at 100 ms. For each run it
 prints CPU as % of one core over the steady state (utime+stime of the agent and its
 children, measured from --warmup seconds after the agent reports that it is sampling to
-the end of the run, so start-up imports are excluded however long they take), peak RSS, lake bytes per second (after the agent's last flush and
-after compaction), InfluxDB line-protocol bytes per second for the same rows, and
-missed ticks.
+the end of the run, so start-up imports are excluded however long they take), its resident
+memory over the same window (peak, and steady: the median of the samples taken every
+0.5 s; MiB of VmRSS, file-backed pages of the libraries included), lake bytes per second
+(after the agent's last flush and after compaction), InfluxDB line-protocol bytes per
+second for the same rows, and missed ticks.
 
     python benchmarks/agent_overhead.py [--seconds 60] [--warmup 10]
 """
@@ -63,12 +65,12 @@ def run_once(seconds: float, warmup: float, extra: list[str]) -> dict[str, float
 
     time.sleep(warmup)
     c0, w0 = cpu(), time.monotonic()
-    peak_rss = 0
+    rss: list[int] = []
     # the window ends while the agent still samples: its exit (last flush and commit,
     # interpreter teardown) is no more steady state than its start-up
     end = w0 + seconds
     while (now := time.monotonic()) < end:
-        peak_rss = max(peak_rss, ps.memory_info().rss)
+        rss.append(ps.memory_info().rss)
         time.sleep(min(0.5, end - now))
     c1, w1 = cpu(), time.monotonic()
     rc = proc.wait()
@@ -89,7 +91,8 @@ def run_once(seconds: float, warmup: float, extra: list[str]) -> dict[str, float
     shutil.rmtree(tmp, ignore_errors=True)
     return {
         "cpu_pct": 100 * (c1 - c0) / (w1 - w0),
-        "peak_rss_mib": peak_rss / 2**20,
+        "peak_rss_mib": max(rss) / 2**20,
+        "steady_rss_mib": statistics.median(rss) / 2**20,
         "lake_kbps": lake_total / duration / 1000,
         "lake_compacted_kbps": compacted / duration / 1000,
         "influx_kbps": lp_bytes / duration / 1000,
@@ -106,23 +109,26 @@ def main() -> None:
     args = ap.parse_args()
     pl.Config.set_tbl_rows(10)
     print(f"host: {os.uname().nodename}, {os.cpu_count()} CPUs; steady state {args.seconds:g} s after {args.warmup:g} s warm-up")
-    print(f"{'settings':<28}{'CPU % of a core':>16}{'peak RSS MiB':>14}{'lake KB/s':>11}{'compacted':>11}{'Influx KB/s':>13}{'missed':>8}")
+    print(f"{'settings':<28}{'CPU % of a core':>16}{'peak RSS MiB':>14}{'steady':>8}{'lake KB/s':>11}"
+          f"{'compacted':>11}{'Influx KB/s':>13}{'missed':>8}")
     settings = (("default", "default (fast 100 ms)", []), ("all-fast", "every source at 100 ms", ["--all-fast"]))
     for key, label, extra in settings:
         if args.only and key != args.only:
             continue
-        cpu = []
+        cpu, peak = [], []
         for i in range(args.repeat):
             load = os.getloadavg()[0]
             r = run_once(args.seconds, args.warmup, extra)
             cpu.append(r["cpu_pct"])
+            peak.append(r["peak_rss_mib"])
             print(
-                f"{label:<28}{r['cpu_pct']:>16.2f}{r['peak_rss_mib']:>14.1f}{r['lake_kbps']:>11.2f}"
+                f"{label:<28}{r['cpu_pct']:>16.2f}{r['peak_rss_mib']:>14.1f}{r['steady_rss_mib']:>8.1f}{r['lake_kbps']:>11.2f}"
                 f"{r['lake_compacted_kbps']:>11.2f}{r['influx_kbps']:>13.2f}{r['missed_ticks']:>8.0f}"
                 f"   (run {i + 1}, load average {load:.2f} at start)", flush=True
             )
         if args.repeat > 1:
-            print(f"{label:<28}{statistics.median(cpu):>16.2f}   median CPU % over {args.repeat} runs")
+            print(f"{label:<28}{statistics.median(cpu):>16.2f}{statistics.median(peak):>14.1f}"
+                  f"   median CPU % and peak RSS over {args.repeat} runs")
 
 
 if __name__ == "__main__":

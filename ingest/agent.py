@@ -20,6 +20,8 @@ import os
 import resource
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -30,8 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (imported here: a lazy import in the first flush costs ~0.2 s CPU)
 
 from ingest import journal as journal_mod
 from ingest import schema
@@ -105,9 +105,9 @@ class AgentStats:
 
 
 @functools.cache
-def _arrow_schema(measurement: schema.Measurement) -> pa.Schema:
-    """A measurement's columns (without host) as Arrow types, as Polars would write them."""
-    return pl.DataFrame(schema=measurement.polars_schema(with_host=False)).to_arrow().schema
+def _column_types(measurement: schema.Measurement) -> tuple[tuple[str, pl.DataType], ...]:
+    """A measurement's columns (without host) and their Polars types, in schema order."""
+    return tuple(measurement.polars_schema(with_host=False).items())
 
 
 @dataclass
@@ -140,15 +140,16 @@ class _Buffer:
 
     ``mark`` counts the rows already handed to the streaming sinks, ``jmark`` those already
     in the journal (behind ``mark`` only while journal writes fail).
-    Frames are built through Arrow directly (one typed array per column): Polars' per-frame
-    overhead at this size would dominate the agent's whole CPU budget."""
+    Frames are built one typed Series per column, without Arrow: pyarrow (with
+    pyarrow.compute) would add ~65 MiB to the agent's resident memory, and its per-frame
+    cost is higher than Polars' own."""
 
-    __slots__ = ("measurement", "columns", "n", "mark", "jmark", "arrow_schema")
+    __slots__ = ("measurement", "columns", "n", "mark", "jmark", "types")
 
     def __init__(self, measurement: schema.Measurement) -> None:
         self.measurement = measurement
-        self.arrow_schema = _arrow_schema(measurement)
-        self.columns: dict[str, list[Any]] = {c: [] for c in self.arrow_schema.names}
+        self.types = _column_types(measurement)
+        self.columns: dict[str, list[Any]] = {c: [] for c, _ in self.types}
         self.n = 0
         self.mark = 0
         self.jmark = 0
@@ -195,20 +196,19 @@ class _Buffer:
         """A typed frame from column lists (missing columns become nulls), with a
         ``host`` column unless ``host`` is None."""
         n = len(columns.get(schema.TIME, ()))
-        arrays = []
-        for fld in self.arrow_schema:
-            col = columns.get(fld.name)
+        series = []
+        for name, dtype in self.types:
+            col = columns.get(name)
             if col is None:
-                arrays.append(pa.nulls(n, type=fld.type))
-            elif fld.name == schema.TIME:
-                arrays.append(pa.array(col, type=pa.int64()).cast(fld.type))
+                series.append(pl.Series(name, [None] * n, dtype=dtype))
+            elif name == schema.TIME:
+                series.append(pl.Series(name, col, dtype=pl.Int64).cast(dtype))
             else:
-                arrays.append(pa.array(col, type=fld.type, from_pandas=False))
-        names = list(self.arrow_schema.names)
+                # strict: a value of the wrong type raises, as the Arrow build did (NaN stays NaN)
+                series.append(pl.Series(name, col, dtype=dtype))
         if host is not None:
-            arrays.insert(1, pa.array([host] * n, type=pa.large_string()))
-            names.insert(1, schema.HOST)
-        return pl.from_arrow(pa.Table.from_arrays(arrays, names=names))  # type: ignore[return-value]
+            series.insert(1, pl.Series(schema.HOST, [host] * n, dtype=pl.String))
+        return pl.DataFrame(series)
 
     def commit_to(self, lake: LakeSink, name: str, host: str, token_hex: str) -> int:
         """Commit every row to ``lake`` and empty the buffer. Rows of one hour (the usual
@@ -224,6 +224,25 @@ class _Buffer:
             written = lake.commit(name, self.frame(self.columns, host), token_hex)
         self.clear()
         return written
+
+
+_COMPACT = "import sys\nfrom ingest import lake\nprint(lake.compact(sys.argv[1]))"
+
+
+def compact_in_child(root: Path) -> str:
+    """``lake.compact(root)`` in a fresh interpreter (this one's, with this ``ingest``
+    importable); returns its stats as text. Raises LakeError when it fails."""
+    from ingest.lake import LakeError
+
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-c", _COMPACT, str(root)], env=env, capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        raise LakeError(f"compaction of {root} (child process) failed: {tail[0]}")
+    return proc.stdout.strip()
 
 
 class Agent:
@@ -275,17 +294,18 @@ class Agent:
         self._last_commit = clock()
 
     def _warm_up(self) -> None:
-        """Pay the one-time costs of the flush and commit paths (Arrow casts, Polars
-        conversion, the Parquet writer's set-up: ~0.1 s of CPU) now, at start, rather than
-        in the middle of the first commit where they cost ticks."""
+        """Pay the one-time costs of the flush and commit paths (Polars series and frames,
+        the Parquet writer's set-up: ~0.1 s of CPU) now, at start, rather than in the
+        middle of the first commit where they cost ticks. It takes the very paths a commit
+        and a streaming flush take, no others: every Polars code page touched here stays
+        in the agent's resident memory."""
         buf = _Buffer(schema.SYSTEM)
         buf.extend([time.time_ns() // 1000], 1, {}, {"ctxt": [None]})
-        df = buf.take(self.config.host)
+        if self._streams:
+            buf.frame(buf.columns, self.config.host)
         if self._lake is not None:
-            from ingest import lake as lake_mod
-
             with tempfile.TemporaryDirectory(prefix="unveil-warmup-") as tmp:
-                lake_mod.write_table(tmp, schema.SYSTEM.name, df)
+                buf.commit_to(LakeSink(tmp, durable=False), schema.SYSTEM.name, self.config.host, "00000000")
 
     def _prime(self) -> None:
         """Parse one sample of each collector that reads batches, and drop it: the
@@ -345,14 +365,22 @@ class Agent:
             done.set()
 
     def _compaction_loop(self) -> None:
-        """Merge the small files of closed hours in the background (never on the tick path)."""
+        """Merge the small files of closed hours in the background (never on the tick path),
+        in a child process: Polars' Parquet reader, which a merge needs, would stay in the
+        agent's resident memory once loaded (+12 MB, for a job of seconds once an hour).
+        The child is started only when a closed partition has files that the last
+        compaction did not leave there (a listing, every ``compact_every_s``)."""
         from ingest import lake
 
         assert self.config.lake is not None
+        left: dict[Path, frozenset[str]] = {}
         while not self._stop.wait(self.config.compact_every_s):
             try:
-                stats = lake.compact(self.config.lake)
-                log.info("compaction: %s", stats)
+                todo = lake.compaction_candidates(self.config.lake)
+                if all(left.get(p) == files for p, files in todo.items()):
+                    continue
+                log.info("compaction: %s", compact_in_child(self.config.lake))
+                left = lake.compaction_candidates(self.config.lake)
             except Exception:  # compaction failing must not stop sampling
                 log.exception("compaction of %s failed", self.config.lake)
 

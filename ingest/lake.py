@@ -32,11 +32,15 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
+
+# pyarrow is imported by the read path only (footer checks of scans): the agent, which
+# writes and compacts through Polars alone, stays without it (pyarrow.parquet: ~75 MiB resident).
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 from ingest import schema
 from ingest.sink import SinkError
@@ -726,6 +730,9 @@ def _empty(table: str, table_dir: Path) -> pl.LazyFrame:
     cols: dict[str, pl.DataType] = {schema.TIME: schema.TIME_DTYPE, schema.HOST: pl.String()}
     first = _first_file(table_dir)
     if first is not None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         with contextlib.suppress(OSError, pa.ArrowException):
             cols |= _merge_schemas([(first, _polars_schema(pq.read_schema(first)))])
     return pl.DataFrame(schema=cols).lazy()
@@ -758,6 +765,9 @@ def files(root: str | os.PathLike[str], table: str, *, start: datetime | None = 
 def _select_files(table_dir: Path, start: datetime | None, end: datetime | None,
                   hosts_: Sequence[str] | None, on_corrupt: str,
                   report: list[CorruptFileError] | None) -> list[tuple[Path, pq.FileMetaData]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     out: list[tuple[Path, pq.FileMetaData]] = []
     for path in _listing(table_dir, start, end, hosts_, on_corrupt, report):
         try:
@@ -997,6 +1007,12 @@ def _compact_group(table: str, table_dir: Path, part_dir: Path, inputs: list[str
     stats.bytes_after += (part_dir / output).stat().st_size
 
 
+def _row_count(path: Path) -> int:
+    """The rows of a Parquet file, from its footer (Polars: the agent compacts too, and
+    has no pyarrow)."""
+    return int(pl.scan_parquet(path).select(pl.len()).collect().item())
+
+
 def _remove_stale_temps(part: _Partition, now_s: float) -> int:
     n = 0
     with contextlib.suppress(FileNotFoundError):
@@ -1036,8 +1052,8 @@ def compact(root: str | os.PathLike[str], table: str | None = None, *,
                 sized: list[tuple[str, int]] = []
                 for name in part.files:
                     try:
-                        sized.append((name, pq.read_metadata(part.path / name).num_rows))
-                    except (OSError, pa.ArrowException) as exc:
+                        sized.append((name, _row_count(part.path / name)))
+                    except (OSError, pl.exceptions.PolarsError) as exc:
                         log.warning("lake: not compacting corrupt file %s: %s", part.path / name, exc)
                         stats.corrupt.append(part.path / name)
                 rows = dict(sized)
@@ -1059,6 +1075,21 @@ def compact(root: str | os.PathLike[str], table: str | None = None, *,
                         log.error("lake: compaction of %s failed (inputs kept): %s", part.path, exc)
                         stats.failed_partitions.append(part.path)
     return stats
+
+
+def compaction_candidates(root: str | os.PathLike[str], *, older_than: timedelta = timedelta(minutes=5),
+                          now: datetime | None = None) -> dict[Path, frozenset[str]]:
+    """The partitions :func:`compact` would look into (closed ``older_than`` ago, two files
+    or more), with their files: a listing, no file opened. Lets a caller skip a compaction
+    that would find nothing new, without loading the Parquet reader."""
+    r = _root(root)
+    cutoff = (_utc(now) if now is not None else _now()) - older_than
+    out: dict[Path, frozenset[str]] = {}
+    for t in tables(r):
+        for part in _iter_partitions(_table_dir(r, t), end=cutoff):
+            if part.end <= cutoff and len(part.files) >= 2:
+                out[part.path] = frozenset(part.files)
+    return out
 
 
 def retention(root: str | os.PathLike[str], table: str, *, keep: timedelta,

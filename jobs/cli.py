@@ -4,11 +4,13 @@ exposing ``add_parser(subparsers)``, which registers the subcommand and sets ``f
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import re
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import NoReturn
 
 
@@ -25,40 +27,42 @@ def _command_word(argv: Sequence[str]) -> str | None:
 
 # The agent must stay on one core whatever the host's size: Polars sizes its thread pool
 # when it is imported (below), so the limit has to be set before that.
+#
+# And it needs no OpenSSL: Polars imports hashlib (for its Iceberg reader), whose OpenSSL
+# backend maps libcrypto, 3.4 MiB of the agent's resident memory. Without it hashlib uses
+# CPython's own md5/sha1/sha2/sha3/blake2 (scrypt and OpenSSL-only algorithms go); TLS
+# (the ssl module, for an https InfluxDB) loads OpenSSL itself and is unaffected.
 if _command_word(sys.argv[1:]) == "agent":
     os.environ.setdefault("POLARS_MAX_THREADS", "1")
+    sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
 
 from ingest.lake import LakeError  # noqa: E402
 from ingest.sink import SinkError  # noqa: E402
-from jobs.commands import agent as _agent  # noqa: E402
-from jobs.commands import demo as _demo  # noqa: E402
-from jobs.commands import eval as _eval  # noqa: E402
-from jobs.commands import import_ as _import  # noqa: E402
-from jobs.commands import kb as _kb  # noqa: E402
-from jobs.commands import postmortem as _postmortem  # noqa: E402
-from jobs.commands import query as _query  # noqa: E402
-from jobs.commands import remediate as _remediate  # noqa: E402
-from jobs.commands import report as _report  # noqa: E402
-from jobs.commands import schedule as _schedule  # noqa: E402
-from jobs.commands import schema as _schema  # noqa: E402
-from jobs.commands import simulate as _simulate  # noqa: E402
-from jobs.commands import sweep as _sweep  # noqa: E402
 
+#: the subcommands' modules under jobs.commands, in the order of --help
 COMMANDS = (
-    _agent,
-    _remediate,
-    _schema,
-    _simulate,
-    _import,
-    _sweep,
-    _eval,
-    _kb,
-    _query,
-    _report,
-    _demo,
-    _schedule,
-    _postmortem,
+    "agent",
+    "remediate",
+    "schema",
+    "simulate",
+    "import_",
+    "sweep",
+    "eval",
+    "kb",
+    "query",
+    "report",
+    "demo",
+    "schedule",
+    "postmortem",
 )
+
+
+def _command_modules(argv: Sequence[str]) -> list[ModuleType]:
+    """The modules to register for ``argv``. ``unveil agent`` imports only its own: the
+    others pull in scikit-learn, scipy, pyarrow and urllib3, over 100 MB of resident memory
+    in a process that runs on every host for good."""
+    names = ("agent",) if _command_word(argv) == "agent" else COMMANDS
+    return [importlib.import_module(f"jobs.commands.{n}") for n in names]
 
 
 class UserError(Exception):
@@ -85,7 +89,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv`` (default: every subcommand; see :func:`_command_modules`)."""
     parser = _Parser(
         prog="unveil",
         description="Find and fix silent inefficiencies in ML hosts from host-visible telemetry.",
@@ -93,13 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: $UNVEIL_CONFIG or none)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS:
+    for module in _command_modules(argv or ()):
         module.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed: its status

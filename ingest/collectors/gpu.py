@@ -149,12 +149,24 @@ def sysfs_pci_address(bus_id: str) -> str:
     return f"{domain[-4:]}:{rest}".lower()
 
 
-def _load_pynvml() -> Any:
+def _import_pynvml() -> Any:
     try:
         import pynvml
     except ImportError as e:  # pragma: no cover - nvidia-ml-py is a declared dependency
         raise SourceUnavailable(f"no NVIDIA GPU/driver: pynvml not importable ({e})") from e
     return pynvml
+
+
+def _load_pynvml() -> Any:
+    """The real NVML backend. The library is loaded first, as nvmlInit's first step would
+    (same name, same message): on a host without an NVIDIA driver the pynvml module (1.7 MiB
+    of the agent's resident memory) is then not imported at all."""
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as e:
+        log.debug("cannot load libnvidia-ml.so.1: %s", e)
+        raise SourceUnavailable("no NVIDIA GPU/driver: nvmlInit failed: NVML Shared Library Not Found") from e
+    return _import_pynvml()
 
 
 class GpuCollector:
@@ -550,7 +562,7 @@ class ReplayNvml:
         self.calls: Counter[str] = Counter()
         self._initialised = False
         self._queue: list[tuple[int, int]] = []
-        pynvml = _load_pynvml()
+        pynvml = _import_pynvml()  # its exception classes only: no library needed
         self.NVMLError: type[Exception] = pynvml.NVMLError
         self._by_fn: dict[tuple[str, tuple[int, ...]], tuple[str, str]] = {}
         for table, kind in ((TICK_QUERIES, "ticks"), (STATIC_QUERIES, "static")):
@@ -578,7 +590,7 @@ class ReplayNvml:
                     self._queue.append((i, int(xid)))
 
     def _raise(self, name: str) -> None:
-        pynvml = _load_pynvml()
+        pynvml = _import_pynvml()
         cls = getattr(pynvml, f"NVMLError_{name}", None)
         if cls is None:
             raise ValueError(f"NVML recording names an unknown NVML error {name!r}")
