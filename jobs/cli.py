@@ -32,6 +32,7 @@ from ingest.lake import LakeError  # noqa: E402
 from ingest.sink import SinkError  # noqa: E402
 from jobs.commands import agent as _agent  # noqa: E402
 from jobs.commands import demo as _demo  # noqa: E402
+from jobs.commands import drill as _drill  # noqa: E402
 from jobs.commands import eval as _eval  # noqa: E402
 from jobs.commands import import_ as _import  # noqa: E402
 from jobs.commands import kb as _kb  # noqa: E402
@@ -58,6 +59,7 @@ COMMANDS = (
     _demo,
     _schedule,
     _postmortem,
+    _drill,
 )
 
 
