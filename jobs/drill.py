@@ -165,8 +165,9 @@ def validate_entry(e: Any, drill_dir: Path) -> None:
         if not isinstance(p, str) or not _under(Path(p), THP_DIR) or Path(p).name not in (
                 "enabled", "defrag", "shmem_enabled"):
             raise DrillError(f"THP path {p!r} is not a knob under {THP_DIR}")
-        if v not in THP_VALUES:
-            raise DrillError(f"THP value {v!r} is not one of {sorted(THP_VALUES)}")
+        for val in (v, e.get("set", v)):
+            if val not in THP_VALUES:
+                raise DrillError(f"THP value {val!r} is not one of {sorted(THP_VALUES)}")
     elif kind == "cgroup":
         p = e.get("path")
         if not isinstance(p, str) or not _under(Path(p), CGROUP_ROOT) or not _NAME.match(Path(p).name):
@@ -312,8 +313,15 @@ def _undo(e: dict[str, Any], run_id: str, procs: Procs | None) -> None:
     kind = e["kind"]
     if kind == "thp":
         p = Path(e["path"])
-        if _thp_value(p) != e["value"]:
-            p.write_text(e["value"])
+        now = _thp_value(p)
+        if now == e["value"]:
+            return
+        if now != e.get("set", now):
+            # someone (an operator, a remediation) chose a mode since: theirs stands
+            log.warning("%s is %s, not the drill's %s: left as it is (was %s before the drill)",
+                        p, now, e["set"], e["value"])
+            return
+        p.write_text(e["value"])
     elif kind == "proc":
         # the agent commits its buffered rows and the scheduler ends its cycle on SIGTERM
         grace = 20.0 if e.get("role") in ("agent", "scheduler") else 3.0
@@ -537,7 +545,7 @@ class ThpFault(Fault):
             p = THP_DIR / knob
             if not p.exists():
                 continue
-            self.record(ctx, {"kind": "thp", "path": str(p), "value": _thp_value(p)})
+            self.record(ctx, {"kind": "thp", "path": str(p), "value": _thp_value(p), "set": "never"})
             p.write_text("never")
 
 
@@ -781,7 +789,7 @@ def _signals_raise() -> dict[int, Any]:
     def handler(signum: int, _frame: FrameType | None) -> None:
         raise DrillInterrupted(signum)
 
-    old = {}
+    old: dict[int, Any] = {}
     for s in (signal.SIGINT, signal.SIGTERM):
         old[s] = signal.signal(s, handler)
     return old
@@ -1004,6 +1012,8 @@ def scorecard(lake: Path, host: str, run_id: str, started: datetime, windows: Se
             rows.append(row | {"incident_ids": []})
             continue
         ov = overlapping(w.onset, w.restored)
+        first_seen: datetime | None = ov["visible_at"].min() if ov.height else None  # type: ignore[assignment]
+        first_start: datetime | None = ov["start"].min() if ov.height else None  # type: ignore[assignment]
         matched = ov.filter(pl.col("status") == "matched")["entry_id"].drop_nulls().to_list()
         best = w.expected_entry if w.expected_entry in matched else (matched[0] if matched else None)
         scripts = sorted({s for i in ov["incident_id"].to_list() for s in props.get(i, [])})
@@ -1011,8 +1021,8 @@ def scorecard(lake: Path, host: str, run_id: str, started: datetime, windows: Se
         row |= {
             "detected": ov.height > 0, "incidents": ov.height, "matched_entry": best,
             "match_ok": (best == w.expected_entry) if w.expected_entry is not None else None,
-            "latency_s": (ov["visible_at"].min() - w.onset).total_seconds() if ov.height else None,  # type: ignore[operator]
-            "start_latency_s": (ov["start"].min() - w.onset).total_seconds() if ov.height else None,  # type: ignore[operator]
+            "latency_s": (first_seen - w.onset).total_seconds() if first_seen is not None else None,
+            "start_latency_s": (first_start - w.onset).total_seconds() if first_start is not None else None,
             "remediation": ",".join(scripts) or None, "false_incidents": false.height,
             "incident_ids": ov["incident_id"].to_list(),
         }

@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 
 from jobs import config as config_mod
-from jobs.drill import FAULTS, DrillConfig, DrillError, DrillInterrupted, parse_faults, restore_from_file, run_drill
+from jobs.drill import (
+    FAULTS,
+    DrillConfig,
+    DrillError,
+    DrillInterrupted,
+    parse_faults,
+    restore_from_file,
+    run_drill,
+)
 from jobs.pipeline import _duration
 
 
@@ -39,7 +47,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _seconds(value: str, flag: str) -> float:
-    return _duration(value, flag).total_seconds()
+    """A duration ('90s', '2m') or a plain number of seconds, > 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        return _duration(value, flag).total_seconds()
+    if not (0 < number < float("inf")):
+        raise ValueError(f"{flag} must be a positive, finite number of seconds, got {value!r}")
+    return number
 
 
 def run(args: argparse.Namespace) -> int:
