@@ -339,9 +339,14 @@ def test_a_forged_state_file_is_refused_before_anything_is_done(tmp_path: Path, 
     _forge(lake, [{"kind": "file", "path": str(decoy)}, entry])
     with pytest.raises(d.DrillError, match="entry 1"):
         d.restore_from_file(lake)
-    assert decoy.read_text() == "kept"
-    r = _cli("drill", "--restore", "--lake", str(lake))
-    assert r.returncode == 2 and "entry 1" in r.stderr and "Traceback" not in r.stderr
+    assert decoy.read_text() == "kept" and d.state_path(lake).exists()
+
+
+def test_the_cli_names_the_forged_entry(tmp_path: Path) -> None:
+    _forge(tmp_path, [{"kind": "cgroup", "path": "/sys/fs/cgroup/cpu/user.slice"}])
+    r = _cli("drill", "--restore", "--lake", str(tmp_path))
+    assert r.returncode == 2 and "entry 0" in r.stderr and "user.slice" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_restore_never_kills_a_process_that_is_not_the_drills(tmp_path: Path) -> None:
