@@ -260,9 +260,12 @@ class Procs:
             time.sleep(0.005)
         try:
             entry = self.state.record({"kind": "proc", "pid": p.pid, "start": start or 0, "role": role})
-        finally:
-            os.write(w, b"g")
+        except BaseException:  # not recorded (a signal, a full disk): the child must not run
             os.close(w)
+            p.wait()
+            raise
+        os.write(w, b"g")
+        os.close(w)
         self.popen[p.pid] = p
         return entry
 

@@ -6,6 +6,7 @@ puts back anything a failed test left, and checks the host is as it found it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -370,6 +371,58 @@ def test_a_state_file_others_can_write_is_refused(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------- refusals
+
+
+def test_a_drill_refuses_to_start_over_an_unrestored_one(tmp_path: Path) -> None:
+    path = _forge(tmp_path, [{"kind": "netns", "name": f"{d.PREFIX}-net"}])
+    before = path.read_text()
+    with pytest.raises(d.DrillError, match="--restore"):
+        d.run_drill(d.DrillConfig(lake=tmp_path, faults=["thp"], workload="none", out=lambda _: None))
+    assert path.read_text() == before and not (tmp_path / d.STATE_DIR / "agent.log").exists()
+
+
+def test_a_process_the_drill_could_not_record_never_runs(tmp_path: Path) -> None:
+    """The spawn gate: when the state file cannot take the new process (a full file system,
+    here a real full tmpfs), the child exits instead of running unrecorded."""
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)], check=True)
+    try:
+        state = d.State(full / d.STATE_FILE, "00112233aabbccdd")
+        state.save()
+        with contextlib.suppress(OSError), open(full / "filler", "wb") as fh:
+            while True:
+                fh.write(b"x" * 65536)
+                fh.flush()
+        marker = tmp_path / "ran"
+        with pytest.raises(OSError):
+            d.Procs(state).spawn([sys.executable, "-c", f"open({str(marker)!r}, 'w').write('ran')"])
+        time.sleep(1.0)
+        assert not marker.exists()
+        assert json.loads((full / d.STATE_FILE).read_text())["entries"] == []  # the old file, whole
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+
+
+def test_cgroup_v2_layout_and_membership(tmp_path: Path) -> None:
+    """The v2 branch on a v1 host: the layout from a v2-shaped tree, membership from the
+    real /proc/self/cgroup's unified line."""
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("cpu memory\n")
+    layout = d.cgroup_layout(tmp_path)
+    assert isinstance(layout, d.CgroupLayout) and layout.version == 2 and layout.cpu_root == tmp_path
+    assert layout.quota_files(20000, 100000) == [("cpu.max", "20000 100000")]
+    unified = next(line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+    rel = unified.split("::", 1)[1].lstrip("/")
+    assert layout.cgroup_of(os.getpid()) == (tmp_path / rel if rel else tmp_path)
+    (tmp_path / "cgroup.subtree_control").write_text("memory\n")
+    assert "cpu controller is not enabled" in str(d.cgroup_layout(tmp_path))
+    v1 = tmp_path / "v1"
+    (v1 / "cpu,cpuacct").mkdir(parents=True)
+    (v1 / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu").symlink_to("cpu,cpuacct")
+    got = d.cgroup_layout(v1)
+    assert isinstance(got, d.CgroupLayout) and got.version == 1 and got.cpu_root == v1 / "cpu,cpuacct"
 
 
 #: the CLI with the effective uid of nobody (the interpreter lives under /root, which nobody
