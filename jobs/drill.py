@@ -827,6 +827,45 @@ def _cli(cfg: DrillConfig, *args: str) -> list[str]:
     return [sys.executable, "-m", "jobs.cli", *(["--config", cfg.config_file] if cfg.config_file else []), *args]
 
 
+class IncidentWatch:
+    """When each incident first became visible in the lake, polled while the drill waits: a
+    file's mtime would not do, compaction rewrites incident files minutes later."""
+
+    def __init__(self, lake: Path, host: str) -> None:
+        self.lake, self.host = lake, host
+        self.files: set[Path] = set()
+        self.first_seen: dict[str, datetime] = {}
+
+    def poll(self) -> None:
+        from ingest import lake as lake_mod
+
+        try:
+            files = lake_mod.files(self.lake, "incidents", hosts=[self.host])
+        except (lake_mod.LakeError, OSError):
+            return
+        now = datetime.now(UTC)
+        for f in files:
+            if f in self.files:
+                continue
+            try:
+                ids = pl.read_parquet(f, columns=["incident_id"], hive_partitioning=False)["incident_id"]
+            except (OSError, pl.exceptions.PolarsError):
+                continue  # merged away between the listing and the read: its rows are in the new file
+            self.files.add(f)
+            for i in ids.to_list():
+                self.first_seen.setdefault(i, now)
+
+    def hold(self, seconds: float, sleep: Callable[[float], None], step: float = 2.0) -> None:
+        """Sleep ``seconds``, polling every ``step``."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.poll()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            sleep(min(step, left))
+
+
 def run_drill(cfg: DrillConfig, *, sleep: Callable[[float], None] = time.sleep) -> pl.DataFrame:
     """The whole drill: agent + scheduler + workload, healthy minutes, then each fault (apply, hold,
     restore, recover); then the scorecard (printed, written to the lake, returned)."""
@@ -843,6 +882,7 @@ def run_drill(cfg: DrillConfig, *, sleep: Callable[[float], None] = time.sleep) 
     procs = Procs(state)
     old_handlers = _signals_raise()
     windows: list[FaultWindow] = []
+    watch = IncidentWatch(cfg.lake, cfg.host)
     total_s = cfg.healthy_s + len(faults) * (cfg.fault_s + cfg.recovery_s) + 600
     started = datetime.now(UTC)
     run_id = state.run_id
@@ -860,7 +900,7 @@ def run_drill(cfg: DrillConfig, *, sleep: Callable[[float], None] = time.sleep) 
             ctx.workload_pid, ctx.workload_start = e["pid"], e["start"]
         cfg.out(f"drill {run_id} on {cfg.host}: agent, scheduler (every {cfg.every_s:g} s) and workload "
                 f"{cfg.workload!r} started; {cfg.healthy_s:g} s healthy")
-        sleep(cfg.healthy_s)
+        watch.hold(cfg.healthy_s, sleep)
         for f in faults:
             why = f.available()
             now = datetime.now(UTC)
@@ -881,18 +921,18 @@ def run_drill(cfg: DrillConfig, *, sleep: Callable[[float], None] = time.sleep) 
                     raise DrillError(f"{f.name}: restore failed: {'; '.join(errs)}") from exc
                 continue
             cfg.out(f"  {f.name}: applied at {onset:%H:%M:%S} ({f.method}); holding {cfg.fault_s:g} s")
-            sleep(cfg.fault_s)
+            watch.hold(cfg.fault_s, sleep)
             with _signals_ignored():
                 errs = f.restore(ctx)
             restored = datetime.now(UTC)
             if errs:
                 raise DrillError(f"{f.name}: restore failed: {'; '.join(errs)}")
             cfg.out(f"  {f.name}: restored at {restored:%H:%M:%S}; recovering {cfg.recovery_s:g} s")
-            sleep(cfg.recovery_s)
+            watch.hold(cfg.recovery_s, sleep)
             windows.append(FaultWindow(f.name, f.expected_entry, f.method, onset, restored, datetime.now(UTC)))
         end = datetime.now(UTC)
         cfg.out(f"waiting for the scheduler to sweep past {end:%H:%M:%S}")
-        _wait_swept(cfg, end, sleep)
+        _wait_swept(cfg, end, lambda secs: watch.hold(secs, sleep))
     finally:
         with _signals_ignored():
             errors = restore(state, procs)
@@ -904,7 +944,8 @@ def run_drill(cfg: DrillConfig, *, sleep: Callable[[float], None] = time.sleep) 
             signal.signal(s, h)
     if errors:
         raise DrillError(f"restore incomplete, run 'unveil drill --restore --lake {cfg.lake}': {'; '.join(errors)}")
-    card = scorecard(cfg.lake, cfg.host, run_id, started, windows, healthy_end=windows[0].onset if windows else end)
+    card = scorecard(cfg.lake, cfg.host, run_id, started, windows, healthy_end=windows[0].onset if windows else end,
+                     first_seen=watch.first_seen)
     write_scorecard(cfg.lake, card)
     cfg.out(format_scorecard(card))
     return card
@@ -953,24 +994,30 @@ SCORECARD_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def read_incidents(lake: Path, host: str) -> pl.DataFrame:
-    """The host's incidents with ``visible_at``: when the file holding each landed in the lake."""
+def read_incidents(lake: Path, host: str, first_seen: dict[str, datetime] | None = None) -> pl.DataFrame:
+    """The host's incidents with ``visible_at``: when each was first seen in the lake (from
+    ``first_seen``, the drill's polling), else the mtime of the file holding it."""
     from ingest import lake as lake_mod
 
     cols = ["incident_id", "start", "end", "status", "entry_id"]
+    ts = pl.Datetime("us", "UTC")
     frames = []
     if "incidents" in lake_mod.tables(lake):
         for f in lake_mod.files(lake, "incidents", hosts=[host]):
             df = pl.read_parquet(f, columns=cols, hive_partitioning=False)
             mtime = datetime.fromtimestamp(f.stat().st_mtime, UTC)
-            frames.append(df.with_columns(pl.lit(mtime).cast(pl.Datetime("us", "UTC")).alias("visible_at")))
+            frames.append(df.with_columns(pl.lit(mtime).cast(ts).alias("visible_at")))
     if not frames:
-        return pl.DataFrame(schema={"incident_id": pl.String(), "start": pl.Datetime("us", "UTC"),
-                                    "end": pl.Datetime("us", "UTC"), "status": pl.String(),
-                                    "entry_id": pl.String(), "visible_at": pl.Datetime("us", "UTC")})
-    # a re-swept incident keeps its first appearance (compaction rewrites files later)
+        return pl.DataFrame(schema={"incident_id": pl.String(), "start": ts, "end": ts, "status": pl.String(),
+                                    "entry_id": pl.String(), "visible_at": ts})
     df = pl.concat(frames, how="vertical_relaxed")
-    return (df.sort("visible_at").unique("incident_id", keep="first", maintain_order=True).sort("start"))
+    if first_seen:
+        seen = pl.DataFrame({"incident_id": list(first_seen), "_seen": list(first_seen.values())},
+                            schema={"incident_id": pl.String(), "_seen": ts})
+        df = (df.join(seen, on="incident_id", how="left")
+              .with_columns(pl.coalesce("_seen", "visible_at").alias("visible_at")).drop("_seen"))
+    # a re-swept or compacted incident keeps its first appearance
+    return df.sort("visible_at").unique("incident_id", keep="first", maintain_order=True).sort("start")
 
 
 def _proposals(lake: Path, incident_ids: Sequence[str]) -> dict[str, list[str]]:
@@ -988,10 +1035,10 @@ def _proposals(lake: Path, incident_ids: Sequence[str]) -> dict[str, list[str]]:
 
 
 def scorecard(lake: Path, host: str, run_id: str, started: datetime, windows: Sequence[FaultWindow], *,
-              healthy_end: datetime) -> pl.DataFrame:
+              healthy_end: datetime, first_seen: dict[str, datetime] | None = None) -> pl.DataFrame:
     """One row per fault (plus ``healthy``): incidents overlapping the fault window, the entry they
     matched, latency from onset, remediation proposed, false incidents in the recovery minutes."""
-    inc = read_incidents(lake, host)
+    inc = read_incidents(lake, host, first_seen)
     props = _proposals(lake, inc["incident_id"].to_list())
     live = [w for w in windows if w.skipped is None]
 
@@ -1018,7 +1065,7 @@ def scorecard(lake: Path, host: str, run_id: str, started: datetime, windows: Se
             rows.append(row | {"incident_ids": []})
             continue
         ov = overlapping(w.onset, w.restored)
-        first_seen: datetime | None = ov["visible_at"].min() if ov.height else None  # type: ignore[assignment]
+        first_visible: datetime | None = ov["visible_at"].min() if ov.height else None  # type: ignore[assignment]
         first_start: datetime | None = ov["start"].min() if ov.height else None  # type: ignore[assignment]
         matched = ov.filter(pl.col("status") == "matched")["entry_id"].drop_nulls().to_list()
         best = w.expected_entry if w.expected_entry in matched else (matched[0] if matched else None)
@@ -1027,7 +1074,7 @@ def scorecard(lake: Path, host: str, run_id: str, started: datetime, windows: Se
         row |= {
             "detected": ov.height > 0, "incidents": ov.height, "matched_entry": best,
             "match_ok": (best == w.expected_entry) if w.expected_entry is not None else None,
-            "latency_s": (first_seen - w.onset).total_seconds() if first_seen is not None else None,
+            "latency_s": (first_visible - w.onset).total_seconds() if first_visible is not None else None,
             "start_latency_s": (first_start - w.onset).total_seconds() if first_start is not None else None,
             "remediation": ",".join(scripts) or None, "false_incidents": false.height,
             "incident_ids": ov["incident_id"].to_list(),

@@ -531,3 +531,24 @@ def test_thp_restore_leaves_a_mode_someone_else_chose_during_the_drill(host: dic
     assert f.restore(ctx) == []
     assert d._thp_value(knob) == other
     assert THP_KNOBS[1].read_text() == host["thp"][1]  # the untouched knob is restored
+
+
+def test_latency_counts_from_when_an_incident_first_appeared_not_from_its_compacted_file(tmp_path: Path) -> None:
+    """The scheduler compacts incident files minutes later (new files, new mtimes): the
+    drill's own polling keeps the first appearance."""
+    t = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
+    for n in range(2):  # two sweeps, two small files in a closed hour
+        start = t + timedelta(minutes=n)
+        lake_mod.write_table(tmp_path, "incidents", pl.DataFrame({
+            "time": [start], "host": ["h"], "incident_id": [f"inc-{n}"], "start": [start],
+            "end": [start + timedelta(seconds=5)], "status": ["matched"], "entry_id": ["thp_coverage_loss"]}))
+    watch = d.IncidentWatch(tmp_path, "h")
+    watch.poll()
+    seen = datetime.now(UTC)
+    time.sleep(1.1)
+    assert lake_mod.compact(tmp_path, "incidents").merges == 1
+    by_mtime = d.read_incidents(tmp_path, "h")
+    assert min(by_mtime["visible_at"].to_list()) > seen  # what a file's mtime says after compaction
+    watch.poll()  # the merged file holds nothing new
+    first = d.read_incidents(tmp_path, "h", watch.first_seen)
+    assert first.height == 2 and max(first["visible_at"].to_list()) <= seen
