@@ -1065,11 +1065,14 @@ def scorecard(lake: Path, host: str, run_id: str, started: datetime, windows: Se
             rows.append(row | {"incident_ids": []})
             continue
         ov = overlapping(w.onset, w.restored)
-        first_visible: datetime | None = ov["visible_at"].min() if ov.height else None  # type: ignore[assignment]
-        first_start: datetime | None = ov["start"].min() if ov.height else None  # type: ignore[assignment]
         matched = ov.filter(pl.col("status") == "matched")["entry_id"].drop_nulls().to_list()
         best = w.expected_entry if w.expected_entry in matched else (matched[0] if matched else None)
-        scripts = sorted({s for i in ov["incident_id"].to_list() for s in props.get(i, [])})
+        # latency of the detection reported: the matched entry's incidents when there is one (an
+        # unrelated incident already under way at the onset is no detection of this fault)
+        basis = ov.filter(pl.col("entry_id") == best) if best is not None else ov
+        first_visible: datetime | None = basis["visible_at"].min() if basis.height else None  # type: ignore[assignment]
+        first_start: datetime | None = basis["start"].min() if basis.height else None  # type: ignore[assignment]
+        scripts = sorted({s for i in basis["incident_id"].to_list() for s in props.get(i, [])})
         false = in_no_fault(overlapping(w.restored, w.recovered))
         row |= {
             "detected": ov.height > 0, "incidents": ov.height, "matched_entry": best,

@@ -552,3 +552,40 @@ def test_latency_counts_from_when_an_incident_first_appeared_not_from_its_compac
     watch.poll()  # the merged file holds nothing new
     first = d.read_incidents(tmp_path, "h", watch.first_seen)
     assert first.height == 2 and max(first["visible_at"].to_list()) <= seen
+
+
+def test_scorecard_rows_from_incidents_and_the_queue(tmp_path: Path) -> None:
+    """Detection, match, latency (of the matched entry's incidents, not of an unrelated one
+    already under way at the onset), remediation from the real queue, false incidents."""
+    from remediation.queue import Queue, default_path
+
+    t0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+
+    def at(s: float) -> datetime:
+        return t0 + timedelta(seconds=s)
+
+    rows = [("inc-healthy", 10, 15, "matched", "cpu_noisy_neighbour"),
+            ("inc-unrelated", 58, 70, "matched", "storage_contention"),
+            ("inc-thp", 65, 90, "matched", "thp_coverage_loss"),
+            ("inc-after", 150, 155, "unmatched", None)]
+    lake_mod.write_table(tmp_path, "incidents", pl.DataFrame({
+        "time": [at(r[1]) for r in rows], "host": ["h"] * 4, "incident_id": [r[0] for r in rows],
+        "start": [at(r[1]) for r in rows], "end": [at(r[2]) for r in rows], "status": [r[3] for r in rows],
+        "entry_id": [r[4] for r in rows]}))
+    with Queue(default_path(tmp_path)) as q:
+        q.propose(host="h", entry_id="thp_coverage_loss", incident_id="inc-thp", script_id="thp",
+                  params={"enabled": "madvise", "defrag": "madvise"})
+    seen = {"inc-healthy": at(40), "inc-unrelated": at(75), "inc-thp": at(100), "inc-after": at(160)}
+    w = d.FaultWindow("thp", "thp_coverage_loss", "enabled, defrag = never", at(60), at(120), at(180))
+    card = d.scorecard(tmp_path, "h", "0123abcd", t0, [w], healthy_end=at(60), first_seen=seen)
+    healthy, thp = card.row(0, named=True), card.row(1, named=True)
+    assert healthy["fault"] == "healthy" and healthy["false_incidents"] == 1
+    assert healthy["incident_ids"] == ["inc-healthy"]
+    assert thp["detected"] and thp["incidents"] == 2
+    assert sorted(thp["incident_ids"]) == ["inc-thp", "inc-unrelated"]
+    assert thp["matched_entry"] == "thp_coverage_loss" and thp["match_ok"]
+    assert thp["latency_s"] == 40.0 and thp["start_latency_s"] == 5.0
+    assert thp["remediation"] == "thp"
+    assert thp["false_incidents"] == 1  # inc-after, in the recovery minutes
+    text = d.format_scorecard(card)
+    assert "thp_coverage_loss" in text and "40 s" in text
