@@ -546,13 +546,18 @@ class ThpFault(Fault):
         return None if (THP_DIR / "enabled").exists() else f"no {THP_DIR}"
 
     def apply(self, ctx: Context) -> None:
-        self.method = "enabled, defrag = never"
+        already = []
         for knob in ("enabled", "defrag"):
             p = THP_DIR / knob
             if not p.exists():
                 continue
-            self.record(ctx, {"kind": "thp", "path": str(p), "value": _thp_value(p), "set": "never"})
+            before = _thp_value(p)
+            if before == "never":
+                already.append(knob)
+            self.record(ctx, {"kind": "thp", "path": str(p), "value": before, "set": "never"})
             p.write_text("never")
+        # a knob already off (by someone else) makes the fault weaker or a no-op: say so
+        self.method = "enabled, defrag = never" + (f" ({', '.join(already)} already never)" if already else "")
 
 
 @dataclass

@@ -136,6 +136,15 @@ def test_thp_fault_sets_never_and_restores_the_exact_values(host: dict[str, Any]
     assert _state_on_disk(ctx) == []
 
 
+def test_thp_fault_says_when_a_knob_was_already_off(host: dict[str, Any], ctx: d.Context) -> None:
+    THP_KNOBS[0].write_text("never")  # as another tool may have left it; the fixture puts it back
+    f = d.ThpFault()
+    f.apply(ctx)
+    assert "enabled already never" in f.method
+    assert f.restore(ctx) == []
+    assert d._thp_value(THP_KNOBS[0]) == "never"  # restored to what it was when the fault began
+
+
 def test_quota_fault_throttles_a_burner_and_removes_its_cgroup(host: dict[str, Any], ctx: d.Context) -> None:
     f = d.QuotaFault(quota_cpus=0.1)
     if f.available():
