@@ -469,7 +469,8 @@ _PLANS: dict[str, Callable[[set[str]], _Plan]] = {
 
 #: tables that never become features (the agent's self-health, static facts, ground truth)
 SKIPPED: frozenset[str] = frozenset({"agent", "host_facts", "labels", "workload"} | {"features", "scores", "findings",
-                                                                                     "incidents", "remediations"})
+                                                                                     "incidents", "remediations"}
+                                    | {"drill_scorecard"})  # `unveil drill`'s results, not telemetry
 
 _NUMERIC = (pl.Float32, pl.Float64, pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl.UInt32,
             pl.UInt64, pl.Boolean)

@@ -54,6 +54,7 @@ COMMANDS = (
     "demo",
     "schedule",
     "postmortem",
+    "drill",
 )
 
 

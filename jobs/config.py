@@ -44,10 +44,16 @@ class AgentSection:
 
 
 @dataclass
+class DrillSection:
+    canary: bool = False  # true: `unveil drill` injects faults here without --yes
+
+
+@dataclass
 class Config:
     lake: str | None = None
     agent: AgentSection = field(default_factory=AgentSection)
     influx: InfluxSection = field(default_factory=InfluxSection)
+    drill: DrillSection = field(default_factory=DrillSection)
     analytics: dict[str, Any] = field(default_factory=dict)
     scheduler: dict[str, Any] = field(default_factory=dict)
     remediation: dict[str, Any] = field(default_factory=dict)
@@ -75,6 +81,9 @@ _TYPES: dict[str, dict[str, tuple[type, ...]]] = {
         "bucket": (str,),
         "api": (str,),
         "spool_dir": (str,),
+    },
+    "drill": {
+        "canary": (bool,),
     },
 }
 
@@ -131,16 +140,17 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
             raise ConfigError(f"config file {p} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-        known = {"lake", "agent", "influx", "analytics", "scheduler", "remediation"}
+        known = {"lake", "agent", "influx", "drill", "analytics", "scheduler", "remediation"}
         for key in raw:
             if key not in known:
                 raise ConfigError(f"{p}: unknown top-level key {key!r} (known: {', '.join(sorted(known))})")
         cfg.lake = _lake_path(p, raw.get("lake", {}))
-        for sec in ("agent", "influx"):
+        for sec in ("agent", "influx", "drill"):
             if not isinstance(raw.get(sec, {}), dict):
                 raise ConfigError(f"{p}: [{sec}] must be a table")
         cfg.agent = _section(p, "agent", raw.get("agent", {}), AgentSection)
         cfg.influx = _section(p, "influx", raw.get("influx", {}), InfluxSection)
+        cfg.drill = _section(p, "drill", raw.get("drill", {}), DrillSection)
         try:
             for key in _POSITIVE:
                 check_seconds(getattr(cfg.agent, key), f"[agent].{key}")
