@@ -436,7 +436,11 @@ def test_cgroup_v2_layout_and_membership(tmp_path: Path) -> None:
 
 #: the CLI with the effective uid of nobody (the interpreter lives under /root, which nobody
 #: cannot read: so the modules are imported first, then the privileges dropped)
-AS_NOBODY = ("import os, sys\nfrom jobs.cli import main\nimport jobs.drill, tomllib\n"
+# Every module the command needs is imported while still root: the interpreter may live
+# under a directory that nobody cannot read (/root/.pyenv here), and `unveil` imports its
+# subcommands lazily.
+AS_NOBODY = ("import os, sys\nfrom jobs.cli import main, build_parser\nimport jobs.drill, tomllib\n"
+             "build_parser(sys.argv[1:])\n"
              "os.setegid(65534); os.seteuid(65534)\nsys.exit(main(sys.argv[1:]))")
 
 
