@@ -17,11 +17,14 @@ Per chunk ``[s, e)`` of a group of hosts sharing the watermark ``s``:
 * findings are matched against the knowledge base (rank-1 matched candidate stored on the
   finding: ``entry_id``, ``match_confidence``, ``match_devices``, ``match_explanation``);
 * findings are grouped into incidents (gap <= ``incident_gap_s``, at most
-  ``max_incident`` long); an incident is written once it is *closed* (no later window can
-  join it); the start of a still-open one is carried in the host's state (``open_since``)
-  and its findings are read back from the lake by the next chunk;
-* closed, matched incidents whose KB entry names a script are queued for remediation
-  (dry-run proposals, idempotent per host/entry/incident);
+  ``max_incident`` long, raised once they span ``min_incident_s``); a matched incident is
+  written with ``state = 'open'`` as soon as it has persisted and again each chunk it
+  changes (same ``incident_id``, ``updated`` = the chunk's end), and with ``state =
+  'closed'`` once no later window can join it (unmatched ones only then); the start of a
+  still-open segment is carried in the host's state (``open_since``) and its findings are
+  read back from the lake by the next chunk;
+* matched incidents whose KB entry names a script, open ones included, are queued for
+  remediation (dry-run proposals, one per cause: later rows and fragments attach);
 * features, scores, findings, incidents and remediations go to the lake; findings,
   incidents and remediations also to InfluxDB (``unveil_findings``, ``unveil_incidents``,
   ``unveil_remediations``) when a URL is configured.
@@ -57,7 +60,7 @@ from ingest.influx import InfluxConfig, InfluxSink, InfluxSource
 from jobs import watermarks as wm
 from jobs.progress import Progress
 from jobs.sweep import with_time
-from knowledge_base import INCIDENT_SCHEMA, build_incidents, load_kb
+from knowledge_base import INCIDENT_SCHEMA, build_incidents, latest_incidents, load_kb
 from knowledge_base.detector import MATCH_COLUMNS, DetectionConfig, detect, empty_findings
 from knowledge_base.detector import attach_matches as _attach
 from knowledge_base.facts import FactError, HostFacts, fill_params, in_force
@@ -140,6 +143,8 @@ class SweepConfig:
     max_chunks: int | None = None  # per cycle; None: catch up fully
     incident_gap_s: float = 5.0
     max_incident: timedelta = timedelta(minutes=15)
+    # an incident is raised (open, then closed) once it spans this long; shorter ones never are
+    min_incident_s: float = 0.0
     queue_remediations: bool = True
     auto_remediate: bool = False
     remediation_root: str = "/"  # [remediation] root: where scripts act (auto runs, verification rollbacks)
@@ -159,6 +164,9 @@ class SweepConfig:
             raise ValueError(f"scheduler.max_chunks must be >= 1, not {self.max_chunks!r}")
         if self.max_incident <= timedelta(0) or self.incident_gap_s < 0:
             raise ValueError("scheduler.max_incident must be > 0 and scheduler.incident_gap_s >= 0")
+        if not 0 <= self.min_incident_s < self.max_incident.total_seconds():
+            raise ValueError(f"scheduler.min_incident_s must be >= 0 and below max_incident "
+                             f"({self.max_incident}), not {self.min_incident_s!r}")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any], *, analytics: AnalyticsConfig | None = None,
@@ -167,7 +175,7 @@ class SweepConfig:
         """From the config file's ``[scheduler]`` table; unknown keys are an error naming them."""
         known = {"every", "chunk", "lag", "max_chunks", "incident_gap_s", "max_incident", "queue_remediations",
                  "compact_every", "retention", "kb_path", "history", "signature_detector",
-                 "signature_min_confidence", "warmup", "restart_gap"}
+                 "signature_min_confidence", "warmup", "restart_gap", "min_incident_s"}
         bad = sorted(set(d) - known)
         if bad:
             raise ValueError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
@@ -187,6 +195,10 @@ class SweepConfig:
             kw["max_chunks"] = d["max_chunks"]
         if "incident_gap_s" in d:
             kw["incident_gap_s"] = float(d["incident_gap_s"])
+        if "min_incident_s" in d:
+            v = d["min_incident_s"]
+            kw["min_incident_s"] = (v if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+                                    else _duration(v, f"{where} min_incident_s", zero=True).total_seconds())
         if "queue_remediations" in d:
             if not isinstance(d["queue_remediations"], bool):
                 raise ValueError(f"{where} queue_remediations: expected true or false")
@@ -417,15 +429,23 @@ def segment(findings: pl.DataFrame, gap_s: float, max_len: timedelta) -> list[pl
 
 def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max_len: timedelta,
                  horizon: datetime | None, window_length: timedelta,
-                 stride: timedelta) -> tuple[pl.DataFrame, dict[str, datetime]]:
-    """(closed incidents, host -> start of its still-open incident). With ``horizon=None``
-    every incident is closed (a post-mortem over a finished interval)."""
-    closed: list[pl.DataFrame] = []
+                 stride: timedelta, min_incident_s: float = 0.0) -> tuple[pl.DataFrame, dict[str, datetime]]:
+    """(incidents, host -> start of its still-open segment). With ``horizon=None`` every
+    incident is closed (a post-mortem over a finished interval).
+
+    A segment that may still grow (a later window can join it) is *open*: its matched
+    incidents that have persisted are returned with ``state = 'open'`` (updated = the
+    horizon), so they are visible while they last; its unmatched windows wait for the close
+    (a matched span may still absorb them). Closed segments give ``state = 'closed'`` rows.
+    An incident persisted when it spans at least ``min_incident_s`` (first window's start to
+    last window's end); a shorter one is never raised, open or closed."""
+    rows: list[pl.DataFrame] = []
     open_since: dict[str, datetime] = {}
     if findings.is_empty():
         return pl.DataFrame(schema=INCIDENT_SCHEMA), open_since
     findings = findings.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
     gap = timedelta(seconds=gap_s)
+    persisted = (pl.col("end") - pl.col("start")) >= timedelta(seconds=min_incident_s)
     for seg in segment(findings, gap_s, max_len):
         host = str(seg[HOST][0])
         start, end = seg[WS].min(), seg[WE].max()
@@ -433,14 +453,18 @@ def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max
         # the next window not yet scored starts at horizon - L + stride: can it still join?
         may_grow = (horizon is not None and end + gap >= horizon - window_length + stride
                     and horizon - start < max_len)
+        inc = build_incidents(matches_of(seg), seg.drop([c for c in MATCH_COLUMNS if c in seg.columns]), kb,
+                              max_gap_s=1e9)  # segment() already cut it: one incident per entry
+        inc = inc.filter(persisted)
         if may_grow:
             open_since[host] = min(open_since.get(host, start), start)
-            continue
-        inc = build_incidents(matches_of(seg), seg.drop([c for c in MATCH_COLUMNS if c in seg.columns]), kb,
-                              max_gap_s=1e9)  # segment() already cut it: one incident
-        closed.append(inc)
-    out = pl.concat(closed) if closed else pl.DataFrame(schema=INCIDENT_SCHEMA)
-    return out.sort(HOST, "start"), open_since
+            inc = inc.filter(pl.col("status") == "matched").with_columns(
+                pl.lit("open").alias("state"), pl.lit(horizon).cast(TS).alias("updated"))
+        elif horizon is not None:
+            inc = inc.with_columns(pl.lit(horizon).cast(TS).alias("updated"))
+        rows.append(inc)
+    out = pl.concat(rows) if rows else pl.DataFrame(schema=INCIDENT_SCHEMA)
+    return out.sort(HOST, "start", "incident_id"), open_since
 
 
 # ------------------------------------------------------------------ remediation
@@ -633,6 +657,39 @@ def _read_open_findings(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Seq
     return pl.concat(parts, how="diagonal_relaxed")
 
 
+def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequence[str],
+                       incidents: pl.DataFrame, corrupt: list[Corrupt]) -> pl.DataFrame:
+    """``incidents`` without the rows that repeat the latest stored row of the same incident
+    (an open incident no window joined since the last sweep): the table gets a row per change."""
+    if incidents.is_empty() or "incidents" not in lake_mod.tables(lake):
+        return incidents
+    parts = []
+    for h in hosts:
+        since = marks[h].open_since if h in marks else None
+        if since is not None:  # only incidents of a carried (open) segment can have rows already
+            parts.append(lake_mod.read(lake, "incidents", start=since, hosts=[h], on_corrupt="skip", report=corrupt))
+    have = pl.concat([p for p in parts if p.height], how="diagonal_relaxed") if any(p.height for p in parts) else None
+    if have is None:
+        return incidents
+    key = ["incident_id", "state", "end", "n_windows"]
+    last = latest_incidents(have).select(*key)
+    return incidents.join(last.with_columns(pl.col("end").cast(TS)), on=key, how="anti", nulls_equal=True)
+
+
+def _new_remediation_rows(lake: Path, rows: pl.DataFrame, corrupt: list[Corrupt]) -> pl.DataFrame:
+    """``rows`` (queue_remediations') without the actions whose row the lake already has
+    unchanged: an open incident asks for its proposal every sweep, the table gets it once."""
+    if rows.is_empty() or "remediations" not in lake_mod.tables(lake):
+        return rows
+    have = lake_mod.read(lake, "remediations", columns=["action_id", "updated", "attached_incidents"],
+                         on_corrupt="skip", report=corrupt)
+    if have.is_empty():
+        return rows
+    return rows.join(have.select("action_id", pl.col("updated").cast(rows.schema["updated"]),
+                                 "attached_incidents").unique(),
+                     on=["action_id", "updated", "attached_incidents"], how="anti", nulls_equal=True)
+
+
 def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],
                   s: datetime, e: datetime, marks: Mapping[str, wm.HostMark], hook: wm.PublishHook | None,
                   queue_path: Path | None = None,
@@ -656,10 +713,14 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     prior = _read_open_findings(lake_p, marks, hosts, s, corrupt)
     all_findings = pl.concat([prior, out.findings], how="diagonal_relaxed") if prior.height else out.findings
     incidents, open_since = incidents_of(all_findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident,
-                                         horizon=e, window_length=length, stride=stride)
+                                         horizon=e, window_length=length, stride=stride,
+                                         min_incident_s=cfg.min_incident_s)
+    incidents = _changed_incidents(lake_p, marks, hosts, incidents, corrupt)
     remediations = pl.DataFrame()
     if cfg.queue_remediations and incidents.height:
-        remediations = queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e)
+        # open incidents too: a proposal is due as soon as the fault has persisted
+        remediations = _new_remediation_rows(
+            lake_p, queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e), corrupt)
     staged = wm.StagedSweep(lake, sid)
     if out.features.height:
         staged.write("features", with_time(out.features))
@@ -897,7 +958,7 @@ def eval_detector(kb: KnowledgeBase, cfg: SweepConfig | None = None,
             cache[id(result.features)] = det.signature
         incidents, _ = incidents_of(det.findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident,
                                     horizon=None, window_length=timedelta(seconds=a.window.length_s),
-                                    stride=timedelta(seconds=a.window.stride_s))
+                                    stride=timedelta(seconds=a.window.stride_s), min_incident_s=cfg.min_incident_s)
         f = det.findings
         matches = f.filter(pl.col("entry_id").is_not_null()).select(
             HOST, pl.col(WS).cast(TS),
@@ -1032,7 +1093,7 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
             bar.advance(detail=e.isoformat())
     findings = pl.concat(finds, how="diagonal_relaxed") if finds else _empty_findings()
     incidents, _ = incidents_of(findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident, horizon=None,
-                                window_length=length, stride=stride)
+                                window_length=length, stride=stride, min_incident_s=cfg.min_incident_s)
     if findings.height:
         lake_mod.write_table(tmp, "findings", with_time(findings))
     if incidents.height:
