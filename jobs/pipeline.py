@@ -145,6 +145,9 @@ class SweepConfig:
     max_incident: timedelta = timedelta(minutes=15)
     # an incident is raised (open, then closed) once it spans this long; shorter ones never are
     min_incident_s: float = 0.0
+    # windows are judged in clock-aligned steps of this length on the data up to the step's
+    # end (the live cadence): the verdict does not depend on the chunking. None: per chunk
+    analysis_step: timedelta | None = timedelta(minutes=1)
     queue_remediations: bool = True
     auto_remediate: bool = False
     remediation_root: str = "/"  # [remediation] root: where scripts act (auto runs, verification rollbacks)
@@ -164,6 +167,11 @@ class SweepConfig:
             raise ValueError(f"scheduler.max_chunks must be >= 1, not {self.max_chunks!r}")
         if self.max_incident <= timedelta(0) or self.incident_gap_s < 0:
             raise ValueError("scheduler.max_incident must be > 0 and scheduler.incident_gap_s >= 0")
+        if self.analysis_step is not None:
+            ratio = self.analysis_step / stride
+            if self.analysis_step < stride or abs(ratio - round(ratio)) > 1e-9:
+                raise ValueError(f"scheduler.analysis_step ({self.analysis_step}) must be a multiple of the "
+                                 f"stride ({stride})")
         if not 0 <= self.min_incident_s < self.max_incident.total_seconds():
             raise ValueError(f"scheduler.min_incident_s must be >= 0 and below max_incident "
                              f"({self.max_incident}), not {self.min_incident_s!r}")
@@ -175,7 +183,7 @@ class SweepConfig:
         """From the config file's ``[scheduler]`` table; unknown keys are an error naming them."""
         known = {"every", "chunk", "lag", "max_chunks", "incident_gap_s", "max_incident", "queue_remediations",
                  "compact_every", "retention", "kb_path", "history", "signature_detector",
-                 "signature_min_confidence", "warmup", "restart_gap", "min_incident_s"}
+                 "signature_min_confidence", "warmup", "restart_gap", "min_incident_s", "analysis_step"}
         bad = sorted(set(d) - known)
         if bad:
             raise ValueError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
@@ -183,6 +191,9 @@ class SweepConfig:
         for k in ("chunk", "lag", "max_incident"):
             if k in d:
                 kw[k] = _duration(d[k], f"{where} {k}", zero=k == "lag")
+        if "analysis_step" in d:
+            kw["analysis_step"] = None if d["analysis_step"] in (0, "off") else _duration(
+                d["analysis_step"], f"{where} analysis_step")
         if "compact_every" in d:
             kw["compact_every"] = None if d["compact_every"] in (0, "off") else _duration(
                 d["compact_every"], f"{where} compact_every")
@@ -368,22 +379,83 @@ def _empty_findings() -> pl.DataFrame:
 def analyze_chunk(loaded: Loaded, s: datetime, e: datetime, config: AnalyticsConfig, kb: KnowledgeBase,
                   hosts: Sequence[str] | None, *, detection: DetectionConfig | None = None,
                   read_start: datetime | None = None,
-                  history_known: Mapping[str, datetime] | None = None) -> ChunkOutput:
+                  history_known: Mapping[str, datetime] | None = None,
+                  features: pl.DataFrame | None = None) -> ChunkOutput:
     """Score the windows ending in (s, e] of ``hosts`` (None: all), run the knowledge base
     as a signature detector on each of them, and match the findings (statistical flags out
     of warm-up, or signature matches; see :mod:`knowledge_base.detector`). ``read_start``:
     when ``loaded`` starts (None: the hosts' whole data is loaded); ``history_known``: host
-    -> its first telemetry time in the lake (warm-up of hosts whose start is not loaded)."""
+    -> its first telemetry time in the lake (warm-up of hosts whose start is not loaded).
+    ``features``: the windows to analyse, already computed (then ``loaded.frames`` is not
+    read; ``read_start`` is their first window's start)."""
     length = timedelta(seconds=config.window.length_s)
-    if not loaded.frames:
+    if features is None and not loaded.frames:
         return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
-    res: AnalysisResult = analyze(loaded.frames, config, host_facts=loaded.facts, score_since=s - length + US)
+    if features is not None and features.is_empty():
+        return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
+    res: AnalysisResult = analyze(loaded.frames if features is None else {}, config, host_facts=loaded.facts,
+                                  score_since=s - length + US, features=features)
     keep = (pl.col(WE) > s) & (pl.col(WE) <= e)
     if hosts is not None:
         keep = keep & pl.col(HOST).is_in(list(hosts))
     det = detect(res, loaded.facts, kb, detection or DetectionConfig(), keep=keep, frame_start=read_start,
                  history_known=history_known, window_length_s=config.window.length_s, min_cohort=config.min_cohort)
     return ChunkOutput(det.features, det.scores, det.findings, loaded.corrupt, det.suppressed)
+
+
+def steps(s: datetime, e: datetime, step: timedelta) -> list[tuple[datetime, datetime]]:
+    """[s, e) cut at the multiples of ``step`` (on the UTC clock, not relative to ``s``)."""
+    out = []
+    step_us = round(step / US)
+    b = s
+    while b < e:
+        us = int((_utc(b) - datetime(1970, 1, 1, tzinfo=UTC)) / US)
+        nxt = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us - us % step_us + step_us)
+        out.append((b, min(nxt, e)))
+        b = nxt
+    return out
+
+
+def analyze_steps(loaded: Loaded, s: datetime, e: datetime, config: AnalyticsConfig, kb: KnowledgeBase,
+                  hosts: Sequence[str] | None, *, step: timedelta | None, detection: DetectionConfig | None = None,
+                  history_known: Mapping[str, datetime] | None = None) -> ChunkOutput:
+    """:func:`analyze_chunk` of (s, e] in clock-aligned analysis steps, so the verdict does not
+    depend on how a sweep cuts time into chunks: the windows ending in a step [b, b') are
+    judged on the windows of ``[b - history, b')`` only (references, running medians,
+    cohorts, signature references), whether the step is analysed alone (the live scheduler,
+    every minute) or inside a backfill's chunk. Features are computed once for the chunk
+    (they are functions of a window's own samples) and cut per step. ``loaded`` must start
+    at or before ``s - history - window length``. ``step=None``: one analysis of the whole
+    chunk (faster backfills; verdicts then depend on the chunking)."""
+    length = timedelta(seconds=config.window.length_s)
+    if step is None:
+        return analyze_chunk(loaded, s, e, config, kb, hosts, detection=detection,
+                             read_start=s - length + US - config.history, history_known=history_known)
+    if not loaded.frames:
+        return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
+    from analytics.features import compute_features
+
+    feats = compute_features(loaded.frames, config.window, host_facts=loaded.facts)
+    if feats.is_empty():
+        return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
+    feats = feats.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
+    outs: list[ChunkOutput] = []
+    for b, b2 in steps(s, e, step):
+        first = floor_grid(b - config.history, config.window.stride_s)
+        part = feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= b2))
+        outs.append(analyze_chunk(loaded, b, b2, config, kb, hosts, detection=detection, read_start=first,
+                                  history_known=history_known, features=part))
+    findings = _concat([o.findings for o in outs])
+    return ChunkOutput(_concat([o.features for o in outs]), _concat([o.scores for o in outs]),
+                       findings if findings.height else _empty_findings(), loaded.corrupt,
+                       sum(o.suppressed for o in outs))
+
+
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    frames = [f for f in frames if f.height]
+    if not frames:
+        return pl.DataFrame()
+    return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
 
 
 def attach_matches(findings: pl.DataFrame, matches: pl.DataFrame) -> pl.DataFrame:
@@ -707,7 +779,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     else:
         loaded = Loaded({}, None)
     known = _first_times(lake, hosts, history_known)
-    out = analyze_chunk(loaded, s, e, a, kb, hosts, detection=cfg.detection, read_start=first - a.history,
+    out = analyze_steps(loaded, s, e, a, kb, hosts, step=cfg.analysis_step, detection=cfg.detection,
                         history_known=known)
     corrupt = list(out.corrupt)
     prior = _read_open_findings(lake_p, marks, hosts, s, corrupt)
@@ -802,6 +874,8 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
             summary.recovered = wm.recover(lake_p, hook)
             stride = cfg.analytics.window.stride_s
             horizon = _utc(now or datetime.now(UTC)) - cfg.lag
+            # live: whole analysis steps only (a step is judged once, on all its data)
+            horizon = floor_grid(horizon, cfg.analysis_step.total_seconds() if cfg.analysis_step else stride)
             if until is not None:
                 horizon = min(horizon, _utc(until))
             horizon = floor_grid(horizon, stride)
@@ -1078,7 +1152,7 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
             lo = s - length + US - a.history
             loaded = (load_lake(lake_p, lo, e, load_hosts) if source == "lake"
                       else load_influx(influx, lo, e, load_hosts))  # type: ignore[arg-type]
-            out = analyze_chunk(loaded, s, e, a, kb, hosts, detection=cfg.detection, read_start=lo,
+            out = analyze_steps(loaded, s, e, a, kb, hosts, step=cfg.analysis_step, detection=cfg.detection,
                                 history_known=first_times)
             if facts is None and loaded.facts is not None:
                 facts = loaded.facts.filter(pl.col(HOST).is_in(list(hosts)))
@@ -1127,5 +1201,5 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
 
 __all__ = [
     "MATCH_COLUMNS", "SHARE_COLUMNS", "ChunkSummary", "Corrupt", "CycleSummary", "PostmortemResult", "SweepConfig", "WriteBack",
-    "analyze_chunk", "detection_from_mapping", "eval_detector", "incidents_of", "label_interval", "maintain", "merge_corrupt", "postmortem", "postmortem_dir", "process_chunk", "run_cycle", "segment",
+    "analyze_chunk", "analyze_steps", "detection_from_mapping", "eval_detector", "incidents_of", "label_interval", "maintain", "merge_corrupt", "postmortem", "postmortem_dir", "process_chunk", "run_cycle", "segment",
 ]
