@@ -65,7 +65,7 @@ from knowledge_base.detector import MATCH_COLUMNS, DetectionConfig, detect, empt
 from knowledge_base.detector import attach_matches as _attach
 from knowledge_base.facts import FactError, HostFacts, fill_params, in_force
 from knowledge_base.loader import KnowledgeBase
-from knowledge_base.matcher import MATCH_SCHEMA
+from knowledge_base.matcher import MATCH_SCHEMA, MatchConfig
 
 log = logging.getLogger(__name__)
 
@@ -380,26 +380,30 @@ def analyze_chunk(loaded: Loaded, s: datetime, e: datetime, config: AnalyticsCon
                   hosts: Sequence[str] | None, *, detection: DetectionConfig | None = None,
                   read_start: datetime | None = None,
                   history_known: Mapping[str, datetime] | None = None,
-                  features: pl.DataFrame | None = None) -> ChunkOutput:
+                  features: pl.DataFrame | None = None, past_signature_reference: bool = False) -> ChunkOutput:
     """Score the windows ending in (s, e] of ``hosts`` (None: all), run the knowledge base
     as a signature detector on each of them, and match the findings (statistical flags out
     of warm-up, or signature matches; see :mod:`knowledge_base.detector`). ``read_start``:
     when ``loaded`` starts (None: the hosts' whole data is loaded); ``history_known``: host
     -> its first telemetry time in the lake (warm-up of hosts whose start is not loaded).
     ``features``: the windows to analyse, already computed (then ``loaded.frames`` is not
-    read; ``read_start`` is their first window's start)."""
+    read; ``read_start`` is their first window's start). ``past_signature_reference``: the
+    signature matcher judges each window against the host's own windows before ``s`` (its
+    past), never the chunk's own or later windows (:class:`MatchConfig` reference_before)."""
     length = timedelta(seconds=config.window.length_s)
     if features is None and not loaded.frames:
         return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
     if features is not None and features.is_empty():
         return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
+    since = s - length + US
     res: AnalysisResult = analyze(loaded.frames if features is None else {}, config, host_facts=loaded.facts,
-                                  score_since=s - length + US, features=features)
+                                  score_since=since, features=features)
     keep = (pl.col(WE) > s) & (pl.col(WE) <= e)
     if hosts is not None:
         keep = keep & pl.col(HOST).is_in(list(hosts))
     det = detect(res, loaded.facts, kb, detection or DetectionConfig(), keep=keep, frame_start=read_start,
-                 history_known=history_known, window_length_s=config.window.length_s, min_cohort=config.min_cohort)
+                 history_known=history_known, window_length_s=config.window.length_s, min_cohort=config.min_cohort,
+                 match_config=MatchConfig(reference_before=since) if past_signature_reference else None)
     return ChunkOutput(det.features, det.scores, det.findings, loaded.corrupt, det.suppressed)
 
 
@@ -421,9 +425,10 @@ def analyze_steps(loaded: Loaded, s: datetime, e: datetime, config: AnalyticsCon
                   history_known: Mapping[str, datetime] | None = None) -> ChunkOutput:
     """:func:`analyze_chunk` of (s, e] in clock-aligned analysis steps, so the verdict does not
     depend on how a sweep cuts time into chunks: the windows ending in a step [b, b') are
-    judged on the windows of ``[b - history, b')`` only (references, running medians,
-    cohorts, signature references), whether the step is analysed alone (the live scheduler,
-    every minute) or inside a backfill's chunk. Features are computed once for the chunk
+    judged on the windows of ``[b - history, b')`` only (statistical references, running
+    medians, cohorts: what the live scheduler sees at the step's end), the signature
+    matcher against the host's own past ``[b - history, b)`` only, whether the step is
+    analysed alone (the live scheduler, every minute) or inside a backfill's chunk. Features are computed once for the chunk
     (they are functions of a window's own samples) and cut per step. ``loaded`` must start
     at or before ``s - history - window length``. ``step=None``: one analysis of the whole
     chunk (faster backfills; verdicts then depend on the chunking)."""
@@ -444,7 +449,7 @@ def analyze_steps(loaded: Loaded, s: datetime, e: datetime, config: AnalyticsCon
         first = floor_grid(b - config.history, config.window.stride_s)
         part = feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= b2))
         outs.append(analyze_chunk(loaded, b, b2, config, kb, hosts, detection=detection, read_start=first,
-                                  history_known=history_known, features=part))
+                                  history_known=history_known, features=part, past_signature_reference=True))
     findings = _concat([o.findings for o in outs])
     return ChunkOutput(_concat([o.features for o in outs]), _concat([o.scores for o in outs]),
                        findings if findings.height else _empty_findings(), loaded.corrupt,

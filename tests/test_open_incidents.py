@@ -160,12 +160,13 @@ MINUTES = 8
 
 @pytest.fixture(scope="module")
 def throttle_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two hosts, 8 minutes; a GPU power throttle on sim-01 from 5m for 90 s."""
+    """Two hosts, 8 minutes; a GPU power throttle on sim-01 from 3m to the end (most of the
+    host's data: a reference taken over all of it would be the fault)."""
     from ingest.simulator import from_dict, simulate
 
     root = tmp_path_factory.mktemp("chunking") / "lake"
     sc = from_dict({"seed": 3, "duration": f"{MINUTES}m", "hosts": 2, "injections": [
-        {"type": "gpu_power_throttle", "hosts": ["sim-01"], "start": "5m", "duration": "90s", "severity": 0.9}]})
+        {"type": "gpu_power_throttle", "hosts": ["sim-01"], "start": "3m", "duration": "5m", "severity": 0.9}]})
     sink = lake.LakeSink(root)
     simulate(sc, [sink])
     sink.close()
@@ -199,7 +200,9 @@ def test_verdict_does_not_depend_on_chunking(throttle_template: Path, tmp_path: 
     ways = _sweep_three_ways(throttle_template, tmp_path)
     f0, i0 = ways["backfill"]
     [throttle] = i0.filter(pl.col("entry_id") == "gpu_power_throttle").iter_rows(named=True)
-    assert throttle["host"] == "sim-01" and throttle["n_windows"] >= 60  # most of the 90 s
+    # matched from its onset for at least half the 4-minute history (then its past is mostly the fault)
+    assert throttle["host"] == "sim-01" and throttle["n_windows"] >= 100
+    assert abs((throttle["start"] - datetime(2026, 1, 5, 8, 3, tzinfo=UTC)).total_seconds()) <= 5
     for way in ("live", "2m"):
         f, inc = ways[way]
         assert f.select("host", "window_start", "reference", "entry_id").equals(
@@ -214,3 +217,27 @@ def test_analysis_step_config() -> None:
     assert SweepConfig.from_mapping({"analysis_step": "5m"}).analysis_step == timedelta(minutes=5)
     with pytest.raises(ValueError, match="analysis_step"):
         SweepConfig.from_mapping({"analysis_step": "1500ms"})  # not a multiple of the 1-s stride
+
+
+def test_signature_matching_judges_against_the_past_only(throttle_template: Path) -> None:
+    """With reference_before (what each analysis step uses), a window's match does not change
+    when later windows join the features frame: its host's reference is its past only."""
+    from analytics.features import compute_features
+    from jobs.pipeline import load_lake
+    from knowledge_base import load_kb
+    from knowledge_base.matcher import MatchConfig, match_findings
+
+    t0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+    onset = t0 + timedelta(minutes=3)
+    loaded = load_lake(throttle_template, t0, t0 + timedelta(minutes=MINUTES), None)
+    feats = compute_features(loaded.frames, host_facts=loaded.facts)
+    now = feats.filter(pl.col("window_end") <= onset + timedelta(seconds=40))  # what a live step sees
+    keys = now.filter((pl.col("host") == "sim-01") & (pl.col("window_start") >= onset + timedelta(seconds=5))
+                      ).select("host", "window_start", "window_end")
+    kb = load_kb()
+    cfg = MatchConfig(reference_before=onset)
+    cols = ["host", "window_start", "rank", "entry_id", "confidence", "matched"]
+    live = match_findings(keys, now, loaded.facts, kb, cfg).select(cols).sort(cols)
+    later = match_findings(keys, feats, loaded.facts, kb, cfg).select(cols).sort(cols)
+    assert live.filter(pl.col("matched") & (pl.col("entry_id") == "gpu_power_throttle")).height == keys.height
+    assert live.equals(later)
