@@ -93,8 +93,8 @@ class MatchConfig:
     excludes_penalty: float = 0.3
     max_reference_rows: int = 20000
     min_pre_windows: int = 10  # windows before a fact change needed for the "before" reference
-    # the host's own reference: only its windows starting before this time when it has at
-    # least min_pre_windows of them (the sweep: the past of the analysis step), else all
+    # the host's own reference: only its windows starting before this time (the sweep: the
+    # past of the analysis step); fewer than min_pre_windows of them: no own reference
     reference_before: datetime | None = None
 
     def __post_init__(self) -> None:
@@ -212,8 +212,10 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
         target = np.flatnonzero(fhosts == h)
         own = np.flatnonzero(hosts == h)
         if cfg.reference_before is not None:
-            past = own[starts[own] < before_us]
-            own = past if past.size >= cfg.min_pre_windows else own
+            # the past only; too little of it (a host's first seconds) is no reference at all
+            own = own[starts[own] < before_us]
+            if own.size < cfg.min_pre_windows:
+                own = own[:0]
         if own.size:
             c, s = _fit_ref(X[_thin(own, cfg.max_reference_rows)], floors)
             out.c_self[target], out.s_self[target] = c, s
