@@ -144,7 +144,7 @@ class SweepConfig:
     incident_gap_s: float = 5.0
     max_incident: timedelta = timedelta(minutes=15)
     # an incident is raised (open, then closed) once it spans this long; shorter ones never are
-    min_incident_s: float = 0.0
+    min_incident_s: float = 10.0  # measured: benchmarks/incident_latency.py (docs/operations.md)
     # windows are judged in clock-aligned steps of this length on the data up to the step's
     # end (the live cadence): the verdict does not depend on the chunking. None: per chunk
     analysis_step: timedelta | None = timedelta(minutes=1)
