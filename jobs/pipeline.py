@@ -878,16 +878,22 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
         try:
             summary.recovered = wm.recover(lake_p, hook)
             stride = cfg.analytics.window.stride_s
-            horizon = _utc(now or datetime.now(UTC)) - cfg.lag
-            # live: whole analysis steps only (a step is judged once, on all its data)
-            horizon = floor_grid(horizon, cfg.analysis_step.total_seconds() if cfg.analysis_step else stride)
+            wanted = list(hosts) if hosts is not None else fleet_hosts(lake_p)
+            marks = initial_marks(lake_p, cfg, wanted, wm.load(lake_p))
+            marks = {h: m for h, m in marks.items() if h in wanted}
+            live = _utc(now or datetime.now(UTC)) - cfg.lag
+            horizon = floor_grid(live, stride)
+            if cfg.analysis_step is not None:
+                # whole analysis steps only, so each step is judged once on all its data (as a
+                # backfill judges it); but data that does not yet complete a step past every
+                # host's watermark (a host's first seconds) is not held back
+                whole = floor_grid(live, cfg.analysis_step.total_seconds())
+                if any(m.watermark < whole for m in marks.values()):
+                    horizon = whole
             if until is not None:
                 horizon = min(horizon, _utc(until))
             horizon = floor_grid(horizon, stride)
             summary.horizon = horizon
-            wanted = list(hosts) if hosts is not None else fleet_hosts(lake_p)
-            marks = initial_marks(lake_p, cfg, wanted, wm.load(lake_p))
-            marks = {h: m for h, m in marks.items() if h in wanted}
             first_times: dict[str, datetime] = {}
             total = _chunks_left(marks, horizon, cfg.chunk)
             if cfg.max_chunks is not None:
