@@ -17,11 +17,14 @@ Per chunk ``[s, e)`` of a group of hosts sharing the watermark ``s``:
 * findings are matched against the knowledge base (rank-1 matched candidate stored on the
   finding: ``entry_id``, ``match_confidence``, ``match_devices``, ``match_explanation``);
 * findings are grouped into incidents (gap <= ``incident_gap_s``, at most
-  ``max_incident`` long); an incident is written once it is *closed* (no later window can
-  join it); the start of a still-open one is carried in the host's state (``open_since``)
-  and its findings are read back from the lake by the next chunk;
-* closed, matched incidents whose KB entry names a script are queued for remediation
-  (dry-run proposals, idempotent per host/entry/incident);
+  ``max_incident`` long, raised once they span ``min_incident_s``); a matched incident is
+  written with ``state = 'open'`` as soon as it has persisted and again each chunk it
+  changes (same ``incident_id``, ``updated`` = the chunk's end), and with ``state =
+  'closed'`` once no later window can join it (unmatched ones only then); the start of a
+  still-open segment is carried in the host's state (``open_since``) and its findings are
+  read back from the lake by the next chunk;
+* matched incidents whose KB entry names a script, open ones included, are queued for
+  remediation (dry-run proposals, one per cause: later rows and fragments attach);
 * features, scores, findings, incidents and remediations go to the lake; findings,
   incidents and remediations also to InfluxDB (``unveil_findings``, ``unveil_incidents``,
   ``unveil_remediations``) when a URL is configured.
@@ -57,12 +60,12 @@ from ingest.influx import InfluxConfig, InfluxSink, InfluxSource
 from jobs import watermarks as wm
 from jobs.progress import Progress
 from jobs.sweep import with_time
-from knowledge_base import INCIDENT_SCHEMA, build_incidents, load_kb
+from knowledge_base import INCIDENT_SCHEMA, build_incidents, latest_incidents, load_kb
 from knowledge_base.detector import MATCH_COLUMNS, DetectionConfig, detect, empty_findings
 from knowledge_base.detector import attach_matches as _attach
 from knowledge_base.facts import FactError, HostFacts, fill_params, in_force
 from knowledge_base.loader import KnowledgeBase
-from knowledge_base.matcher import MATCH_SCHEMA
+from knowledge_base.matcher import MATCH_SCHEMA, MatchConfig
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +143,11 @@ class SweepConfig:
     max_chunks: int | None = None  # per cycle; None: catch up fully
     incident_gap_s: float = 5.0
     max_incident: timedelta = timedelta(minutes=15)
+    # an incident is raised (open, then closed) once it spans this long; shorter ones never are
+    min_incident_s: float = 10.0  # measured: benchmarks/incident_latency.py (docs/operations.md)
+    # windows are judged in clock-aligned steps of this length on the data up to the step's
+    # end (the live cadence): the verdict does not depend on the chunking. None: per chunk
+    analysis_step: timedelta | None = timedelta(minutes=1)
     queue_remediations: bool = True
     auto_remediate: bool = False
     remediation_root: str = "/"  # [remediation] root: where scripts act (auto runs, verification rollbacks)
@@ -159,6 +167,14 @@ class SweepConfig:
             raise ValueError(f"scheduler.max_chunks must be >= 1, not {self.max_chunks!r}")
         if self.max_incident <= timedelta(0) or self.incident_gap_s < 0:
             raise ValueError("scheduler.max_incident must be > 0 and scheduler.incident_gap_s >= 0")
+        if self.analysis_step is not None:
+            ratio = self.analysis_step / stride
+            if self.analysis_step < stride or abs(ratio - round(ratio)) > 1e-9:
+                raise ValueError(f"scheduler.analysis_step ({self.analysis_step}) must be a multiple of the "
+                                 f"stride ({stride})")
+        if not 0 <= self.min_incident_s < self.max_incident.total_seconds():
+            raise ValueError(f"scheduler.min_incident_s must be >= 0 and below max_incident "
+                             f"({self.max_incident}), not {self.min_incident_s!r}")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any], *, analytics: AnalyticsConfig | None = None,
@@ -167,7 +183,7 @@ class SweepConfig:
         """From the config file's ``[scheduler]`` table; unknown keys are an error naming them."""
         known = {"every", "chunk", "lag", "max_chunks", "incident_gap_s", "max_incident", "queue_remediations",
                  "compact_every", "retention", "kb_path", "history", "signature_detector",
-                 "signature_min_confidence", "warmup", "restart_gap"}
+                 "signature_min_confidence", "warmup", "restart_gap", "min_incident_s", "analysis_step"}
         bad = sorted(set(d) - known)
         if bad:
             raise ValueError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
@@ -175,6 +191,9 @@ class SweepConfig:
         for k in ("chunk", "lag", "max_incident"):
             if k in d:
                 kw[k] = _duration(d[k], f"{where} {k}", zero=k == "lag")
+        if "analysis_step" in d:
+            kw["analysis_step"] = None if d["analysis_step"] in (0, "off") else _duration(
+                d["analysis_step"], f"{where} analysis_step")
         if "compact_every" in d:
             kw["compact_every"] = None if d["compact_every"] in (0, "off") else _duration(
                 d["compact_every"], f"{where} compact_every")
@@ -187,6 +206,10 @@ class SweepConfig:
             kw["max_chunks"] = d["max_chunks"]
         if "incident_gap_s" in d:
             kw["incident_gap_s"] = float(d["incident_gap_s"])
+        if "min_incident_s" in d:
+            v = d["min_incident_s"]
+            kw["min_incident_s"] = (v if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+                                    else _duration(v, f"{where} min_incident_s", zero=True).total_seconds())
         if "queue_remediations" in d:
             if not isinstance(d["queue_remediations"], bool):
                 raise ValueError(f"{where} queue_remediations: expected true or false")
@@ -356,22 +379,88 @@ def _empty_findings() -> pl.DataFrame:
 def analyze_chunk(loaded: Loaded, s: datetime, e: datetime, config: AnalyticsConfig, kb: KnowledgeBase,
                   hosts: Sequence[str] | None, *, detection: DetectionConfig | None = None,
                   read_start: datetime | None = None,
-                  history_known: Mapping[str, datetime] | None = None) -> ChunkOutput:
+                  history_known: Mapping[str, datetime] | None = None,
+                  features: pl.DataFrame | None = None, past_signature_reference: bool = False) -> ChunkOutput:
     """Score the windows ending in (s, e] of ``hosts`` (None: all), run the knowledge base
     as a signature detector on each of them, and match the findings (statistical flags out
     of warm-up, or signature matches; see :mod:`knowledge_base.detector`). ``read_start``:
     when ``loaded`` starts (None: the hosts' whole data is loaded); ``history_known``: host
-    -> its first telemetry time in the lake (warm-up of hosts whose start is not loaded)."""
+    -> its first telemetry time in the lake (warm-up of hosts whose start is not loaded).
+    ``features``: the windows to analyse, already computed (then ``loaded.frames`` is not
+    read; ``read_start`` is their first window's start). ``past_signature_reference``: the
+    signature matcher judges each window against the host's own windows before ``s`` (its
+    past), never the chunk's own or later windows (:class:`MatchConfig` reference_before)."""
     length = timedelta(seconds=config.window.length_s)
-    if not loaded.frames:
+    if features is None and not loaded.frames:
         return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
-    res: AnalysisResult = analyze(loaded.frames, config, host_facts=loaded.facts, score_since=s - length + US)
+    if features is not None and features.is_empty():
+        return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
+    since = s - length + US
+    res: AnalysisResult = analyze(loaded.frames if features is None else {}, config, host_facts=loaded.facts,
+                                  score_since=since, features=features)
     keep = (pl.col(WE) > s) & (pl.col(WE) <= e)
     if hosts is not None:
         keep = keep & pl.col(HOST).is_in(list(hosts))
     det = detect(res, loaded.facts, kb, detection or DetectionConfig(), keep=keep, frame_start=read_start,
-                 history_known=history_known, window_length_s=config.window.length_s, min_cohort=config.min_cohort)
+                 history_known=history_known, window_length_s=config.window.length_s, min_cohort=config.min_cohort,
+                 match_config=MatchConfig(reference_before=since) if past_signature_reference else None)
     return ChunkOutput(det.features, det.scores, det.findings, loaded.corrupt, det.suppressed)
+
+
+def steps(s: datetime, e: datetime, step: timedelta) -> list[tuple[datetime, datetime]]:
+    """[s, e) cut at the multiples of ``step`` (on the UTC clock, not relative to ``s``)."""
+    out = []
+    step_us = round(step / US)
+    b = s
+    while b < e:
+        us = int((_utc(b) - datetime(1970, 1, 1, tzinfo=UTC)) / US)
+        nxt = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us - us % step_us + step_us)
+        out.append((b, min(nxt, e)))
+        b = nxt
+    return out
+
+
+def analyze_steps(loaded: Loaded, s: datetime, e: datetime, config: AnalyticsConfig, kb: KnowledgeBase,
+                  hosts: Sequence[str] | None, *, step: timedelta | None, detection: DetectionConfig | None = None,
+                  history_known: Mapping[str, datetime] | None = None) -> ChunkOutput:
+    """:func:`analyze_chunk` of (s, e] in clock-aligned analysis steps, so the verdict does not
+    depend on how a sweep cuts time into chunks: the windows ending in a step [b, b') are
+    judged on the windows of ``[b - history, b')`` only (statistical references, running
+    medians, cohorts: what the live scheduler sees at the step's end), the signature
+    matcher against the host's own past ``[b - history, b)`` only, whether the step is
+    analysed alone (the live scheduler, every minute) or inside a backfill's chunk. Features are computed once for the chunk
+    (they are functions of a window's own samples) and cut per step. ``loaded`` must start
+    at or before ``s - history - window length``. ``step=None``: one analysis of the whole
+    chunk (faster backfills; verdicts then depend on the chunking)."""
+    length = timedelta(seconds=config.window.length_s)
+    if step is None:
+        return analyze_chunk(loaded, s, e, config, kb, hosts, detection=detection,
+                             read_start=s - length + US - config.history, history_known=history_known)
+    if not loaded.frames:
+        return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
+    from analytics.features import compute_features
+
+    feats = compute_features(loaded.frames, config.window, host_facts=loaded.facts)
+    if feats.is_empty():
+        return ChunkOutput(pl.DataFrame(), pl.DataFrame(), _empty_findings(), loaded.corrupt)
+    feats = feats.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
+    outs: list[ChunkOutput] = []
+    for b, b2 in steps(s, e, step):
+        first = floor_grid(b - config.history, config.window.stride_s)
+        part = feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= b2))
+        outs.append(analyze_chunk(loaded, b, b2, config, kb, hosts, detection=detection, read_start=first,
+                                  history_known=history_known, features=part, past_signature_reference=True))
+    findings = _concat([o.findings for o in outs])
+    return ChunkOutput(_concat([o.features for o in outs]), _concat([o.scores for o in outs]),
+                       findings if findings.height else _empty_findings(), loaded.corrupt,
+                       sum(o.suppressed for o in outs))
+
+
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    frames = [f for f in frames if f.height]
+    if not frames:
+        return pl.DataFrame()
+    return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
 
 
 def attach_matches(findings: pl.DataFrame, matches: pl.DataFrame) -> pl.DataFrame:
@@ -417,15 +506,23 @@ def segment(findings: pl.DataFrame, gap_s: float, max_len: timedelta) -> list[pl
 
 def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max_len: timedelta,
                  horizon: datetime | None, window_length: timedelta,
-                 stride: timedelta) -> tuple[pl.DataFrame, dict[str, datetime]]:
-    """(closed incidents, host -> start of its still-open incident). With ``horizon=None``
-    every incident is closed (a post-mortem over a finished interval)."""
-    closed: list[pl.DataFrame] = []
+                 stride: timedelta, min_incident_s: float = 0.0) -> tuple[pl.DataFrame, dict[str, datetime]]:
+    """(incidents, host -> start of its still-open segment). With ``horizon=None`` every
+    incident is closed (a post-mortem over a finished interval).
+
+    A segment that may still grow (a later window can join it) is *open*: its matched
+    incidents that have persisted are returned with ``state = 'open'`` (updated = the
+    horizon), so they are visible while they last; its unmatched windows wait for the close
+    (a matched span may still absorb them). Closed segments give ``state = 'closed'`` rows.
+    An incident persisted when it spans at least ``min_incident_s`` (first window's start to
+    last window's end); a shorter one is never raised, open or closed."""
+    rows: list[pl.DataFrame] = []
     open_since: dict[str, datetime] = {}
     if findings.is_empty():
         return pl.DataFrame(schema=INCIDENT_SCHEMA), open_since
     findings = findings.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
     gap = timedelta(seconds=gap_s)
+    persisted = (pl.col("end") - pl.col("start")) >= timedelta(seconds=min_incident_s)
     for seg in segment(findings, gap_s, max_len):
         host = str(seg[HOST][0])
         start, end = seg[WS].min(), seg[WE].max()
@@ -433,14 +530,18 @@ def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max
         # the next window not yet scored starts at horizon - L + stride: can it still join?
         may_grow = (horizon is not None and end + gap >= horizon - window_length + stride
                     and horizon - start < max_len)
+        inc = build_incidents(matches_of(seg), seg.drop([c for c in MATCH_COLUMNS if c in seg.columns]), kb,
+                              max_gap_s=1e9)  # segment() already cut it: one incident per entry
+        inc = inc.filter(persisted)
         if may_grow:
             open_since[host] = min(open_since.get(host, start), start)
-            continue
-        inc = build_incidents(matches_of(seg), seg.drop([c for c in MATCH_COLUMNS if c in seg.columns]), kb,
-                              max_gap_s=1e9)  # segment() already cut it: one incident
-        closed.append(inc)
-    out = pl.concat(closed) if closed else pl.DataFrame(schema=INCIDENT_SCHEMA)
-    return out.sort(HOST, "start"), open_since
+            inc = inc.filter(pl.col("status") == "matched").with_columns(
+                pl.lit("open").alias("state"), pl.lit(horizon).cast(TS).alias("updated"))
+        elif horizon is not None:
+            inc = inc.with_columns(pl.lit(horizon).cast(TS).alias("updated"))
+        rows.append(inc)
+    out = pl.concat(rows) if rows else pl.DataFrame(schema=INCIDENT_SCHEMA)
+    return out.sort(HOST, "start", "incident_id"), open_since
 
 
 # ------------------------------------------------------------------ remediation
@@ -648,6 +749,39 @@ def _read_open_findings(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Seq
     return pl.concat(parts, how="diagonal_relaxed")
 
 
+def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequence[str],
+                       incidents: pl.DataFrame, corrupt: list[Corrupt]) -> pl.DataFrame:
+    """``incidents`` without the rows that repeat the latest stored row of the same incident
+    (an open incident no window joined since the last sweep): the table gets a row per change."""
+    if incidents.is_empty() or "incidents" not in lake_mod.tables(lake):
+        return incidents
+    parts = []
+    for h in hosts:
+        since = marks[h].open_since if h in marks else None
+        if since is not None:  # only incidents of a carried (open) segment can have rows already
+            parts.append(lake_mod.read(lake, "incidents", start=since, hosts=[h], on_corrupt="skip", report=corrupt))
+    have = pl.concat([p for p in parts if p.height], how="diagonal_relaxed") if any(p.height for p in parts) else None
+    if have is None:
+        return incidents
+    key = ["incident_id", "state", "end", "n_windows"]
+    last = latest_incidents(have).select(*key)
+    return incidents.join(last.with_columns(pl.col("end").cast(TS)), on=key, how="anti", nulls_equal=True)
+
+
+def _new_remediation_rows(lake: Path, rows: pl.DataFrame, corrupt: list[Corrupt]) -> pl.DataFrame:
+    """``rows`` (queue_remediations') without the actions whose row the lake already has
+    unchanged: an open incident asks for its proposal every sweep, the table gets it once."""
+    if rows.is_empty() or "remediations" not in lake_mod.tables(lake):
+        return rows
+    have = lake_mod.read(lake, "remediations", columns=["action_id", "updated", "attached_incidents"],
+                         on_corrupt="skip", report=corrupt)
+    if have.is_empty():
+        return rows
+    return rows.join(have.select("action_id", pl.col("updated").cast(rows.schema["updated"]),
+                                 "attached_incidents").unique(),
+                     on=["action_id", "updated", "attached_incidents"], how="anti", nulls_equal=True)
+
+
 def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],
                   s: datetime, e: datetime, marks: Mapping[str, wm.HostMark], hook: wm.PublishHook | None,
                   queue_path: Path | None = None,
@@ -665,16 +799,20 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     else:
         loaded = Loaded({}, None)
     known = _first_times(lake, hosts, history_known)
-    out = analyze_chunk(loaded, s, e, a, kb, hosts, detection=cfg.detection, read_start=first - a.history,
+    out = analyze_steps(loaded, s, e, a, kb, hosts, step=cfg.analysis_step, detection=cfg.detection,
                         history_known=known)
     corrupt = list(out.corrupt)
     prior = _read_open_findings(lake_p, marks, hosts, s, corrupt)
     all_findings = pl.concat([prior, out.findings], how="diagonal_relaxed") if prior.height else out.findings
     incidents, open_since = incidents_of(all_findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident,
-                                         horizon=e, window_length=length, stride=stride)
+                                         horizon=e, window_length=length, stride=stride,
+                                         min_incident_s=cfg.min_incident_s)
+    incidents = _changed_incidents(lake_p, marks, hosts, incidents, corrupt)
     remediations = pl.DataFrame()
     if cfg.queue_remediations and incidents.height:
-        remediations = queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e)
+        # open incidents too: a proposal is due as soon as the fault has persisted
+        remediations = _new_remediation_rows(
+            lake_p, queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e), corrupt)
     staged = wm.StagedSweep(lake, sid)
     if out.features.height:
         staged.write("features", with_time(out.features))
@@ -755,14 +893,22 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
         try:
             summary.recovered = wm.recover(lake_p, hook)
             stride = cfg.analytics.window.stride_s
-            horizon = _utc(now or datetime.now(UTC)) - cfg.lag
+            wanted = list(hosts) if hosts is not None else fleet_hosts(lake_p)
+            marks = initial_marks(lake_p, cfg, wanted, wm.load(lake_p))
+            marks = {h: m for h, m in marks.items() if h in wanted}
+            live = _utc(now or datetime.now(UTC)) - cfg.lag
+            horizon = floor_grid(live, stride)
+            if cfg.analysis_step is not None:
+                # whole analysis steps only, so each step is judged once on all its data (as a
+                # backfill judges it); but data that does not yet complete a step past every
+                # host's watermark (a host's first seconds) is not held back
+                whole = floor_grid(live, cfg.analysis_step.total_seconds())
+                if any(m.watermark < whole for m in marks.values()):
+                    horizon = whole
             if until is not None:
                 horizon = min(horizon, _utc(until))
             horizon = floor_grid(horizon, stride)
             summary.horizon = horizon
-            wanted = list(hosts) if hosts is not None else fleet_hosts(lake_p)
-            marks = initial_marks(lake_p, cfg, wanted, wm.load(lake_p))
-            marks = {h: m for h, m in marks.items() if h in wanted}
             first_times: dict[str, datetime] = {}
             total = _chunks_left(marks, horizon, cfg.chunk)
             if cfg.max_chunks is not None:
@@ -919,7 +1065,7 @@ def eval_detector(kb: KnowledgeBase, cfg: SweepConfig | None = None,
             cache[id(result.features)] = det.signature
         incidents, _ = incidents_of(det.findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident,
                                     horizon=None, window_length=timedelta(seconds=a.window.length_s),
-                                    stride=timedelta(seconds=a.window.stride_s))
+                                    stride=timedelta(seconds=a.window.stride_s), min_incident_s=cfg.min_incident_s)
         f = det.findings
         matches = f.filter(pl.col("entry_id").is_not_null()).select(
             HOST, pl.col(WS).cast(TS),
@@ -1039,7 +1185,7 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
             lo = s - length + US - a.history
             loaded = (load_lake(lake_p, lo, e, load_hosts) if source == "lake"
                       else load_influx(influx, lo, e, load_hosts))  # type: ignore[arg-type]
-            out = analyze_chunk(loaded, s, e, a, kb, hosts, detection=cfg.detection, read_start=lo,
+            out = analyze_steps(loaded, s, e, a, kb, hosts, step=cfg.analysis_step, detection=cfg.detection,
                                 history_known=first_times)
             if facts is None and loaded.facts is not None:
                 facts = loaded.facts.filter(pl.col(HOST).is_in(list(hosts)))
@@ -1054,7 +1200,7 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
             bar.advance(detail=e.isoformat())
     findings = pl.concat(finds, how="diagonal_relaxed") if finds else _empty_findings()
     incidents, _ = incidents_of(findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident, horizon=None,
-                                window_length=length, stride=stride)
+                                window_length=length, stride=stride, min_incident_s=cfg.min_incident_s)
     if findings.height:
         lake_mod.write_table(tmp, "findings", with_time(findings))
     if incidents.height:
@@ -1088,5 +1234,5 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
 
 __all__ = [
     "MATCH_COLUMNS", "SHARE_COLUMNS", "ChunkSummary", "Corrupt", "CycleSummary", "PostmortemResult", "SweepConfig", "WriteBack",
-    "analyze_chunk", "detection_from_mapping", "eval_detector", "incidents_of", "label_interval", "maintain", "merge_corrupt", "postmortem", "postmortem_dir", "process_chunk", "run_cycle", "segment",
+    "analyze_chunk", "analyze_steps", "detection_from_mapping", "eval_detector", "incidents_of", "label_interval", "maintain", "merge_corrupt", "postmortem", "postmortem_dir", "process_chunk", "run_cycle", "segment",
 ]

@@ -13,6 +13,9 @@ derived views help with the wide and nested tables:
   window_start, window_end, score, reference, rank, feature, family, device, subsystem,
   contribution, direction, value, reference_value.
 
+``incidents`` shows each incident's latest row (the table holds a row per update of an
+open incident and one when it closed; see knowledge_base.incidents).
+
 Time pruning: rows with ``start <= time < end``, except ``host_facts`` (facts read before
 ``start`` are still in force: only ``time < end``) and ``labels`` (an injection that began
 before ``start`` but overlaps it is kept: ``time < end`` and ``end > start``).
@@ -541,6 +544,10 @@ def lake_context(lake: str | os.PathLike[str], sql: str, *, start: datetime | No
     for t in available:
         if t in wanted or t.lower() in wanted:
             frames[t] = _scan(lake, t, start, end, hosts, found, exclude)
+    if "incidents" in frames:  # append-only open/closed rows: queries see each incident's latest
+        from knowledge_base.incidents import latest_incidents_lazy
+
+        frames["incidents"] = latest_incidents_lazy(frames["incidents"])
     for view, base in VIEWS.items():
         if view in wanted:
             lf = frames.get(base)

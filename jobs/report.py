@@ -578,6 +578,10 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
     scores = _read(lake, "scores", available, start, end, hosts)
     findings = _read(lake, "findings", available, start, end, hosts)
     incidents = _read(lake, "incidents", available, start, end, hosts)
+    if incidents is not None:  # append-only open/closed rows: each incident's latest
+        from knowledge_base.incidents import latest_incidents
+
+        incidents = latest_incidents(incidents)
     labels = _read(lake, "labels", available, start, end, hosts, until_only=True)
     if labels is not None and start is not None:
         labels = labels.filter(pl.col("end").is_null() | (pl.col("end") > start))

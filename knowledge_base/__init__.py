@@ -16,7 +16,7 @@ from knowledge_base.audit import AUDIT_SCHEMA, audit
 from knowledge_base.detector import DetectionConfig, detect
 from knowledge_base.draft import draft_entry
 from knowledge_base.facts import HostFacts, check_preconditions, fill_params
-from knowledge_base.incidents import INCIDENT_SCHEMA, build_incidents, incident_id
+from knowledge_base.incidents import INCIDENT_SCHEMA, build_incidents, incident_id, latest_incidents
 from knowledge_base.loader import Entry, KBError, KnowledgeBase, load_entry, load_kb
 from knowledge_base.matcher import (
     MATCH_SCHEMA,
@@ -48,6 +48,7 @@ __all__ = [
     "eval_matcher",
     "fill_params",
     "incident_id",
+    "latest_incidents",
     "load_entry",
     "load_kb",
     "match_findings",

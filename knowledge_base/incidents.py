@@ -11,6 +11,11 @@ into a new entry.
 
 ``incident_id`` is deterministic: a hash of host, start and entry, so re-running a sweep
 over the same data gives the same ids (the remediation queue's idempotency key relies on it).
+
+The lake's ``incidents`` table is append-only: a sweep writes a row with ``state = 'open'``
+while an incident may still grow (updated each sweep, same id) and one with ``state =
+'closed'`` once no later window can join it; ``updated`` is the data time (the sweep's
+horizon) of the row. Readers take each incident's latest row (:func:`latest_incidents`).
 """
 
 from __future__ import annotations
@@ -42,7 +47,33 @@ INCIDENT_SCHEMA: dict[str, pl.DataType] = {
     "explanation": pl.String(),
     "top_factors": pl.List(FACTOR_DTYPE),
     **{c: pl.Float64() for c in SHARE_COLUMNS},
+    "state": pl.String(),  # open (may still grow) | closed
+    "updated": TS,  # data time of this row (the sweep's horizon; a post-mortem: the incident's end)
 }
+STATES = ("open", "closed")
+
+
+def latest_incidents(df: pl.DataFrame) -> pl.DataFrame:
+    """Each incident's latest row of an ``incidents`` table (its rows ordered by ``updated``,
+    a closed row after an open one of the same time). Rows written before incidents had a
+    state (no ``state``/``updated`` columns, or nulls) count as closed at their end."""
+    if df.is_empty() or "incident_id" not in df.columns:
+        return df
+    return latest_incidents_lazy(df.lazy()).collect()
+
+
+def latest_incidents_lazy(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """:func:`latest_incidents` for a lazy scan (a SQL view over the table)."""
+    cols = lf.collect_schema().names()
+    if "incident_id" not in cols:
+        return lf
+    if "state" not in cols:
+        lf = lf.with_columns(pl.lit("closed").alias("state"))
+    if "updated" not in cols:
+        lf = lf.with_columns(pl.col("end").cast(TS).alias("updated"))
+    lf = lf.with_columns(pl.col("state").fill_null("closed"))
+    return (lf.with_columns(_k1=pl.col("updated").fill_null(pl.col("end")), _k2=pl.col("state") == "closed")
+            .sort("_k1", "_k2").unique("incident_id", keep="last", maintain_order=True).drop("_k1", "_k2"))
 
 
 def incident_id(host: str, start: Any, entry_id: str = "") -> str:
@@ -122,7 +153,7 @@ def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: Knowledge
             "match_share": mine.height / n, "peak_score": _peak(rows), "devices": devs,
             "alternatives": [f"{e} ({k}/{n} windows)" for e, k in alt.iter_rows()],
             "explanation": f"{mine.height}/{n} windows matched. {peak_row['explanation']}",
-            "top_factors": top, **shares,
+            "top_factors": top, **shares, "state": "closed", "updated": end,
         })
     rest = f.filter(pl.col("entry_id").is_null())
     if spans and rest.height:
@@ -141,6 +172,7 @@ def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: Knowledge
             "confidence": None, "match_share": 0.0, "peak_score": _peak(rows),
             "devices": sorted({t["device"] for t in top if t["device"]}), "alternatives": [],
             "explanation": f"no knowledge-base entry matched; fingerprint: {fams}", "top_factors": top, **shares,
+            "state": "closed", "updated": end,
         })
     if not recs:
         return pl.DataFrame(schema=INCIDENT_SCHEMA)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,9 @@ class MatchConfig:
     excludes_penalty: float = 0.3
     max_reference_rows: int = 20000
     min_pre_windows: int = 10  # windows before a fact change needed for the "before" reference
+    # the host's own reference: only its windows starting before this time (the sweep: the
+    # past of the analysis step); fewer than min_pre_windows of them: no own reference
+    reference_before: datetime | None = None
 
     def __post_init__(self) -> None:
         if self.min_cohort < 2:
@@ -187,6 +191,11 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     X[~np.isfinite(X)] = np.nan
     floors = np.array([lookup(c).floor for c in cols], dtype=np.float64)
     hosts = feats[HOST].to_numpy()
+    starts = feats[WS].dt.epoch("us").to_numpy()
+    before = cfg.reference_before
+    if before is not None and before.tzinfo is None:
+        before = before.replace(tzinfo=UTC)
+    before_us = 0 if before is None else (before - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
     keyed = findings.select(HOST, pl.col(WS).cast(TS)).with_row_index("_f").join(
         feats.select(HOST, pl.col(WS).cast(TS), "_r"), on=[HOST, WS], how="left")
     fidx = keyed["_f"].to_numpy()
@@ -202,6 +211,11 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     for h in sorted(set(fhosts.tolist())):
         target = np.flatnonzero(fhosts == h)
         own = np.flatnonzero(hosts == h)
+        if cfg.reference_before is not None:
+            # the past only; too little of it (a host's first seconds) is no reference at all
+            own = own[starts[own] < before_us]
+            if own.size < cfg.min_pre_windows:
+                own = own[:0]
         if own.size:
             c, s = _fit_ref(X[_thin(own, cfg.max_reference_rows)], floors)
             out.c_self[target], out.s_self[target] = c, s

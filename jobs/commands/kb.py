@@ -107,7 +107,9 @@ def _draft(args: argparse.Namespace) -> int:
     rows = lake.scan(args.lake, "incidents").filter(pl.col("incident_id") == args.incident).collect()
     if rows.is_empty():
         raise ValueError(f"lake {args.lake}: no incident {args.incident!r}")
-    inc = rows.sort("time").row(-1, named=True)
+    from knowledge_base.incidents import latest_incidents
+
+    inc = latest_incidents(rows).row(-1, named=True)  # an open incident has a row per update
     if inc.get("status") == "matched":
         print(f"note: incident {args.incident} already matched {inc.get('entry_id')}; drafting anyway", file=sys.stderr)
     text = draft_entry(inc, args.new_id)

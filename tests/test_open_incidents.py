@@ -1,0 +1,243 @@
+"""Incidents visible while they are open: a simulated lake swept cycle by cycle as the
+scheduler does (one run_cycle per minute), the incident appears open once it persisted, is
+updated, then closed; one remediation proposal; readers see each incident's latest row."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from ingest import lake
+from jobs import query
+from jobs.pipeline import SweepConfig, run_cycle
+from knowledge_base import latest_incidents
+from remediation.queue import Queue, default_path
+
+START = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+ONSET = START + timedelta(minutes=3)
+FAULT_END = START + timedelta(minutes=8)
+
+# sim-00: THP off from minute 3 to minute 8; sim-01 healthy (the cohort)
+SCENARIO = """
+name = "open-incident"
+seed = 7
+start = "2026-01-05T08:00:00Z"
+duration = "11m"
+
+[[hosts]]
+name = "sim-00"
+workload = "llm_serving"
+
+[[hosts]]
+name = "sim-01"
+workload = "llm_serving"
+
+[[injections]]
+type = "thp_coverage_loss"
+host = "sim-00"
+start = "3m"
+duration = "5m"
+severity = 0.8
+"""
+
+
+@pytest.fixture(scope="module")
+def thp_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from jobs.cli import main
+
+    d = tmp_path_factory.mktemp("open-inc")
+    (d / "s.toml").write_text(SCENARIO)
+    assert main(["simulate", "--lake", str(d / "lake"), "--scenario", str(d / "s.toml")]) == 0
+    return d / "lake"
+
+
+@pytest.fixture
+def thp_lake(thp_template: Path, tmp_path: Path) -> Path:
+    shutil.copytree(thp_template, tmp_path / "lake")
+    return tmp_path / "lake"
+
+
+def _thp_rows(root: Path) -> pl.DataFrame:
+    if "incidents" not in lake.tables(root):
+        return pl.DataFrame()
+    rows = lake.read(root, "incidents").filter(pl.col("entry_id") == "thp_coverage_loss")
+    return rows.sort("updated") if "updated" in rows.columns else rows
+
+
+def test_incident_is_open_after_persistence_updated_then_closed_with_one_proposal(thp_lake: Path) -> None:
+    cfg = SweepConfig(lag=timedelta(0), compact_every=None)
+    seen_open_at: int | None = None
+    states: list[list[str]] = []
+    # cycle k sweeps up to START + k minutes, as the scheduler does every minute
+    for k in range(1, 12):
+        assert run_cycle(thp_lake, cfg, now=START + timedelta(minutes=k)) is not None
+        rows = _thp_rows(thp_lake)
+        states.append(rows["state"].to_list() if "state" in rows.columns else ["closed"] * rows.height)
+        if seen_open_at is None and rows.height:
+            seen_open_at = k
+            assert states[-1] == ["open"], states
+            # the proposal comes from the open incident, at once
+            with Queue(default_path(thp_lake)) as q:
+                [action] = q.actions()
+            assert (action.host, action.entry_id, action.incident_id) == ("sim-00", "thp_coverage_loss",
+                                                                          rows["incident_id"][0])
+    # onset at minute 3: the cycle to minute 4 is the first whose data covers a minute of it
+    assert seen_open_at is not None and seen_open_at <= 5, states
+    rows = _thp_rows(thp_lake)
+    assert rows["incident_id"].n_unique() == 1  # one incident, updated in place (same id)
+    opens = rows.filter(pl.col("state") == "open")
+    assert opens.height >= 3  # updated while it lasted
+    assert opens["n_windows"].is_sorted() and opens["n_windows"][-1] > opens["n_windows"][0]
+    assert opens["updated"].is_unique().all()
+    [closed] = rows.filter(pl.col("state") == "closed").iter_rows(named=True)
+    assert closed["updated"] > opens["updated"].max()
+    assert abs((closed["start"] - ONSET).total_seconds()) < 30
+    assert abs((closed["end"] - FAULT_END).total_seconds()) < 30
+    latest = latest_incidents(lake.read(thp_lake, "incidents"))
+    assert latest["incident_id"].is_unique().all()
+    assert latest.filter(pl.col("entry_id") == "thp_coverage_loss")["state"].to_list() == ["closed"]
+    with Queue(default_path(thp_lake)) as q:
+        assert len(q.actions()) == 1  # one proposal across every update
+    rem = lake.read(thp_lake, "remediations")
+    assert rem.unique(["action_id", "updated", "attached_incidents"]).height == rem.height  # no repeated rows
+    # SQL readers see the latest row of each incident
+    got = query.run_query(thp_lake, "SELECT incident_id, state, n_windows FROM incidents "
+                                    "WHERE entry_id = 'thp_coverage_loss'")
+    assert got.rows() == [(closed["incident_id"], "closed", closed["n_windows"])]
+
+
+def test_persistence_threshold_holds_back_short_incidents(thp_lake: Path) -> None:
+    """min_incident_s: an incident is raised once it spans that long; until then nothing is
+    written, and the open row's span is at least the threshold."""
+    cfg = SweepConfig(lag=timedelta(0), compact_every=None, min_incident_s=90.0)
+    assert run_cycle(thp_lake, cfg, now=START + timedelta(minutes=4)) is not None
+    assert _thp_rows(thp_lake).is_empty()  # ~60 s of fault: not persisted yet
+    with Queue(default_path(thp_lake)) as q:
+        assert q.actions() == []
+    assert run_cycle(thp_lake, cfg, now=START + timedelta(minutes=5)) is not None
+    rows = _thp_rows(thp_lake)
+    assert rows["state"].to_list() == ["open"]
+    assert (rows["end"][0] - rows["start"][0]).total_seconds() >= 90
+
+
+def test_latest_incidents_takes_each_incidents_last_row() -> None:
+    t = START
+    df = pl.DataFrame({
+        "incident_id": ["a", "a", "a", "b"],
+        "end": [t, t + timedelta(seconds=5), t + timedelta(seconds=5), t],
+        "n_windows": [1, 5, 5, 2],
+        "state": ["open", "open", "closed", None],  # b: a row written before states existed
+        "updated": [t, t + timedelta(seconds=60), t + timedelta(seconds=60), None],
+    })
+    got = latest_incidents(df).sort("incident_id")
+    assert got.select("incident_id", "state", "n_windows").rows() == [("a", "closed", 5), ("b", "closed", 2)]
+
+
+def test_sweep_config_min_incident_s() -> None:
+    assert SweepConfig.from_mapping({"min_incident_s": "2m"}).min_incident_s == 120.0
+    assert SweepConfig.from_mapping({"min_incident_s": 30}).min_incident_s == 30.0
+    with pytest.raises(ValueError, match="min_incident_s"):
+        SweepConfig.from_mapping({"min_incident_s": "1h"})  # not below max_incident (15 min)
+    with pytest.raises(ValueError, match="min_incident_s"):
+        SweepConfig.from_mapping({"min_incident_s": "soon"})
+
+
+def _fast_cfg(**kw: object) -> SweepConfig:
+    from jobs.pipeline import analytics_from_mapping
+
+    a = analytics_from_mapping({"detectors": ["zscore", "mahalanobis"], "vote_k": 1, "history": "4m",
+                                "warmup": "30s"})
+    return SweepConfig(analytics=a, lag=timedelta(0), compact_every=None, queue_remediations=False,
+                       **kw)  # type: ignore[arg-type]
+
+
+MINUTES = 8
+
+
+@pytest.fixture(scope="module")
+def throttle_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two hosts, 8 minutes; a GPU power throttle on sim-01 from 3m to the end (most of the
+    host's data: a reference taken over all of it would be the fault)."""
+    from ingest.simulator import from_dict, simulate
+
+    root = tmp_path_factory.mktemp("chunking") / "lake"
+    sc = from_dict({"seed": 3, "duration": f"{MINUTES}m", "hosts": 2, "injections": [
+        {"type": "gpu_power_throttle", "hosts": ["sim-01"], "start": "3m", "duration": "5m", "severity": 0.9}]})
+    sink = lake.LakeSink(root)
+    simulate(sc, [sink])
+    sink.close()
+    return root
+
+
+def _sweep_three_ways(template: Path, tmp: Path, **kw: object) -> dict[str, tuple[pl.DataFrame, pl.DataFrame]]:
+    """The lake swept live (a cycle every minute, at odd seconds), in 2-minute chunks and
+    in one backfill: (findings, latest incidents) of each."""
+    t0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+    out = {}
+    for way in ("live", "2m", "backfill"):
+        root = tmp / way
+        shutil.copytree(template, root)
+        if way == "live":
+            cfg = _fast_cfg(**kw)
+            for k in range(1, MINUTES + 1):
+                run_cycle(root, cfg, now=t0 + timedelta(minutes=k, seconds=23), until=t0 + timedelta(minutes=MINUTES))
+        else:
+            cfg = _fast_cfg(chunk=timedelta(minutes=2) if way == "2m" else timedelta(hours=1), **kw)
+            run_cycle(root, cfg, now=t0 + timedelta(minutes=MINUTES))
+        f = lake.read(root, "findings").drop("time").sort("host", "window_start")
+        inc = latest_incidents(lake.read(root, "incidents")).drop("time", "updated").sort("host", "start", "incident_id")
+        out[way] = (f, inc)
+    return out
+
+
+def test_verdict_does_not_depend_on_chunking(throttle_template: Path, tmp_path: Path) -> None:
+    """The same lake swept live every minute, in 2-minute chunks and in one backfill gives the
+    same findings (windows, scores, matches) and the same incidents."""
+    ways = _sweep_three_ways(throttle_template, tmp_path)
+    f0, i0 = ways["backfill"]
+    [throttle] = i0.filter(pl.col("entry_id") == "gpu_power_throttle").iter_rows(named=True)
+    # matched from its onset for at least half the 4-minute history (then its past is mostly the fault)
+    assert throttle["host"] == "sim-01" and throttle["n_windows"] >= 100
+    assert abs((throttle["start"] - datetime(2026, 1, 5, 8, 3, tzinfo=UTC)).total_seconds()) <= 5
+    for way in ("live", "2m"):
+        f, inc = ways[way]
+        assert f.select("host", "window_start", "reference", "entry_id").equals(
+            f0.select("host", "window_start", "reference", "entry_id")), way
+        assert ((f["score"] - f0["score"]).abs().max() or 0.0) < 1e-9, way  # type: ignore[operator]
+        cols = ["incident_id", "host", "start", "end", "n_windows", "status", "entry_id", "state"]
+        assert inc.select(cols).equals(i0.select(cols)), way
+
+
+def test_analysis_step_config() -> None:
+    assert SweepConfig.from_mapping({"analysis_step": "off"}).analysis_step is None
+    assert SweepConfig.from_mapping({"analysis_step": "5m"}).analysis_step == timedelta(minutes=5)
+    with pytest.raises(ValueError, match="analysis_step"):
+        SweepConfig.from_mapping({"analysis_step": "1500ms"})  # not a multiple of the 1-s stride
+
+
+def test_signature_matching_judges_against_the_past_only(throttle_template: Path) -> None:
+    """With reference_before (what each analysis step uses), a window's match does not change
+    when later windows join the features frame: its host's reference is its past only."""
+    from analytics.features import compute_features
+    from jobs.pipeline import load_lake
+    from knowledge_base import load_kb
+    from knowledge_base.matcher import MatchConfig, match_findings
+
+    t0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+    onset = t0 + timedelta(minutes=3)
+    loaded = load_lake(throttle_template, t0, t0 + timedelta(minutes=MINUTES), None)
+    feats = compute_features(loaded.frames, host_facts=loaded.facts)
+    now = feats.filter(pl.col("window_end") <= onset + timedelta(seconds=40))  # what a live step sees
+    keys = now.filter((pl.col("host") == "sim-01") & (pl.col("window_start") >= onset + timedelta(seconds=5))
+                      ).select("host", "window_start", "window_end")
+    kb = load_kb()
+    cfg = MatchConfig(reference_before=onset)
+    cols = ["host", "window_start", "rank", "entry_id", "confidence", "matched"]
+    live = match_findings(keys, now, loaded.facts, kb, cfg).select(cols).sort(cols)
+    later = match_findings(keys, feats, loaded.facts, kb, cfg).select(cols).sort(cols)
+    assert live.filter(pl.col("matched") & (pl.col("entry_id") == "gpu_power_throttle")).height == keys.height
+    assert live.equals(later)
