@@ -1,7 +1,8 @@
 -- top-incidents: the incidents of the interval, worst (highest peak anomaly score) first.
 --
 -- One row per incident (consecutive anomalous windows of one host) with its
--- knowledge-base match, or status 'unmatched' with the fingerprint it left.
+-- knowledge-base match, or status 'unmatched' with the fingerprint it left; an incident
+-- still under way has state 'open' and is shown as of its latest update.
 -- Prune with --since/--until/--hosts (incidents are stored at their start time).
 --
 -- @param limit int = 20        how many incidents to return
@@ -13,6 +14,8 @@ SELECT
     "end",
     extract(epoch FROM "end") - extract(epoch FROM start) AS duration_s,
     n_windows,
+    state,
+    updated,
     status,
     entry_id,
     title,

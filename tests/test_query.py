@@ -161,6 +161,9 @@ def test_top_incidents_filters_and_limits(lake: Path) -> None:
     all_ = q.run_query(lake, "top-incidents", params={"limit": "1000"})
     assert not all_.is_empty(), "the demo lake has no incidents (see test_demo: the analytics found nothing)"
     assert all_["peak_score"].is_sorted(descending=True, nulls_last=True)
+    # one row per incident, as of its latest update (a finished run: every incident closed)
+    assert all_["incident_id"].is_unique().all() and set(all_["state"]) == {"closed"}
+    assert (all_["updated"] >= all_["start"]).all()
     one = q.run_query(lake, "top-incidents", params={"limit": "1"})
     assert one.height == 1 and one["incident_id"][0] == all_["incident_id"][0]
     un = q.run_query(lake, "top-incidents", params={"status": "unmatched", "limit": "1000"})
