@@ -48,6 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ingest.lake import FILE_MODE, makedirs
 from ingest.sink import SinkError
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,6 @@ MAGIC = b"UNVEIL-JOURNAL 2\n"
 MAGIC_V1 = b"UNVEIL-JOURNAL 1\n"  # records without mark or starts (agents before 2026-12)
 SUFFIX = ".wal"
 CORRUPT_SUFFIX = ".corrupt"  # a .wal that is not a journal, set aside once
-DIR_MODE = 0o750
-FILE_MODE = 0o640
 MARK = b"\xa5UVR"
 _HEAD = struct.Struct("<4sIII")  # mark, payload length, crc32(payload), crc32(first 12 bytes)
 HEADER_SIZE = _HEAD.size
@@ -92,18 +91,6 @@ def token_hex(token: str) -> str:
 
 def new_token() -> str:
     return f"{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}-{secrets.token_hex(4)}"
-
-
-def makedirs(path: Path) -> None:
-    """mkdir -p with mode DIR_MODE for every directory created (never the umask's)."""
-    missing: list[Path] = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            d.mkdir(mode=DIR_MODE)
 
 
 def _check_file(path: Path, st: os.stat_result) -> None:
@@ -148,7 +135,7 @@ class Journal:
         self.dir = Path(directory)
         self.durable = durable
         try:
-            makedirs(self.dir)
+            makedirs(self.dir, durable=False)
             self._lock_fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                                     FILE_MODE)
         except OSError as exc:

@@ -117,9 +117,10 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _makedirs(path: Path, *, durable: bool = True) -> None:
-    """mkdir -p, fsyncing the parent of every directory created so it survives a crash
-    (``durable=False``: no fsync, like the files of a non-durable sink)."""
+def makedirs(path: Path, *, durable: bool = True) -> None:
+    """mkdir -p with mode DIR_MODE for every directory created (never the umask's), fsyncing
+    the parent of each so it survives a crash (``durable=False``: no fsync, like the files of
+    a non-durable sink)."""
     missing: list[Path] = []
     p = path
     while not p.exists():
@@ -351,7 +352,7 @@ def _table_lock(table_dir: Path, *, blocking: bool) -> Iterator[bool]:
     """An flock on <table>/_compaction/lock: one compactor per table; released by the
     kernel when the holder dies, so a kill -9 never leaves it stuck."""
     jdir = table_dir / JOURNAL_DIR
-    _makedirs(jdir)
+    makedirs(jdir)
     fd = os.open(jdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
@@ -498,7 +499,7 @@ def _new_part_name() -> str:
 
 def _write_group(table: str, part_dir: Path, df: pl.DataFrame, *, compression: str,
                  compression_level: int | None, durable: bool = True, name: str | None = None) -> Path:
-    _makedirs(part_dir, durable=durable)
+    makedirs(part_dir, durable=durable)
     # Writers (agent, simulator) hand over time-ordered rows with tags in a fixed order: a
     # full multi-key sort of a million-row frame would cost more than writing it.
     if not df.get_column(schema.TIME).is_sorted():
@@ -563,7 +564,7 @@ class LakeSink:
         self._retry_at: dict[str, float] = {}
         self._closed = False
         try:
-            _makedirs(self.root)
+            makedirs(self.root)
             probe = self.root / f"{TMP_PREFIX}probe-{secrets.token_hex(4)}"
             probe.write_bytes(b"")
             probe.unlink()
@@ -1114,7 +1115,7 @@ def retention(root: str | os.PathLike[str], table: str, *, keep: timedelta,
                     (part.path / name).unlink(missing_ok=True)
                 _fsync_path(part.path)
             else:
-                _makedirs(trash)
+                makedirs(trash)
                 doomed = trash / f"{table}-{secrets.token_hex(8)}"
                 os.replace(part.path, doomed)
                 _fsync_path(part.path.parent)
