@@ -175,7 +175,7 @@ def test_agent_and_scheduler_work_inside_the_units_sandbox(tmp_path: Path) -> No
     free, boxed = tmp_path / "free", tmp_path / "boxed"
     free.mkdir()
     boxed.mkdir()
-    ref = subprocess.run(_unveil_argv("agent", "--quiet", "--duration", "1", "--lake", str(free / "lake")),
+    ref = subprocess.run(_unveil_argv("agent", "--quiet", "--duration", "5", "--lake", str(free / "lake")),
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(UNITS.parents[1])})
     assert ref.returncode == 0, ref.stderr
@@ -185,13 +185,14 @@ def test_agent_and_scheduler_work_inside_the_units_sandbox(tmp_path: Path) -> No
         "import pathlib; print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapBnd')][0]); "
         "pathlib.Path('/var/tmp/unveil-probe').write_text('x')")])
     assert probe.stdout.strip() == f"{1 << 38:016x}" and "Read-only file system" in probe.stderr
-    res = _sandboxed(AGENT, boxed, _unveil_argv("agent", "--quiet", "--duration", "1", "--lake", str(boxed / "lake")))
+    res = _sandboxed(AGENT, boxed, _unveil_argv("agent", "--quiet", "--duration", "5", "--lake", str(boxed / "lake")))
     assert res.returncode == 0, res.stderr
     unavailable = [line for line in res.stderr.splitlines() if "not collected" in line]
     assert unavailable == [line for line in ref.stderr.splitlines() if "not collected" in line]
     assert set(_tables(boxed / "lake")) == set(_tables(free / "lake"))
-    # one cycle over the agent's one second: judged in one analysis (the default judges whole
-    # clock-aligned minutes once one is due, which this second may not complete)
+    # one cycle over the agent's five seconds (a 3-s window needs more than one), judged in
+    # one analysis: the default judges whole clock-aligned minutes once one is due, and these
+    # seconds may straddle a minute
     (boxed / "once.toml").write_text('[scheduler]\nanalysis_step = "off"\n')
     res = _sandboxed(SCHEDULER, boxed,
                      _unveil_argv("--config", str(boxed / "once.toml"), "schedule", "--lake", str(boxed / "lake"),
