@@ -655,7 +655,7 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
             ("host", "host"), ("start", "start"), ("duration", "duration"), ("n_windows", "windows"), ("status", "status"),
             ("what", "knowledge-base entry"), ("confidence", "confidence"), ("peak_score", "peak"),
             ("devices", "devices"), ("factors", "top factors"), ("explanation", "explanation")], "incidents",
-            nowrap=("duration",))
+            nowrap=("host", "duration", "status"))
             + "</section>")
     else:
         why = "none: no incidents table yet (run a sweep and the matcher)" if incidents is None else \

@@ -260,20 +260,24 @@ def test_report_without_a_range_prints_the_range_of_the_data(tmp_path: Path,
 
 _MEASURE = """<script>
 // Layout as Chromium renders it: the boxes of the score plot's incident labels, per panel,
-// and the number of lines each incidents-table duration cell takes.
+// and the number of lines each incidents-table duration, host and status cell takes.
 window.addEventListener('load', () => {
   const labels = [...document.querySelectorAll('#traces [id^="incident-label"]')].map(g => {
     const r = g.getBoundingClientRect();
     return {panel: g.id.split('-')[2], text: g.textContent.trim(), l: r.left, r: r.right, t: r.top, b: r.bottom};
   });
-  const col = [...document.querySelectorAll('table.incidents thead th')].findIndex(th => th.textContent === 'duration');
-  const cells = col < 0 ? [] : [...document.querySelectorAll('table.incidents tbody tr')].map(tr => {
-    const td = tr.children[col]; const range = document.createRange(); range.selectNodeContents(td);
-    const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
-    return {text: td.textContent, lines: tops.size};
-  });
+  const heads = [...document.querySelectorAll('table.incidents thead th')].map(th => th.textContent);
+  const linesOf = name => {
+    const c = heads.indexOf(name);
+    return c < 0 ? [] : [...document.querySelectorAll('table.incidents tbody tr')].map(tr => {
+      const td = tr.children[c]; const range = document.createRange(); range.selectNodeContents(td);
+      const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+      return {text: td.textContent, lines: tops.size};
+    });
+  };
+  const col = heads.indexOf('duration'), cells = linesOf('duration');
   const pre = document.createElement('pre'); pre.id = 'measure';
-  pre.textContent = JSON.stringify({labels, cells, col});
+  pre.textContent = JSON.stringify({labels, cells, col, host: linesOf('host'), status: linesOf('status')});
   document.body.appendChild(pre);
 });
 </script>"""
@@ -313,7 +317,7 @@ def test_incident_labels_on_the_score_plot_do_not_overlap(tmp_path: Path) -> Non
     assert _overlaps(labels) == [], f"{len(_overlaps(labels))} overlapping label pairs of {len(labels)}"
 
 
-def test_incident_duration_renders_on_one_line(tmp_path: Path) -> None:
+def test_incident_duration_host_and_status_render_on_one_line(tmp_path: Path) -> None:
     lake = _small_lake(tmp_path / "lake", n_incidents=5, long_first=True)
     out = tmp_path / "r.html"
     write_report(lake, out)
@@ -323,6 +327,9 @@ def test_incident_duration_renders_on_one_line(tmp_path: Path) -> None:
     assert len(cells) == 5
     assert [c["lines"] for c in cells] == [1] * 5, cells
     assert "3 h 25 min" in {c["text"] for c in cells} and "20 s" in {c["text"] for c in cells}
+    # short identifiers do not break either ('sim-' / '00', 'match' / 'ed' in the demo's report)
+    for name in ("host", "status"):
+        assert len(m[name]) == 5 and [c["lines"] for c in m[name]] == [1] * 5, (name, m[name])
 
 
 def test_duration_is_rendered_in_units_to_read_at_a_glance() -> None:
