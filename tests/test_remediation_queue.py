@@ -242,3 +242,16 @@ def test_verification_input_errors() -> None:
     for bad, where in cases:
         with pytest.raises(VerificationError, match=where):
             parse_spec(bad)
+
+
+def test_remediate_on_a_lake_without_a_queue_creates_nothing(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # `unveil remediate --lake TYPO show 1` used to create TYPO/_remediation/queue.db
+    from jobs.cli import main
+
+    lake = tmp_path / "typo"
+    assert main(["remediate", "--lake", str(lake), "show", "1"]) == 2
+    assert "no remediation queue at" in capsys.readouterr().err
+    assert main(["remediate", "--lake", str(lake), "list"]) == 0
+    assert "nothing has been proposed" in capsys.readouterr().out
+    assert not lake.exists()

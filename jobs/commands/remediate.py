@@ -47,6 +47,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
+class _NoQueue(FileNotFoundError):
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"no remediation queue at {path}: nothing has been proposed in this lake "
+                         f"(check --lake or --queue)")
+
+
 def _open(args: argparse.Namespace) -> tuple[Queue, Executor]:
     cfg = config.load(getattr(args, "config", None))
     section = cfg.remediation
@@ -59,6 +65,8 @@ def _open(args: argparse.Namespace) -> tuple[Queue, Executor]:
         qpath = default_path(config.resolve_lake(args.lake, cfg))
     if args.verb == "verify":  # judged from the lake's features
         args.lake_dir = config.resolve_lake(args.lake, cfg)
+    if not qpath.exists():  # every verb reads it: never create one where the user mistyped a path
+        raise _NoQueue(qpath)
     queue = Queue(qpath)
     return queue, Executor(queue, exec_cfg)
 
@@ -77,7 +85,13 @@ def _line(a: Action) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    queue, ex = _open(args)
+    try:
+        queue, ex = _open(args)
+    except _NoQueue as exc:
+        if args.verb != "list":
+            raise
+        print(exc)  # nothing to list is an answer, not an error
+        return 0
     try:
         return _dispatch(args, queue, ex)
     except RemediationError as exc:
