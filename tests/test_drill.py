@@ -44,6 +44,17 @@ def _marked_pids() -> list[int]:
     return sorted(out)
 
 
+def _is_marked(pid: int, timeout_s: float = 10.0) -> bool:
+    """Whether ``pid`` carries the drill's marker, waiting for it: a spawned process shows
+    its own environment only once it has exec'd, which may be after apply() returned."""
+    deadline = time.monotonic() + timeout_s
+    while pid not in _marked_pids():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _drill_cgroups() -> list[str]:
     return sorted(str(p) for p in d.CGROUP_ROOT.glob(f"**/{d.PREFIX}*") if p.is_dir())
 
@@ -154,7 +165,7 @@ def test_quota_fault_throttles_a_burner_and_removes_its_cgroup(host: dict[str, A
     assert isinstance(layout, d.CgroupLayout)
     cg = layout.cpu_root / f"{d.PREFIX}-quota"
     pids = [int(p) for p in (cg / "cgroup.procs").read_text().split()]
-    assert len(pids) == 1 and pids[0] in _marked_pids()
+    assert len(pids) == 1 and _is_marked(pids[0])
     quota = (cg / ("cpu.max" if layout.version == 2 else "cpu.cfs_quota_us")).read_text().split()[0]
     assert quota == "10000"
     time.sleep(0.5)
