@@ -26,6 +26,7 @@ from typing import Any, Literal, cast
 
 import polars as pl
 
+from ingest.lake import FILE_MODE, makedirs
 from remediation import registry
 from remediation.errors import ActionNotFound, FaultValueError, ParamError, TransitionError
 from remediation.verify import parse_spec, spec_to_dict
@@ -162,23 +163,11 @@ def default_path(lake: str | Path) -> Path:
     return Path(lake) / "_remediation" / "queue.db"
 
 
-# Modes of what the queue creates, whatever the umask (a stricter umask narrows them further).
-DIR_MODE = 0o750
-FILE_MODE = 0o640
-
-
 def _create(path: Path) -> None:
-    """The queue's directory (0750) and an empty database file (0640) when missing: SQLite
-    would create the file with its own default mode (0644 less the umask), and gives its
-    -wal and -shm files the mode of the database file."""
-    missing = []
-    d = path.parent
-    while not d.exists():
-        missing.append(d)
-        d = d.parent
-    for d in reversed(missing):
-        with suppress(FileExistsError):
-            d.mkdir(mode=DIR_MODE)
+    """The queue's directory and an empty database file with the lake's modes (0750/0640)
+    when missing: SQLite would create the file with its own default mode (0644 less the
+    umask), and gives its -wal and -shm files the mode of the database file."""
+    makedirs(path.parent, durable=False)
     with suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE))
 
