@@ -1,0 +1,206 @@
+"""The production sweep at fleet scale: ``unveil schedule --once`` end to end, per fleet size.
+
+For each N in ``--hosts`` a fleet of N simulated 8-GPU hosts (mixed workloads, healthy,
+100 ms telemetry) is written into a fresh lake for ``--duration``; then the command a user
+runs, ``unveil schedule --once --until END``, sweeps it in a child process with the default
+configuration (no config file, no InfluxDB): lake scan, history, features, detectors,
+signature matching, incidents, remediation proposals, staged writes and publishing. The
+child's CPU (user + system) and peak RSS come from ``wait4``; simulation time is not counted.
+
+It prints, per N: host-hours swept, CPU-s, CPU-s per host-hour, wall time, peak RSS, and
+the growth of CPU per host-hour and of RSS against the smallest N. With ``--profile`` the
+same sweep runs again on a copy of the lake under cProfile, and the CPU is split into
+stages by the cumulative CPU time (process time) of the functions that implement them (stages nest: the
+lines are not additive; "other" is the total minus the top-level stages).
+
+    .venv/bin/python benchmarks/sweep_scale.py --hosts 8 16 --duration 30m [--profile] [--json F]
+
+The target of issue 18: <= 0.5 CPU-s per host-hour, peak RSS <= 2 GB at 8, 64 and 256 hosts.
+"""
+
+from __future__ import annotations
+
+# ruff: noqa: T201  (a benchmark prints its figures)
+import argparse
+import json
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)  # the simulator's default start
+ROOT = Path(__file__).resolve().parent.parent
+
+#: stage -> function names that implement it (matched in the project's own files, any
+#: module, so moving a function between modules keeps the breakdown working)
+STAGES: dict[str, tuple[str, ...]] = {
+    "lake read (scan, history)": ("load_lake",),
+    "features": ("compute_features",),
+    "standardise + detectors + attribution": ("analyze",),
+    "signature matching + findings": ("detect",),
+    "incidents": ("incidents_of",),
+    "remediation proposals + queue export": ("queue_remediations", "export_remediations"),
+    "staged writes + seal + publish": ("write", "seal", "publish"),
+}
+#: the stages that do not nest in each other, for "other"
+TOP_LEVEL = ("lake read (scan, history)", "features", "standardise + detectors + attribution",
+             "signature matching + findings", "incidents", "remediation proposals + queue export",
+             "staged writes + seal + publish")
+
+
+@dataclass
+class Point:
+    hosts: int
+    host_hours: float
+    rows: int
+    cpu_s: float
+    wall_s: float
+    peak_rss_mb: float
+    simulate_s: float
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cpu_per_host_hour(self) -> float:
+        return self.cpu_s / self.host_hours
+
+
+def simulate_fleet(lake: Path, hosts: int, duration: timedelta, seed: int) -> tuple[int, float]:
+    """N healthy hosts of mixed workloads into ``lake``; (rows written, seconds)."""
+    from ingest import lake as lake_mod
+    from ingest.simulator import from_dict, simulate
+
+    t = time.perf_counter()
+    doc = {"seed": seed, "duration": f"{int(duration.total_seconds())}s", "hosts": hosts, "workload": "mixed",
+           "start": T0.isoformat().replace("+00:00", "Z")}
+    sink = lake_mod.LakeSink(lake)
+    try:
+        res = simulate(from_dict(doc), [sink])
+    finally:
+        sink.close()
+    return sum(res.rows.values()), time.perf_counter() - t
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNVEIL_")}
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def schedule_cmd(lake: Path, until: datetime) -> list[str]:
+    return [sys.executable, "-c", "import sys; from jobs.cli import main; sys.exit(main())", "schedule",
+            "--once", "--no-progress", "--lake", str(lake), "--until", until.isoformat()]
+
+
+def run_child(cmd: list[str], cwd: Path) -> tuple[float, float, float]:
+    """(CPU-s user+sys, wall-s, peak RSS MiB) of one child process, from wait4."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert p.stderr is not None
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{err.decode(errors='replace')[-4000:]}")
+    return ru.ru_utime + ru.ru_stime, wall, ru.ru_maxrss / 1024
+
+
+def stage_split(prof: Path) -> dict[str, float]:
+    """Cumulative seconds per stage from a cProfile dump (project functions only)."""
+    st = pstats.Stats(str(prof))
+    total = max((ct for (_f, _l, _n), (_cc, _nc, _tt, ct, _callers) in st.stats.items()), default=0.0)  # type: ignore[attr-defined]
+    out: dict[str, float] = {}
+    root = str(ROOT)
+    for stage, names in STAGES.items():
+        s = 0.0
+        for (fname, _line, func), (_cc, _nc, _tt, ct, callers) in st.stats.items():  # type: ignore[attr-defined]
+            if func not in names or not fname.startswith(root) or "/benchmarks/" in fname:
+                continue
+            if func in ("write", "seal", "publish") and "watermarks" not in fname:
+                continue
+            # a recursive or re-entrant stage: count only calls from outside the stage
+            if any(c[2] in names for c in callers):
+                continue
+            s += ct
+        out[stage] = s
+    out["other (total minus the stages above)"] = max(0.0, total - sum(out[k] for k in TOP_LEVEL))
+    out["total (profiled)"] = total
+    return out
+
+
+def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Path | None) -> Point:
+    with tempfile.TemporaryDirectory(prefix="sweep-scale-", dir=keep) as d:
+        base = Path(d)
+        lake = base / "lake"
+        rows, sim_s = simulate_fleet(lake, hosts, duration, seed)
+        prof_lake = None
+        if profile:
+            prof_lake = base / "lake-prof"
+            shutil.copytree(lake, prof_lake)
+        until = T0 + duration
+        cpu, wall, rss = run_child(schedule_cmd(lake, until), base)
+        pt = Point(hosts, hosts * duration.total_seconds() / 3600, rows, cpu, wall, rss, sim_s)
+        if prof_lake is not None:
+            out = base / "sweep.prof"
+            cmd = [sys.executable, "-c",
+                   "import cProfile, time; from jobs.cli import main; "
+                   "pr = cProfile.Profile(time.process_time); pr.runcall(main); "
+                   f"pr.dump_stats({str(out)!r})", "schedule", "--once", "--no-progress",
+                   "--lake", str(prof_lake), "--until", until.isoformat()]
+            run_child(cmd, base)
+            pt.stages = stage_split(out)
+        return pt
+
+
+def render(points: list[Point]) -> str:
+    lines = ["| hosts | host-hours | CPU-s | CPU-s per host-hour | wall s | peak RSS MiB | CPU/h-h vs first | RSS vs first |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    p0 = points[0]
+    for p in points:
+        lines.append(f"| {p.hosts} | {p.host_hours:.2f} | {p.cpu_s:.1f} | {p.cpu_per_host_hour:.2f} | {p.wall_s:.1f} | "
+                     f"{p.peak_rss_mb:.0f} | {p.cpu_per_host_hour / p0.cpu_per_host_hour:.2f}x | "
+                     f"{p.peak_rss_mb / p0.peak_rss_mb:.2f}x |")
+    for p in points:
+        if p.stages:
+            tot = p.stages.get("total (profiled)", 0.0) or 1.0
+            lines.append(f"\nStages at {p.hosts} hosts (cProfile, cumulative s; nested, not additive):")
+            for k, v in p.stages.items():
+                lines.append(f"  {k:<45} {v:8.2f}  {100 * v / tot:5.1f} %")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, nargs="+", default=[8], help="fleet sizes (default 8)")
+    ap.add_argument("--duration", default="30m", help="simulated time per host, e.g. 30m, 1h (default 30m)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", action="store_true", help="also split the CPU into stages (cProfile, second run)")
+    ap.add_argument("--tmp", type=Path, default=None, help="where the scratch lakes go (default $TMPDIR)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
+    a = ap.parse_args(argv)
+    from ingest.simulator.scenario import parse_duration_s
+
+    duration = timedelta(seconds=parse_duration_s(a.duration, "--duration"))
+    print(f"sweep scale: unveil schedule --once, default config, {a.duration} of healthy mixed-workload "
+          f"8-GPU hosts per fleet, seed {a.seed}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    points = []
+    for n in sorted(a.hosts):
+        p = measure(n, duration, a.seed, a.profile, a.tmp)
+        print(f"  {n} hosts: {p.cpu_s:.1f} CPU-s ({p.cpu_per_host_hour:.2f} per host-hour), {p.wall_s:.1f} s wall, "
+              f"peak RSS {p.peak_rss_mb:.0f} MiB (simulated in {p.simulate_s:.0f} s)", flush=True)
+        points.append(p)
+    print(render(points))
+    if a.json:
+        a.json.write_text(json.dumps([asdict(p) | {"cpu_per_host_hour": p.cpu_per_host_hour} for p in points],
+                                     indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
