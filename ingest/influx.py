@@ -66,7 +66,7 @@ class InfluxConfig:
     ``UNVEIL_INFLUX_TOKEN`` / ``UNVEIL_INFLUX_USERNAME`` / ``UNVEIL_INFLUX_PASSWORD`` and never
     appear in ``repr`` or logs."""
 
-    url: str
+    url: str | None = None  # None: not configured (no InfluxDB); a sink or source needs one
     database: str = "unveil"
     retention: str = ""  # v1 retention policy; 1.8 compat bucket "database/retention"
     org: str = ""
@@ -84,8 +84,8 @@ class InfluxConfig:
     verify_ssl: bool = True
 
     def __post_init__(self) -> None:
-        parsed = urllib.parse.urlsplit(self.url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        parsed = urllib.parse.urlsplit(self.url or "")
+        if self.url is not None and (parsed.scheme not in ("http", "https") or not parsed.hostname):
             raise ValueError(f"influx.url: expected http(s)://host[:port], got {self.url!r}")
         if parsed.username or parsed.password:
             raise ValueError("influx.url: put credentials in token/username/password, not the URL")
@@ -124,6 +124,8 @@ class InfluxConfig:
 
     @property
     def base_url(self) -> str:
+        if not self.url:
+            raise ValueError("influx.url: required (no InfluxDB is configured)")
         return self.url.rstrip("/")
 
     @property
