@@ -59,6 +59,7 @@ class Config:
     #: ``[scheduler] every``: the period of `unveil schedule`'s cycles
     every: timedelta = timedelta(seconds=60)
     source: Path | None = None
+    _analytics: AnalyticsConfig | None = None
     _sweep: SweepConfig | None = None
 
     @property
@@ -70,7 +71,11 @@ class Config:
 
     @property
     def analytics(self) -> AnalyticsConfig:
-        return self.sweep.analytics
+        """``[analytics]`` as `unveil sweep` uses it (the scheduler's, ``sweep.analytics``, also
+        takes ``[scheduler] history``)."""
+        self.sweep  # noqa: B018 -- the same error when the analysis sections were not loaded
+        assert self._analytics is not None
+        return self._analytics
 
     @property
     def detection(self) -> DetectionConfig:
@@ -370,7 +375,8 @@ def _validate(p: Path, section: str, check: Any) -> Any:
     try:
         return check()
     except (TypeError, ValueError) as exc:
-        msg = str(exc)
+        # "[scheduler]: scheduler.chunk ..." / "influx.url: ..." -> "[scheduler] chunk ...", "[influx] url: ..."
+        msg = re.sub(rf"^(\[{section}\]:? )?{section}\.", f"[{section}] ", str(exc))
         raise ConfigError(f"{p}: {msg if msg.startswith('[') else f'[{section}] {msg}'}") from None
 
 
@@ -422,7 +428,7 @@ def load(path: str | os.PathLike[str] | None = None, *, analysis: bool = True) -
     sched = tables["scheduler"]
     cfg.every = _validate(p, "scheduler", lambda: duration(sched.get("every", 60), "[scheduler].every"))
     if analysis:
-        cfg._sweep = _sweep(p, tables["analytics"], sched, cfg.remediation)
+        cfg._analytics, cfg._sweep = _sweep(p, tables["analytics"], sched, cfg.remediation)
     else:
         for name, known in (("analytics", ANALYTICS_KEYS), ("scheduler", SCHEDULER_KEYS)):
             bad = sorted(set(tables[name]) - known)
@@ -434,7 +440,8 @@ def load(path: str | os.PathLike[str] | None = None, *, analysis: bool = True) -
     return cfg
 
 
-def _sweep(p: Path, analytics: dict[str, Any], sched: dict[str, Any], rem: ExecutorConfig) -> SweepConfig:
+def _sweep(p: Path, analytics: dict[str, Any], sched: dict[str, Any],
+           rem: ExecutorConfig) -> tuple[AnalyticsConfig, SweepConfig]:
     """``[analytics]`` and ``[scheduler]`` into one SweepConfig. One warm-up key: ``[analytics]
     warmup`` sets both the analytics' (a host's first windows are never judged) and the
     knowledge-base detector's (statistical flags after a host's data starts or resumes are
@@ -449,7 +456,7 @@ def _sweep(p: Path, analytics: dict[str, Any], sched: dict[str, Any], rem: Execu
     a = _validate(p, "analytics", lambda: analytics_from_mapping(analytics))
     sweep = _validate(p, "scheduler", lambda: SweepConfig.from_mapping(sched, analytics=a,
                                                                      auto_remediate=rem.auto_remediate))
-    return replace(sweep, remediation_root=rem.root)
+    return a, replace(sweep, remediation_root=rem.root)
 
 
 def _lake_path(p: Path, lake: Any) -> str | None:
