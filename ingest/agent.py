@@ -74,6 +74,10 @@ class AgentConfig:
     #: rows kept in memory at most while the lake cannot take them (full disk); beyond it
     #: the oldest commit's rows are dropped from memory (their journaled part stays on disk)
     max_buffered_rows: int = 500_000
+    #: cgroups watched besides the top-level ones (relative to the cgroup mount)
+    cgroup_paths: tuple[str, ...] = ()
+    #: fsync each journal append and lake file (the lake sink built for this agent uses it)
+    durable: bool = False
 
     def validate(self) -> None:
         if not (0.01 <= self.interval_s <= 60):
@@ -86,9 +90,18 @@ class AgentConfig:
             raise ValueError("agent.duration_s must be positive")
         if self.max_buffered_rows < 1:
             raise ValueError("agent.max_buffered_rows must be positive")
+        for key, names in (("collectors", self.collectors or ()), ("tiers", tuple(self.tiers))):
+            if not names:
+                continue
+            from ingest.collectors import REGISTRY
+
+            unknown = [n for n in names if n not in REGISTRY]
+            if unknown:
+                raise ValueError(f"agent.{key}: unknown collector(s) {', '.join(map(repr, unknown))}; "
+                                 f"known: {', '.join(REGISTRY)}")
         for name, tier in self.tiers.items():
             if tier not in schema.TIER_PERIOD_S:
-                raise ValueError(f"agent.tiers.{name}: unknown tier {tier!r}")
+                raise ValueError(f"agent.tiers.{name}: unknown tier {tier!r}; known: {', '.join(schema.TIER_PERIOD_S)}")
 
 
 @dataclass
@@ -332,7 +345,10 @@ class Agent:
             if cls is None:
                 raise ValueError(f"unknown collector {name!r}; known: {', '.join(REGISTRY)}")
             try:
-                built.append(cls(root=self.config.root, **self.config.collector_options.get(name, {})))
+                options = dict(self.config.collector_options.get(name, {}))
+                if name == "cgroup" and self.config.cgroup_paths:
+                    options.setdefault("paths", list(self.config.cgroup_paths))
+                built.append(cls(root=self.config.root, **options))
             except SourceUnavailable as exc:
                 self.stats.unavailable[name] = str(exc)
                 log.info("collector %s unavailable on this host: %s", name, exc)

@@ -41,6 +41,7 @@ import polars as pl
 import urllib3
 
 from ingest import schema
+from ingest.atomic import TMP_PREFIX, write_atomic
 from ingest.sink import SinkError
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class InfluxConfig:
     ``UNVEIL_INFLUX_TOKEN`` / ``UNVEIL_INFLUX_USERNAME`` / ``UNVEIL_INFLUX_PASSWORD`` and never
     appear in ``repr`` or logs."""
 
-    url: str
+    url: str | None = None  # None: not configured (no InfluxDB); a sink or source needs one
     database: str = "unveil"
     retention: str = ""  # v1 retention policy; 1.8 compat bucket "database/retention"
     org: str = ""
@@ -84,8 +85,8 @@ class InfluxConfig:
     verify_ssl: bool = True
 
     def __post_init__(self) -> None:
-        parsed = urllib.parse.urlsplit(self.url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        parsed = urllib.parse.urlsplit(self.url or "")
+        if self.url is not None and (parsed.scheme not in ("http", "https") or not parsed.hostname):
             raise ValueError(f"influx.url: expected http(s)://host[:port], got {self.url!r}")
         if parsed.username or parsed.password:
             raise ValueError("influx.url: put credentials in token/username/password, not the URL")
@@ -124,6 +125,8 @@ class InfluxConfig:
 
     @property
     def base_url(self) -> str:
+        if not self.url:
+            raise ValueError("influx.url: required (no InfluxDB is configured)")
         return self.url.rstrip("/")
 
     @property
@@ -311,8 +314,9 @@ class _Spool:
             self.rejected_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InfluxError(f"influx spool: cannot create {directory}: {exc}") from exc
-        for tmp in directory.glob("*.tmp"):  # half-written by a crash: never visible
-            tmp.unlink(missing_ok=True)
+        for pattern in (f"{TMP_PREFIX}*", "*.tmp"):  # half-written by a crash (*.tmp: older versions)
+            for tmp in directory.glob(pattern):
+                tmp.unlink(missing_ok=True)
         self.items: list[_SpoolItem] = []
         for p in sorted(directory.iterdir()):
             m = _SPOOL_RE.match(p.name)
@@ -336,16 +340,7 @@ class _Spool:
         return sum(i.points for i in self.items)
 
     def _write_atomic(self, path: Path, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, data, mode=0o600)  # the spool is private to the writer
 
     def append(self, payload: bytes, points: int, precision: Precision) -> int:
         """Store a batch; returns the number of points evicted to respect the size cap."""

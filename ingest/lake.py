@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
 from ingest import schema
+from ingest.atomic import DIR_MODE, FILE_MODE, TMP_PREFIX, fsync_path, write_atomic
 from ingest.sink import SinkError
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,12 @@ PARTITION_COLUMNS: tuple[str, ...] = (schema.HOST, "date", "hour")
 JOURNAL_DIR = "_compaction"
 TRASH_DIR = ".trash"  # under the root, outside every table: invisible to any reader
 LOCK_FILE = "lock"
-TMP_PREFIX = ".tmp-"
 # A sink temp file older than this is a leftover of a killed writer (writes take seconds).
 STALE_TMP_S = 3600.0
 RETRY_S = 5.0  # a sink whose write failed tries again after this long
 # Modes of what the lake creates, whatever the umask (a stricter umask narrows them further):
-# telemetry is readable by the group, never writable or readable by others.
-DIR_MODE = 0o750
-FILE_MODE = 0o640
+# telemetry is readable by the group, never writable or readable by others (ingest.atomic's
+# FILE_MODE and DIR_MODE); temp files start with TMP_PREFIX.
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
 _CAST = pl.ScanCastOptions(
@@ -109,12 +108,7 @@ def _visible(name: str) -> bool:
     return not name.startswith((".", "_"))
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_fsync_path = fsync_path
 
 
 def makedirs(path: Path, *, durable: bool = True) -> None:
@@ -137,44 +131,20 @@ def makedirs(path: Path, *, durable: bool = True) -> None:
 
 def _write_parquet_atomic(df: pl.DataFrame, path: Path, *, compression: str, compression_level: int | None,
                           tmp_name: str | None = None, durable: bool = True) -> None:
-    tmp = path.with_name(tmp_name or f"{TMP_PREFIX}{path.name}")
-    try:
-        # created here with FILE_MODE (the writer truncates it, keeping the mode): never the umask's
-        tmp.unlink(missing_ok=True)
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE))
+    def write(tmp: Path) -> None:
         try:
             df.write_parquet(tmp, compression=compression,  # type: ignore[arg-type]
                              compression_level=compression_level, statistics=True)
         except pl.exceptions.ComputeError as exc:
             # Polars reports I/O failures (disk full ...) as ComputeError: make them OSErrors.
             raise OSError(f"cannot write {tmp}: {exc}") from exc
-        if durable:
-            _fsync_path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    if durable:
-        _fsync_path(path.parent)
+
+    write_atomic(path, write, durable=durable, tmp_name=tmp_name)
 
 
 def write_json_atomic(path: Path, obj: Any, *, pretty: bool = False) -> None:
-    """Temp file, fsync, rename, fsync the directory: readers see the old or the new file."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
-    try:
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
-        with open(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=1 if pretty else None, sort_keys=pretty)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_path(path.parent)
+    """Readers see the old or the new file (ingest.atomic.write_atomic)."""
+    write_atomic(path, json.dumps(obj, indent=1 if pretty else None, sort_keys=pretty))
 
 
 def _write_json_atomic(obj: dict[str, Any], path: Path) -> None:

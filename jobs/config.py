@@ -1,17 +1,36 @@
-"""One TOML config file, validated once at start; bad values are rejected with the key named.
+"""One TOML config file, validated once at start into one tree of the typed objects the code
+runs with; bad values are rejected with the file and the key named.
 
 Precedence: command-line flags > environment (UNVEIL_LAKE, UNVEIL_CONFIG, UNVEIL_INFLUX_*) >
 config file > defaults. ``samples/unveil.toml`` is the annotated sample.
+
+The typed objects live where they are used (``ingest.agent.AgentConfig``,
+``ingest.influx.InfluxConfig``, ``analytics.pipeline.AnalyticsConfig``,
+``knowledge_base.detector.DetectionConfig``, ``remediation.executor.ExecutorConfig``); this
+module only builds them, plus :class:`SweepConfig` (``[scheduler]``), which belongs to jobs.
+Commands overlay their flags on the tree with :func:`dataclasses.replace`.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
-from dataclasses import dataclass, field
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ingest.agent import AgentConfig
+from ingest.influx import InfluxConfig
+from remediation.executor import ExecutorConfig
+
+if TYPE_CHECKING:  # heavy (scikit-learn): imported when the analysis sections are built
+    from analytics.pipeline import AnalyticsConfig
+    from knowledge_base.detector import DetectionConfig
 
 
 class ConfigError(ValueError):
@@ -19,77 +38,51 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class InfluxSection:
-    url: str | None = None
-    database: str = "unveil"
-    org: str = ""
-    bucket: str = ""
-    api: str = "auto"
-    spool_dir: str | None = None
-
-
-@dataclass
-class AgentSection:
-    host: str | None = None
-    root: str = "/"
-    interval_s: float = 0.1
-    flush_interval_s: float = 10.0
-    commit_interval_s: float = 60.0
-    collectors: list[str] | None = None
-    tiers: dict[str, str] = field(default_factory=dict)
-    compact_every_s: float = 600.0
-    cgroup_paths: list[str] = field(default_factory=list)
-    durable: bool = False
-    max_buffered_rows: int = 500_000
-
-
-@dataclass
 class DrillSection:
     canary: bool = False  # true: `unveil drill` injects faults here without --yes
+
+
+#: every table of the file; each is built into its typed object by :func:`load`
+SECTIONS = ("lake", "agent", "influx", "drill", "analytics", "scheduler", "remediation")
+#: the sections whose objects import the analytics (scikit-learn); ``load(analysis=False)``
+#: checks their key names only, so the agent does not carry those modules
+ANALYSIS = ("analytics", "scheduler")
 
 
 @dataclass
 class Config:
     lake: str | None = None
-    agent: AgentSection = field(default_factory=AgentSection)
-    influx: InfluxSection = field(default_factory=InfluxSection)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    influx: InfluxConfig = field(default_factory=InfluxConfig)  # url None: no InfluxDB
     drill: DrillSection = field(default_factory=DrillSection)
-    analytics: dict[str, Any] = field(default_factory=dict)
-    scheduler: dict[str, Any] = field(default_factory=dict)
-    remediation: dict[str, Any] = field(default_factory=dict)
+    remediation: ExecutorConfig = field(default_factory=ExecutorConfig)
+    #: ``[scheduler] every``: the period of `unveil schedule`'s cycles
+    every: timedelta = timedelta(seconds=60)
     source: Path | None = None
+    _analytics: AnalyticsConfig | None = None
+    _sweep: SweepConfig | None = None
+
+    @property
+    def sweep(self) -> SweepConfig:
+        """``[scheduler]`` with ``[analytics]`` (``sweep.analytics``) and ``sweep.detection``."""
+        if self._sweep is None:
+            raise ConfigError("the analysis sections were not loaded (load(..., analysis=True))")
+        return self._sweep
+
+    @property
+    def analytics(self) -> AnalyticsConfig:
+        """``[analytics]`` as `unveil sweep` uses it (the scheduler's, ``sweep.analytics``, also
+        takes ``[scheduler] history``)."""
+        self.sweep  # noqa: B018 -- the same error when the analysis sections were not loaded
+        assert self._analytics is not None
+        return self._analytics
+
+    @property
+    def detection(self) -> DetectionConfig:
+        return self.sweep.detection
 
 
-_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
-    "agent": {
-        "host": (str,),
-        "root": (str,),
-        "interval_s": (int, float),
-        "flush_interval_s": (int, float),
-        "commit_interval_s": (int, float),
-        "collectors": (list,),
-        "tiers": (dict,),
-        "compact_every_s": (int, float),
-        "cgroup_paths": (list,),
-        "durable": (bool,),
-        "max_buffered_rows": (int,),
-    },
-    "influx": {
-        "url": (str,),
-        "database": (str,),
-        "org": (str,),
-        "bucket": (str,),
-        "api": (str,),
-        "spool_dir": (str,),
-    },
-    "drill": {
-        "canary": (bool,),
-    },
-}
-
-
-#: [agent] periods that must be positive seconds; compact_every_s may also be 0 (off)
-_POSITIVE = ("interval_s", "flush_interval_s", "commit_interval_s")
+# ------------------------------------------------------------------ value checks
 
 
 def check_seconds(value: float, name: str, *, zero: bool = False) -> float:
@@ -105,7 +98,238 @@ def check_seconds(value: float, name: str, *, zero: bool = False) -> float:
     return value
 
 
-def _section(path: Path, name: str, raw: dict[str, Any], cls: type) -> Any:
+def duration(v: Any, where: str, *, zero: bool = False) -> timedelta:
+    """A duration ('90s', '1h') or a number of seconds, > 0 (>= 0 with ``zero``); errors name ``where``."""
+    from jobs.timeparse import parse_duration
+
+    if isinstance(v, int | float) and not isinstance(v, bool) and (v > 0 or (zero and v == 0)):
+        return timedelta(seconds=float(v))
+    if isinstance(v, str) and zero and re.fullmatch(r"\s*0+(\.0*)?\s*(ms|s|m|h|d|w)?\s*", v):
+        return timedelta(0)
+    if isinstance(v, str):
+        try:
+            return parse_duration(v)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    raise ValueError(f"{where}: expected a duration like '1h' or a number of seconds, got {v!r}")
+
+
+_duration = duration  # the name jobs.commands used
+
+
+# --------------------------------------------------------------- [analytics]
+
+ANALYTICS_KEYS = frozenset({
+    "window_s", "stride_s", "detectors", "combine", "vote_k", "reference", "history", "threshold_k",
+    "top_k", "min_windows", "min_cohort", "random_state", "max_reference_rows", "one_sided",
+    "activity_weight", "min_run", "cohort_by", "cohort_tolerance", "warmup", "smooth"})
+
+
+def analytics_from_mapping(d: Mapping[str, Any], where: str = "[analytics]") -> AnalyticsConfig:
+    """AnalyticsConfig from the config file's ``[analytics]`` table (window_s, stride_s,
+    detectors, combine, vote_k, reference, history, threshold_k, top_k, min_windows,
+    min_cohort, random_state ...); errors name the key."""
+    from analytics.features import WindowSpec
+    from analytics.pipeline import AnalyticsConfig
+
+    bad = sorted(set(d) - ANALYTICS_KEYS)
+    if bad:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(ANALYTICS_KEYS))}")
+    durations = ("history", "warmup", "smooth")
+    kw: dict[str, Any] = {k: v for k, v in d.items()
+                          if k not in ("window_s", "stride_s", "detectors", *durations)}
+    for k in ("warmup", "smooth"):
+        if k in d:
+            kw[k] = duration(d[k], f"{where} {k}", zero=True)
+    if "detectors" in d:
+        if not isinstance(d["detectors"], list):
+            raise ValueError(f"{where} detectors: expected a list of names, got {d['detectors']!r}")
+        kw["detectors"] = tuple(d["detectors"])
+    if "history" in d:
+        kw["history"] = duration(d["history"], f"{where} history")
+    if "window_s" in d or "stride_s" in d:
+        kw["window"] = WindowSpec(float(d.get("window_s", 3.0)), float(d.get("stride_s", 1.0)))
+    try:
+        return AnalyticsConfig(**kw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+# --------------------------------------------------------------- [scheduler]
+
+
+def _default_analytics() -> AnalyticsConfig:
+    from analytics.pipeline import AnalyticsConfig
+
+    return AnalyticsConfig()
+
+
+def _default_detection() -> DetectionConfig:
+    from knowledge_base.detector import DetectionConfig
+
+    return DetectionConfig()
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What a scheduled sweep does (``[scheduler]`` in the config file, see docs/operations.md)."""
+
+    analytics: AnalyticsConfig = field(default_factory=_default_analytics)
+    chunk: timedelta = timedelta(hours=1)  # most data time one commit covers (bounded catch-up)
+    # safety lag behind now: late data within it is kept. The agent commits its rows to the
+    # lake every minute (commit_interval_s), so a host's newest minute is not there yet.
+    lag: timedelta = timedelta(seconds=90)
+    start_at: datetime | None = None  # first watermark of a host never swept (None: its earliest data)
+    max_chunks: int | None = None  # per cycle; None: catch up fully
+    incident_gap_s: float = 5.0
+    max_incident: timedelta = timedelta(minutes=15)
+    # an incident is raised (open, then closed) once it spans this long; shorter ones never are
+    min_incident_s: float = 10.0  # measured: benchmarks/incident_latency.py (docs/operations.md)
+    # windows are judged in clock-aligned steps of this length on the data up to the step's
+    # end (the live cadence): the verdict does not depend on the chunking. None: per chunk
+    analysis_step: timedelta | None = timedelta(minutes=1)
+    queue_remediations: bool = True
+    auto_remediate: bool = False
+    remediation_root: str = "/"  # [remediation] root: where scripts act (auto runs, verification rollbacks)
+    influx: InfluxConfig | None = None
+    kb_path: str | None = None
+    compact_every: timedelta | None = timedelta(minutes=10)
+    retention: Mapping[str, timedelta] = field(default_factory=dict)
+    detection: DetectionConfig = field(default_factory=_default_detection)
+
+    def __post_init__(self) -> None:
+        if self.chunk <= timedelta(0) or self.lag < timedelta(0):
+            raise ValueError("scheduler.chunk must be > 0 and scheduler.lag >= 0")
+        stride = timedelta(seconds=self.analytics.window.stride_s)
+        if self.chunk < stride:
+            raise ValueError(f"scheduler.chunk ({self.chunk}) must be at least one stride ({stride})")
+        if self.max_chunks is not None and self.max_chunks < 1:
+            raise ValueError(f"scheduler.max_chunks must be >= 1, not {self.max_chunks!r}")
+        if self.max_incident <= timedelta(0) or self.incident_gap_s < 0:
+            raise ValueError("scheduler.max_incident must be > 0 and scheduler.incident_gap_s >= 0")
+        if self.analysis_step is not None:
+            ratio = self.analysis_step / stride
+            if self.analysis_step < stride or abs(ratio - round(ratio)) > 1e-9:
+                raise ValueError(f"scheduler.analysis_step ({self.analysis_step}) must be a multiple of the "
+                                 f"stride ({stride})")
+        if not 0 <= self.min_incident_s < self.max_incident.total_seconds():
+            raise ValueError(f"scheduler.min_incident_s must be >= 0 and below max_incident "
+                             f"({self.max_incident}), not {self.min_incident_s!r}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], *, analytics: AnalyticsConfig | None = None,
+                     influx: InfluxConfig | None = None, auto_remediate: bool = False,
+                     where: str = "[scheduler]") -> SweepConfig:
+        """From the config file's ``[scheduler]`` table; unknown keys are an error naming them.
+        ``warmup`` here is the deprecated spelling of ``[analytics] warmup`` (see :func:`load`)."""
+        bad = sorted(set(d) - SCHEDULER_KEYS)
+        if bad:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(SCHEDULER_KEYS))}")
+        kw: dict[str, Any] = {}
+        for k in ("chunk", "lag", "max_incident"):
+            if k in d:
+                kw[k] = duration(d[k], f"{where} {k}", zero=k == "lag")
+        if "analysis_step" in d:
+            kw["analysis_step"] = None if d["analysis_step"] in (0, "off") else duration(
+                d["analysis_step"], f"{where} analysis_step")
+        if "compact_every" in d:
+            kw["compact_every"] = None if d["compact_every"] in (0, "off") else duration(
+                d["compact_every"], f"{where} compact_every")
+        if "retention" in d:
+            r = d["retention"]
+            if not isinstance(r, dict):
+                raise ValueError(f"{where} retention: expected a table of table = duration, got {r!r}")
+            kw["retention"] = {t: duration(v, f"{where} retention.{t}") for t, v in r.items()}
+        if "max_chunks" in d:
+            kw["max_chunks"] = d["max_chunks"]
+        if "incident_gap_s" in d:
+            kw["incident_gap_s"] = float(d["incident_gap_s"])
+        if "min_incident_s" in d:
+            v = d["min_incident_s"]
+            kw["min_incident_s"] = (v if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+                                    else duration(v, f"{where} min_incident_s", zero=True).total_seconds())
+        if "queue_remediations" in d:
+            if not isinstance(d["queue_remediations"], bool):
+                raise ValueError(f"{where} queue_remediations: expected true or false")
+            kw["queue_remediations"] = d["queue_remediations"]
+        if "kb_path" in d:
+            kw["kb_path"] = str(d["kb_path"])
+        a = analytics or _default_analytics()
+        if "history" in d:
+            a = replace(a, history=duration(d["history"], f"{where} history"))
+        kw["detection"] = detection_from_mapping(d, where)
+        try:
+            return cls(analytics=a, influx=influx, auto_remediate=auto_remediate, **kw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+
+SCHEDULER_KEYS = frozenset({
+    "every", "chunk", "lag", "max_chunks", "incident_gap_s", "max_incident", "queue_remediations",
+    "compact_every", "retention", "kb_path", "history", "signature_detector", "signature_min_confidence",
+    "warmup", "restart_gap", "min_incident_s", "analysis_step"})
+
+
+def detection_from_mapping(d: Mapping[str, Any], where: str = "[scheduler]") -> DetectionConfig:
+    """DetectionConfig from ``signature_detector`` (bool), ``signature_min_confidence``
+    (0..1), ``warmup`` and ``restart_gap`` (durations; warmup may be 0) of a config table."""
+    from knowledge_base.detector import DetectionConfig
+
+    kw: dict[str, Any] = {}
+    if "signature_detector" in d:
+        if not isinstance(d["signature_detector"], bool):
+            raise ValueError(f"{where} signature_detector: expected true or false, got {d['signature_detector']!r}")
+        kw["signature"] = d["signature_detector"]
+    if "signature_min_confidence" in d:
+        v = d["signature_min_confidence"]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
+            raise ValueError(f"{where} signature_min_confidence: expected a number in [0, 1], got {v!r}")
+        kw["min_confidence"] = float(v)
+    if "warmup" in d:
+        kw["warmup_s"] = duration(d["warmup"], f"{where} warmup", zero=True).total_seconds()
+    if "restart_gap" in d:
+        kw["restart_gap_s"] = duration(d["restart_gap"], f"{where} restart_gap").total_seconds()
+    try:
+        return DetectionConfig(**kw)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+# ------------------------------------------------- [agent], [influx], [drill]
+
+_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "agent": {
+        "host": (str,),
+        "root": (str,),
+        "interval_s": (int, float),
+        "flush_interval_s": (int, float),
+        "commit_interval_s": (int, float),
+        "collectors": (list,),
+        "tiers": (dict,),
+        "compact_every_s": (int, float),
+        "cgroup_paths": (list,),
+        "durable": (bool,),
+        "max_buffered_rows": (int,),
+    },
+    "influx": {  # credentials never come from the file (UNVEIL_INFLUX_TOKEN ...)
+        "url": (str,),
+        "database": (str,),
+        "org": (str,),
+        "bucket": (str,),
+        "api": (str,),
+        "spool_dir": (str,),
+    },
+    "drill": {
+        "canary": (bool,),
+    },
+}
+
+#: [agent] periods that must be positive seconds; compact_every_s may also be 0 (off)
+_POSITIVE = ("interval_s", "flush_interval_s", "commit_interval_s")
+
+
+def _checked(path: Path, name: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The table's values, each of its key's type (lists and tables of non-empty strings)."""
     types = _TYPES[name]
     values: dict[str, Any] = {}
     for key, value in raw.items():
@@ -122,16 +346,60 @@ def _section(path: Path, name: str, raw: dict[str, Any], cls: type) -> Any:
         if key == "host" and isinstance(value, str) and not value.strip():
             raise ConfigError(f"{path}: [{name}].host must not be empty (leave it out for the hostname)")
         values[key] = value
-    obj = cls(**values)
-    return obj
+    return values
 
 
-def load(path: str | os.PathLike[str] | None = None) -> Config:
-    """Load and validate the config file (``path``, else $UNVEIL_CONFIG, else defaults)."""
+def _agent(p: Path, raw: dict[str, Any]) -> AgentConfig:
+    values = _checked(p, "agent", raw)
+    try:
+        for key in _POSITIVE:
+            if key in values:
+                check_seconds(values[key], f"[agent].{key}")
+        if "compact_every_s" in values:
+            check_seconds(values["compact_every_s"], "[agent].compact_every_s", zero=True)
+        rows = values.get("max_buffered_rows", 1)
+        if isinstance(rows, bool) or rows < 1:
+            raise ValueError(f"[agent].max_buffered_rows must be a positive number of rows, got {rows!r}")
+    except ValueError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+    for key in ("collectors", "cgroup_paths"):
+        if key in values:
+            values[key] = tuple(values[key])
+    agent = AgentConfig(**values)
+    _validate(p, "agent", agent.validate)
+    return agent
+
+
+def _validate(p: Path, section: str, check: Any) -> Any:
+    """``check()``, its ValueError a ConfigError naming the file and the section."""
+    try:
+        return check()
+    except (TypeError, ValueError) as exc:
+        # "[scheduler]: scheduler.chunk ..." / "influx.url: ..." -> "[scheduler] chunk ...", "[influx] url: ..."
+        msg = re.sub(rf"^(\[{section}\]:? )?{section}\.", f"[{section}] ", str(exc))
+        raise ConfigError(f"{p}: {msg if msg.startswith('[') else f'[{section}] {msg}'}") from None
+
+
+# --------------------------------------------------------------------- load
+
+
+def _table(p: Path, raw: dict[str, Any], name: str) -> dict[str, Any]:
+    val = raw.get(name, {})
+    if not isinstance(val, dict):
+        raise ConfigError(f"{p}: [{name}] must be a table")
+    return val
+
+
+def load(path: str | os.PathLike[str] | None = None, *, analysis: bool = True) -> Config:
+    """Load and validate the config file (``path``, else $UNVEIL_CONFIG, else defaults) into
+    one tree. ``analysis=False`` (the agent) checks the key names of ``[analytics]`` and
+    ``[scheduler]`` but does not build them (that imports scikit-learn)."""
     if path is None:
         env = os.environ.get("UNVEIL_CONFIG")
         path = env if env else None
     cfg = Config()
+    raw: dict[str, Any] = {}
+    p = Path("config")
     if path is not None:
         p = Path(path)
         try:
@@ -140,41 +408,55 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
             raise ConfigError(f"config file {p} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-        known = {"lake", "agent", "influx", "drill", "analytics", "scheduler", "remediation"}
         for key in raw:
-            if key not in known:
-                raise ConfigError(f"{p}: unknown top-level key {key!r} (known: {', '.join(sorted(known))})")
-        cfg.lake = _lake_path(p, raw.get("lake", {}))
-        for sec in ("agent", "influx", "drill"):
-            if not isinstance(raw.get(sec, {}), dict):
-                raise ConfigError(f"{p}: [{sec}] must be a table")
-        cfg.agent = _section(p, "agent", raw.get("agent", {}), AgentSection)
-        cfg.influx = _section(p, "influx", raw.get("influx", {}), InfluxSection)
-        cfg.drill = _section(p, "drill", raw.get("drill", {}), DrillSection)
-        try:
-            for key in _POSITIVE:
-                check_seconds(getattr(cfg.agent, key), f"[agent].{key}")
-            check_seconds(cfg.agent.compact_every_s, "[agent].compact_every_s", zero=True)
-            if isinstance(cfg.agent.max_buffered_rows, bool) or cfg.agent.max_buffered_rows < 1:
-                raise ValueError(f"[agent].max_buffered_rows must be a positive number of rows, "
-                                 f"got {cfg.agent.max_buffered_rows!r}")
-        except ValueError as exc:
-            raise ConfigError(f"{p}: {exc}") from None
-        if cfg.influx.api not in ("auto", "v1", "v2"):
-            raise ConfigError(f"{p}: [influx].api must be auto, v1 or v2")
-        for sec in ("analytics", "scheduler", "remediation"):
-            val = raw.get(sec, {})
-            if not isinstance(val, dict):
-                raise ConfigError(f"{p}: [{sec}] must be a table")
-            setattr(cfg, sec, val)
+            if key not in SECTIONS:
+                raise ConfigError(f"{p}: unknown top-level key {key!r} (known: {', '.join(sorted(SECTIONS))})")
         cfg.source = p
+    cfg.lake = _lake_path(p, raw.get("lake", {}))
+    tables = {name: _table(p, raw, name) for name in SECTIONS if name != "lake"}
+    cfg.agent = _agent(p, tables["agent"])
+    influx = _checked(p, "influx", tables["influx"])
+    if influx.get("api", "auto") not in ("auto", "v1", "v2"):
+        raise ConfigError(f"{p}: [influx].api must be auto, v1 or v2, got {influx['api']!r}")
+    env_url = os.environ.get("UNVEIL_INFLUX_URL")
+    if env_url:
+        influx["url"] = env_url
+    cfg.influx = _validate(p, "influx", lambda: InfluxConfig(**influx))
+    cfg.drill = DrillSection(**_checked(p, "drill", tables["drill"]))
+    cfg.remediation = _validate(p, "remediation", lambda: ExecutorConfig.from_mapping(
+        tables["remediation"], where="[remediation]"))
+    sched = tables["scheduler"]
+    cfg.every = _validate(p, "scheduler", lambda: duration(sched.get("every", 60), "[scheduler].every"))
+    if analysis:
+        cfg._analytics, cfg._sweep = _sweep(p, tables["analytics"], sched, cfg.remediation)
+    else:
+        for name, known in (("analytics", ANALYTICS_KEYS), ("scheduler", SCHEDULER_KEYS)):
+            bad = sorted(set(tables[name]) - known)
+            if bad:
+                raise ConfigError(f"{p}: [{name}]: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
     env_lake = os.environ.get("UNVEIL_LAKE")
     if env_lake:
         cfg.lake = env_lake
-    env_url = os.environ.get("UNVEIL_INFLUX_URL")
-    if env_url:
-        cfg.influx.url = env_url
     return cfg
+
+
+def _sweep(p: Path, analytics: dict[str, Any], sched: dict[str, Any],
+           rem: ExecutorConfig) -> tuple[AnalyticsConfig, SweepConfig]:
+    """``[analytics]`` and ``[scheduler]`` into one SweepConfig. One warm-up key: ``[analytics]
+    warmup`` sets both the analytics' (a host's first windows are never judged) and the
+    knowledge-base detector's (statistical flags after a host's data starts or resumes are
+    dropped). The old ``[scheduler] warmup`` still sets the detector's alone, as before, with
+    a warning."""
+    sched = {k: v for k, v in sched.items() if k != "every"}
+    if "warmup" in sched:
+        warnings.warn(f"{p}: [scheduler] warmup is deprecated: set [analytics] warmup only (one warm-up for "
+                      "the statistical and the knowledge-base detectors)", FutureWarning, stacklevel=3)
+    elif "warmup" in analytics:
+        sched = {**sched, "warmup": analytics["warmup"]}
+    a = _validate(p, "analytics", lambda: analytics_from_mapping(analytics))
+    sweep = _validate(p, "scheduler", lambda: SweepConfig.from_mapping(sched, analytics=a,
+                                                                     auto_remediate=rem.auto_remediate))
+    return a, replace(sweep, remediation_root=rem.root)
 
 
 def _lake_path(p: Path, lake: Any) -> str | None:

@@ -36,6 +36,8 @@ from typing import Any, ClassVar
 
 import polars as pl
 
+from ingest.atomic import write_atomic
+
 log = logging.getLogger(__name__)
 
 PREFIX = "unveil-drill"
@@ -75,19 +77,7 @@ def state_path(lake: str | os.PathLike[str]) -> Path:
 def _write_private_atomic(path: Path, text: str) -> None:
     """0600 temp file, fsync, rename, fsync the directory: the old or the new file, never half."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(path, text, mode=0o600)
 
 
 class State:

@@ -53,6 +53,7 @@ import polars as pl
 
 from ingest import lake as lake_mod
 from ingest import schema
+from ingest.atomic import write_atomic
 from jobs.timeparse import parse_time
 
 log = logging.getLogger(__name__)
@@ -698,15 +699,8 @@ def write_output(df: pl.DataFrame, fmt: str, out: str | os.PathLike[str] | None 
         s.write(text if text.endswith("\n") else text + "\n")
         return
     path = Path(out)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        if fmt == "parquet":
-            df.write_parquet(tmp)
-        else:
-            text = to_table(df) if fmt == "table" else to_csv(df) if fmt == "csv" else to_json(df)
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(text if text.endswith("\n") else text + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    if fmt == "parquet":
+        write_atomic(path, lambda tmp: df.write_parquet(tmp), mode=0o666)  # a user's file: the umask decides
+    else:
+        text = to_table(df) if fmt == "table" else to_csv(df) if fmt == "csv" else to_json(df)
+        write_atomic(path, text if text.endswith("\n") else text + "\n", mode=0o666)

@@ -40,6 +40,7 @@ from typing import Any
 import polars as pl
 
 from ingest import lake as lake_mod
+from ingest.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -713,13 +714,7 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
         + "".join(sections) + "</body></html>\n"
     )
     out_p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_p.with_name(f".{out_p.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(doc, encoding="utf-8")
-        os.replace(tmp, out_p)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(out_p, doc, mode=0o666)  # a user's file: the umask decides, as for any new file
     summary.elapsed_s = time.perf_counter() - t0
     log.info("report %s: %d hosts, %d incidents, %.1f s", out_p, len(summary.hosts), summary.incidents,
              summary.elapsed_s)

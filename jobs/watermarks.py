@@ -45,6 +45,7 @@ from typing import Any
 import polars as pl
 
 from ingest import lake as lake_mod
+from ingest.atomic import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +96,7 @@ def _parse(ts: str | None, where: str) -> datetime | None:
     return out if out.tzinfo else out.replace(tzinfo=UTC)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_fsync_dir = fsync_path
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from analytics.catalog import FAMILIES, SUBSYSTEMS, split_feature
+from remediation.verify import Criterion, VerificationSpec
 
 log = logging.getLogger(__name__)
 
@@ -139,43 +140,6 @@ class Remediation:
 
 
 @dataclass(frozen=True)
-class VerificationFeature:
-    name: str
-    direction: Literal["up", "down"]
-    at_least: float | None = None
-    min_change: float | None = None
-
-
-@dataclass(frozen=True)
-class Verification:
-    within_s: float
-    min_windows: int
-    features: tuple[VerificationFeature, ...]
-    guards: tuple[VerificationFeature, ...] = ()
-
-    def spec(self, devices: Sequence[str] = ()) -> dict[str, Any]:
-        """The remediation.verify spec for an incident on ``devices``: a feature given as a
-        family is expanded to one criterion per device (``family@device``) when devices exist."""
-
-        def expand(items: Sequence[VerificationFeature]) -> list[dict[str, Any]]:
-            out: list[dict[str, Any]] = []
-            for f in items:
-                fam, dev = split_feature(f.name)
-                names = [f.name] if dev or not devices or not _is_device_family(fam) else [f"{fam}@{d}" for d in devices]
-                for n in names:
-                    d: dict[str, Any] = {"name": n, "direction": f.direction}
-                    if f.at_least is not None:
-                        d["at_least"] = f.at_least
-                    if f.min_change is not None:
-                        d["min_change"] = f.min_change
-                    out.append(d)
-            return out
-
-        return {"within_s": self.within_s, "min_windows": self.min_windows,
-                "features": expand(self.features), "guards": expand(self.guards)}
-
-
-@dataclass(frozen=True)
 class AuditCheck:
     check: str
     message: str
@@ -199,7 +163,7 @@ class Entry:
     signals: tuple[Signal, ...]
     preconditions: tuple[Precondition, ...] = ()
     remediation: Remediation | None = None
-    verification: Verification | None = None
+    verification: VerificationSpec | None = None  # remediation.verify: the one spec type
     audit: tuple[AuditCheck, ...] = ()
     references: tuple[str, ...] = ()
     min_confidence: float = 0.5
@@ -496,17 +460,19 @@ def _fault_values(ctx: _Ctx, where: str, d: Any, script: str, spec: Any) -> dict
     return out
 
 
-def _vfeature(ctx: _Ctx, where: str, d: Any) -> VerificationFeature:
+def _vfeature(ctx: _Ctx, where: str, d: Any) -> Criterion:
     d = _table(ctx, where, d)
     _keys(ctx, where, d, ("name", "direction", "at_least", "min_change"), ("name", "direction"))
     name = _family(ctx, f"{where}.name", d["name"])
     direction = _choice(ctx, f"{where}.direction", d["direction"], ("up", "down"))
     at_least = _num(ctx, f"{where}.at_least", d["at_least"]) if "at_least" in d else None
     min_change = _num(ctx, f"{where}.min_change", d["min_change"], lo=1e-12) if "min_change" in d else None
-    return VerificationFeature(name, direction, at_least, min_change)  # type: ignore[arg-type]
+    fam, dev = split_feature(name)
+    per_device = not dev and _is_device_family(fam)  # expanded per device of an incident
+    return Criterion(name, direction, at_least, min_change, per_device)  # type: ignore[arg-type]
 
 
-def _verification(ctx: _Ctx, d: Any) -> Verification:
+def _verification(ctx: _Ctx, d: Any) -> VerificationSpec:
     where = "verification"
     d = _table(ctx, where, d)
     _keys(ctx, where, d, ("within_s", "min_windows", "features", "guards"), ("within_s", "features"))
@@ -518,7 +484,7 @@ def _verification(ctx: _Ctx, d: Any) -> Verification:
     if not feats:
         raise ctx.err(f"{where}.features", "must list at least one feature")
     guards = tuple(_vfeature(ctx, f"{where}.guards[{i}]", x) for i, x in enumerate(_list(ctx, f"{where}.guards", d.get("guards", []))))
-    return Verification(within, mw, feats, guards)
+    return VerificationSpec(feats, guards, within_s=within, min_windows=mw)
 
 
 def _audit(ctx: _Ctx, where: str, d: Any) -> AuditCheck:

@@ -51,6 +51,7 @@ class ExecutorConfig:
     auto_remediate: bool = False
     timeout_s: float | None = None  # None: the script's own timeout from the registry
     python: str = sys.executable
+    queue: str | None = None  # the queue file; None: <lake>/_remediation/queue.db
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any], where: str = "[remediation]") -> ExecutorConfig:
@@ -67,7 +68,10 @@ class ExecutorConfig:
         root = d.get("root", "/")
         if not isinstance(root, str) or not root:
             raise ValueError(f"{where} root: expected a path, got {root!r}")
-        return cls(root=root, auto_remediate=auto, timeout_s=float(timeout) if timeout else None)
+        queue = d.get("queue")
+        if queue is not None and (not isinstance(queue, str) or not queue.strip()):
+            raise ValueError(f"{where} queue: expected a file path, got {queue!r}")
+        return cls(root=root, auto_remediate=auto, timeout_s=float(timeout) if timeout else None, queue=queue)
 
 
 @dataclass

@@ -21,8 +21,8 @@ column per feature, one row per window) or long (``feature`` and ``value`` colum
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import polars as pl
@@ -37,19 +37,39 @@ Verdict = Literal["improved", "not_improved", "regressed"]
 
 @dataclass(frozen=True)
 class Criterion:
+    """One feature that must move (``features``) or must not get worse (``guards``)."""
+
     name: str
     direction: Literal["up", "down"]
     at_least: float | None = None
     min_change: float | None = None
+    #: ``name`` is a family measured per device (the knowledge base knows which): the spec
+    #: of an incident has one criterion per device of it (:meth:`VerificationSpec.spec`)
+    per_device: bool = False
 
 
 @dataclass(frozen=True)
 class VerificationSpec:
+    """What must return to normal after a remediation: the one type of it, written in a
+    knowledge-base entry's ``[verification]``, stored on an action, judged here."""
+
     features: tuple[Criterion, ...]
     guards: tuple[Criterion, ...] = ()
     within_s: float = 300.0
     min_windows: int = 3
     regression_tolerance: float = 0.05
+
+    def spec(self, devices: Sequence[str] = ()) -> dict[str, Any]:
+        """The mapping an action stores for an incident on ``devices`` (:func:`parse_spec`
+        reads it back): a per-device criterion becomes one per device (``family@device``)
+        when the incident names devices."""
+
+        def expand(items: tuple[Criterion, ...]) -> tuple[Criterion, ...]:
+            return tuple(c2 for c in items for c2 in (
+                [replace(c, name=f"{c.name}@{d}", per_device=False) for d in devices]
+                if c.per_device and devices else [c]))
+
+        return spec_to_dict(replace(self, features=expand(self.features), guards=expand(self.guards)))
 
 
 def _num(where: str, v: Any, *, positive: bool = False) -> float:
@@ -103,7 +123,12 @@ def parse_spec(obj: Mapping[str, Any], where: str = "verification") -> Verificat
 
 
 def spec_to_dict(spec: VerificationSpec) -> dict[str, Any]:
-    return asdict(spec)
+    """The stored form of a spec (``per_device`` is the knowledge base's, resolved by
+    :meth:`VerificationSpec.spec` before anything is stored)."""
+    out = asdict(spec)
+    for key in ("features", "guards"):
+        out[key] = [{k: v for k, v in c.items() if k != "per_device"} for c in out[key]]
+    return out
 
 
 def _medians(df: pl.DataFrame, names: list[str], which: str) -> tuple[dict[str, float], int]:

@@ -23,8 +23,6 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
-import os
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,6 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ingest.atomic import write_atomic
 from ingest.collectors.base import Reading, SourceUnavailable, proc_path
 from ingest.schema import GPU, Tier
 
@@ -814,8 +813,4 @@ def record_nvml(
     finally:
         nv.nvmlShutdown()
     out = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(rec, f, indent=1)
-    os.replace(tmp, out)
-    return out
+    return write_atomic(out, json.dumps(rec, indent=1), mode=0o600)

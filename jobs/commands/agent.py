@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ingest.agent import Agent, AgentConfig, install_signal_handlers
@@ -50,50 +51,38 @@ def _positive_flags(args: argparse.Namespace) -> None:
 
 
 def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], Path]:
+    """The config file's [agent] and [influx], the flags overlaid."""
     _positive_flags(args)
-    cfg = config_mod.load(args.config)
+    cfg = config_mod.load(args.config, analysis=False)  # the agent does not carry the analytics
     lake = config_mod.resolve_lake(args.lake, cfg)
     a = cfg.agent
     # `is not None`, not `or`: a flag given is used as given (and was checked above)
     flush_s = args.flush_interval if args.flush_interval is not None else a.flush_interval_s
-    acfg = AgentConfig(
+    acfg = replace(
+        a,
         lake=lake,
         root=args.root or a.root,
+        host=args.host or a.host,
         interval_s=args.interval if args.interval is not None else a.interval_s,
         flush_interval_s=flush_s,
         commit_interval_s=args.commit_interval if args.commit_interval is not None else max(a.commit_interval_s, flush_s),
         duration_s=args.duration,
-        collectors=tuple(args.collectors.split(",")) if args.collectors else (tuple(a.collectors) if a.collectors else None),
+        collectors=tuple(args.collectors.split(",")) if args.collectors else a.collectors,
         tiers=dict(a.tiers),
         all_fast=args.all_fast,
-        compact_every_s=a.compact_every_s,
-        max_buffered_rows=a.max_buffered_rows,
+        durable=args.durable or a.durable,
     )
-    if args.host or a.host:
-        acfg.host = args.host or a.host or acfg.host
-    if a.cgroup_paths:
-        acfg.collector_options["cgroup"] = {"paths": list(a.cgroup_paths)}
     from ingest.lake import LakeSink
 
-    sinks: list[Sink] = [LakeSink(lake, durable=args.durable or a.durable)]
+    sinks: list[Sink] = [LakeSink(lake, durable=acfg.durable)]
     urls = args.influx_url or ([cfg.influx.url] if cfg.influx.url else [])
     if urls:
-        from ingest.influx import InfluxConfig, InfluxSink
+        from ingest.influx import InfluxSink
 
         for i, url in enumerate(urls):
-            spool = Path(cfg.influx.spool_dir) if cfg.influx.spool_dir else lake / "_spool" / f"influx{i}"
-            sinks.append(
-                InfluxSink(
-                    InfluxConfig(
-                        url=url,
-                        database=args.influx_database or cfg.influx.database,
-                        org=cfg.influx.org,
-                        bucket=cfg.influx.bucket,
-                        api=cfg.influx.api,  # type: ignore[arg-type]
-                        spool_dir=spool,
-                    )
-                )
-            )
+            spool = cfg.influx.spool_dir or lake / "_spool" / f"influx{i}"
+            sinks.append(InfluxSink(replace(cfg.influx, url=url, spool_dir=spool,
+                                            database=args.influx_database or cfg.influx.database)))
     return acfg, sinks, lake
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from jobs import config as config_mod
+from jobs.config import duration as _duration
 from jobs.drill import (
     FAULTS,
     DrillConfig,
@@ -18,7 +19,6 @@ from jobs.drill import (
     restore_from_file,
     run_drill,
 )
-from jobs.pipeline import _duration
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,7 +58,7 @@ def _seconds(value: str, flag: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config_mod.load(args.config)
+    cfg = config_mod.load(args.config, analysis=False)
     lake = config_mod.resolve_lake(args.lake, cfg)
     try:
         if args.restore:

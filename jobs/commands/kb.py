@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import textwrap
 import tomllib
 from pathlib import Path
 
+from ingest.atomic import write_atomic
 from knowledge_base.loader import KBError, KnowledgeBase, load_entry, load_kb, parse_entry
 
 
@@ -124,14 +124,10 @@ def _draft(args: argparse.Namespace) -> int:
         parse_entry(tomllib.loads(text), "<draft>")
     except KBError as exc:
         raise ValueError(f"draft does not validate: {exc}") from None
-    fd, tmp = tempfile.mkstemp(suffix=".toml.tmp", dir=out.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        write_atomic(out, text, mode=0o600, overwrite=False)  # never over a file made meanwhile
+    except FileExistsError:
+        raise ValueError(f"{out} exists; not overwriting it") from None
     print(f"wrote {out}: edit it, name it <id>.toml, then `unveil kb validate {out}`")
     return 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jobs import config
 from remediation.errors import RemediationError
-from remediation.executor import Executor, ExecutorConfig
+from remediation.executor import Executor
 from remediation.queue import STATES, Action, Queue, default_path
 
 
@@ -54,13 +54,12 @@ class _NoQueue(FileNotFoundError):
 
 
 def _open(args: argparse.Namespace) -> tuple[Queue, Executor]:
-    cfg = config.load(getattr(args, "config", None))
-    section = cfg.remediation
-    exec_cfg = ExecutorConfig.from_mapping(section, where=f"{cfg.source or 'config'}: [remediation]")
+    cfg = config.load(getattr(args, "config", None), analysis=False)
+    exec_cfg = cfg.remediation
     if args.queue:
         qpath = Path(args.queue)
-    elif section.get("queue"):
-        qpath = Path(str(section["queue"]))
+    elif exec_cfg.queue:
+        qpath = Path(exec_cfg.queue)
     else:
         qpath = default_path(config.resolve_lake(args.lake, cfg))
     if args.verb == "verify":  # judged from the lake's features

@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from jobs import config as config_mod
 from jobs.commands import warn_corrupt
-from jobs.pipeline import (
-    CycleSummary,
-    SweepConfig,
-    _duration,
-    analytics_from_mapping,
-    maintain,
-    run_cycle,
-)
+from jobs.config import SweepConfig, duration
+from jobs.pipeline import CycleSummary, maintain, run_cycle
 from jobs.timeparse import parse_time
 
 
@@ -49,45 +44,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def sweep_config(args: argparse.Namespace, cfg: config_mod.Config, lake: Path) -> SweepConfig:
-    """SweepConfig from the config file's [scheduler]/[analytics]/[influx]/[remediation] and the flags."""
-    from ingest.influx import InfluxConfig
-
-    influx = None
+    """The config tree's sweep ([scheduler], [analytics], [remediation]) with [influx] and the
+    flags overlaid."""
+    over: dict[str, object] = {}
     url = getattr(args, "influx_url", None) or cfg.influx.url
     if url:
         # a spool in the lake survives a crash of the scheduler (a temp dir would not)
-        spool = Path(cfg.influx.spool_dir) if cfg.influx.spool_dir else lake / "_spool" / "writeback"
-        influx = InfluxConfig(url=url, database=getattr(args, "influx_database", None) or cfg.influx.database,
-                              org=cfg.influx.org, bucket=cfg.influx.bucket, api=cfg.influx.api,  # type: ignore[arg-type]
-                              spool_dir=spool)
-    where = str(cfg.source) if cfg.source else "config"
-    analytics = analytics_from_mapping(cfg.analytics, f"{where} [analytics]")
-    auto = cfg.remediation.get("auto_remediate", False)
-    if not isinstance(auto, bool):
-        raise config_mod.ConfigError(f"{where}: [remediation].auto_remediate must be true or false")
-    sched = {k: v for k, v in cfg.scheduler.items() if k != "every"}
-    sc = SweepConfig.from_mapping(sched, analytics=analytics, influx=influx, auto_remediate=auto,
-                                  where=f"{where} [scheduler]")
-    over: dict[str, object] = {}
+        over["influx"] = replace(cfg.influx, url=url, spool_dir=cfg.influx.spool_dir or lake / "_spool" / "writeback",
+                                 database=getattr(args, "influx_database", None) or cfg.influx.database)
     for flag in ("chunk", "lag"):
         v = getattr(args, flag, None)
         if v:
-            over[flag] = _duration(v, f"--{flag}", zero=flag == "lag")
+            over[flag] = duration(v, f"--{flag}", zero=flag == "lag")
     if getattr(args, "start_at", None):
         over["start_at"] = parse_time(args.start_at)
     if getattr(args, "max_chunks", None) is not None:
         over["max_chunks"] = args.max_chunks
     if getattr(args, "no_remediation", False):
         over["queue_remediations"] = False
-    root = cfg.remediation.get("root")
-    if root is not None:
-        if not isinstance(root, str) or not root:
-            raise config_mod.ConfigError(f"{where}: [remediation].root must be a path, got {root!r}")
-        over["remediation_root"] = root
-    if over:
-        from dataclasses import replace
-        sc = replace(sc, **over)  # type: ignore[arg-type]
-    return sc
+    return replace(cfg.sweep, **over) if over else cfg.sweep  # type: ignore[arg-type]
 
 
 def print_summary(s: CycleSummary | None, seen: set[Path] | None = None) -> None:
@@ -132,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
                   f"retention: {out['retention'] or 'none configured'}")
         return 0
     # a number or a duration, > 0 either way (0 or -5 would spin or never run)
-    every = _duration(args.every, "--every") if args.every else _duration(
-        cfg.scheduler.get("every", "60s"), f"{cfg.source or 'config'}: [scheduler].every")
+    every = duration(args.every, "--every") if args.every else cfg.every
     from jobs.scheduler import Scheduler
 
     warned: set[Path] = set()  # a file skipped again in later cycles is not warned again

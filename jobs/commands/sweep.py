@@ -46,15 +46,12 @@ def _settings(args: argparse.Namespace) -> tuple[str, AnalyticsConfig, Detection
     from dataclasses import replace
 
     from jobs import config as config_mod
-    from jobs.pipeline import analytics_from_mapping, detection_from_mapping
 
     cfg = config_mod.load(getattr(args, "config", None))
-    where = f"{cfg.source} [analytics]" if cfg.source else "[analytics]"
-    swhere = f"{cfg.source} [scheduler]" if cfg.source else "[scheduler]"
-    det = detection_from_mapping(cfg.scheduler, swhere)
+    det = cfg.detection
     if getattr(args, "no_signature", False):
         det = replace(det, signature=False)
-    return str(config_mod.resolve_lake(args.lake, cfg)), analytics_from_mapping(cfg.analytics, where), det
+    return str(config_mod.resolve_lake(args.lake, cfg)), cfg.analytics, det
 
 
 def check_watermarks(lake: str, start: datetime, hosts: list[str] | None) -> None:

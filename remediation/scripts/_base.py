@@ -26,13 +26,13 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ingest.atomic import write_atomic
 from remediation import registry
 from remediation.errors import ParamError, UnknownScriptError
 
@@ -190,16 +190,8 @@ def bracketed(text: str) -> str:
 
 def _atomic_write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        # link() fails if the target exists: never overwrite the state of an earlier apply.
-        os.link(tmp, path)
-    finally:
-        os.unlink(tmp)
+    # overwrite=False: FileExistsError if the target exists, never the state of an earlier apply
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True), mode=0o600, overwrite=False)
 
 
 def _diff(wanted: State, now: State) -> State:
