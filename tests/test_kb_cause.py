@@ -317,3 +317,39 @@ def test_healthy_memory_is_quiet() -> None:
     # a host with a fifth of its memory available all along, PSI memory at its usual few %
     f = _frame(40, {"mem.available_share": [0.2] * 40, "psi.memory_some_share": [0.03] * 40})
     assert match_windows(f, None, load_kb()).filter(pl.col("entry_id") == "memory_pressure").is_empty()
+
+
+# ----------------------------------------------------------------------- configuration faults
+def _gpu_facts() -> pl.DataFrame:
+    return pl.DataFrame({"time": [T0 - timedelta(minutes=1)] * 2, "host": ["vm"] * 2, "category": ["gpu"] * 2,
+                         "device": ["0", "0"], "key": ["name", "power_limit_w"], "value": ["NVIDIA H100", "670"],
+                         "value_num": [None, 670.0]})
+
+
+@pytest.mark.parametrize(("cols", "entry"), [
+    # a power limit of 670 W of 700 since boot (or on every host of the fleet), the GPU held at it
+    ({"gpu.power_limit_ratio@gpu0": [670 / 700] * 40, "gpu.throttle_power_share@gpu0": [0.6] * 40,
+      "gpu.util@gpu0": [0.95] * 40}, "gpu_power_throttle"),
+    # a PCIe link at gen4 of gen5 while the GPU is busy, since boot
+    ({"pcie.link_gen_ratio@gpu0": [0.8] * 40, "gpu.util@gpu0": [0.9] * 40}, "pcie_link_degraded"),
+    # the driver lowers the clocks for heat in a third of the samples, since boot; 79 C is no
+    # hotter than a neighbouring healthy slot may run
+    ({"gpu.throttle_thermal_share@gpu0": [0.3] * 40, "gpu.thermal_violation_share@gpu0": [0.25] * 40,
+      "gpu.temperature_max@gpu0": [79.0] * 40, "gpu.util@gpu0": [0.9] * 40}, "thermal_throttle"),
+])
+def test_configuration_and_thermal_faults_from_boot_are_named(cols: dict[str, list[float | None]], entry: str) -> None:
+    got = _rank1(match_windows(_frame(40, cols), _gpu_facts(), load_kb()))
+    assert len(got) == 40 and set(got.values()) == {entry}, got
+
+
+@pytest.mark.parametrize("cols", [
+    # a lowered limit the GPU never reaches costs nothing: quiet
+    {"gpu.power_limit_ratio@gpu0": [670 / 700] * 40, "gpu.throttle_power_share@gpu0": [0.0] * 40},
+    # an idle GPU lowers its link on purpose
+    {"pcie.link_gen_ratio@gpu0": [0.25] * 40, "gpu.util@gpu0": [0.0] * 40},
+    # a hot GPU the driver does not slow down is no thermal throttling
+    {"gpu.temperature_max@gpu0": [84.0] * 40, "gpu.throttle_thermal_share@gpu0": [0.0] * 40,
+     "gpu.thermal_violation_share@gpu0": [0.0] * 40},
+])
+def test_configuration_without_effect_is_quiet(cols: dict[str, list[float | None]]) -> None:
+    assert match_windows(_frame(40, cols), _gpu_facts(), load_kb()).is_empty()
