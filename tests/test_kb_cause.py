@@ -353,3 +353,53 @@ def test_configuration_and_thermal_faults_from_boot_are_named(cols: dict[str, li
 ])
 def test_configuration_without_effect_is_quiet(cols: dict[str, list[float | None]]) -> None:
     assert match_windows(_frame(40, cols), _gpu_facts(), load_kb()).is_empty()
+
+
+def test_quota_on_a_cgroup_v2_tree_created_after_the_agent_started(tmp_path: Path) -> None:
+    # cgroup v2 (not on this VM): the real agent on a v2 tree whose files a writer advances
+    # like the kernel does: a group appears after 2 s with a 0.2-CPU quota, throttled in
+    # every 100 ms period, using its whole quota
+    from ingest import lake
+    from ingest.agent import Agent, AgentConfig
+    from ingest.lake import LakeSink
+
+    base = tmp_path / "sys/fs/cgroup"
+    base.mkdir(parents=True)
+    (base / "cgroup.controllers").write_text("cpu memory\n")
+    (base / "system.slice").mkdir()
+    (base / "system.slice/cpu.stat").write_text("usage_usec 1000\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n")
+    stop = threading.Event()
+
+    def kernel() -> None:
+        time.sleep(2.0)
+        g = base / "job.slice"
+        g.mkdir()
+        (g / "cpu.max").write_text("20000 100000\n")
+        t0 = time.monotonic()
+        # the agent keeps the file open and re-reads it (as the kernel regenerates it): the
+        # same inode, rewritten in place at a fixed width
+        fd = os.open(g / "cpu.stat", os.O_CREAT | os.O_WRONLY, 0o644)
+        try:
+            while not stop.is_set():
+                n = int((time.monotonic() - t0) / 0.1)
+                os.pwrite(fd, (f"usage_usec {20_000 * n:012d}\nnr_periods {n:08d}\nnr_throttled {n:08d}\n"
+                               f"throttled_usec {80_000 * n:012d}\n").encode(), 0)
+                time.sleep(0.05)
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=kernel, daemon=True)
+    t.start()
+    cfg = AgentConfig(lake=tmp_path / "lake", host="vm", root=str(tmp_path), interval_s=0.1, flush_interval_s=1.0,
+                      commit_interval_s=2.0, duration_s=9.0, compact_every_s=0, collectors=("cgroup",))
+    try:
+        Agent(cfg, [LakeSink(tmp_path / "lake")]).run()
+    finally:
+        stop.set()
+        t.join()
+    feats = compute_features({"cgroup": lake.read(tmp_path / "lake", "cgroup").lazy()})
+    col = "cgroup.throttled_share@job.slice"
+    inside = feats.filter(pl.col(col).is_not_null() & (pl.col(col) > 0.9))
+    assert inside.height >= 2, feats.select("window_start", col).rows()
+    got = _rank1(match_windows(feats, None, load_kb()))
+    assert all(got.get(t) == "cgroup_cpu_throttle" for t in inside["window_start"]), got
