@@ -73,6 +73,8 @@ _FAMILIES: list[FeatureFamily] = [
     _fam("cpu.procs_running", "cpu", "tasks", "up", 1.0, "mean runnable tasks"),
     _fam("cpu.procs_blocked", "cpu", "tasks", "up", 1.0, "mean tasks blocked on I/O"),
     _fam("cpu.load1", "cpu", "tasks", "up", 1.0, "mean 1-minute load average"),
+    _fam("cpu.own_cores", "cpu", "cores", "up", 0.1,
+         "cores used by Unveil's own units (unveil.slice): set apart, never judged by the detectors"),
     _fam("softirq.rate", "cpu", "1/s", "both", 100.0, "softirqs of one type (device = type, e.g. NET_RX) per second"),
     _fam("psi.cpu_some_share", "cpu", "fraction", "up", 0.01, "share of time some tasks stalled on CPU (PSI some_total)"),
     _fam("psi.cpu_some_avg10", "cpu", "fraction", "up", 0.01, "PSI cpu some avg10 / 100 (kernel's 10-s average)"),

@@ -44,8 +44,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from analytics.catalog import DEVICE_SEP, feature_name
+from analytics.catalog import DEVICE_SEP, feature_name, split_feature
 from ingest import schema
+from ingest.collectors.cgroup import is_own
 
 log = logging.getLogger(__name__)
 
@@ -1628,12 +1629,34 @@ def compute_features(
                     log.warning("measurement %r: feature %s already computed from another table; dropped", name, s.name)
                     continue
                 cols[s.name] = s
+    own = _own_cores(cols)
+    if own is not None:
+        cols[OWN_CORES] = own
     return grid.index.hstack([cols[c] for c in sorted(cols)])
 
 
+#: host-wide: cores used by Unveil's own units (its cgroups, ingest.collectors.cgroup.is_own)
+OWN_CORES = "cpu.own_cores"
+
+
+def _own_cores(cols: Mapping[str, pl.Series]) -> pl.Series | None:
+    """Sum of ``cgroup.cpu_cores`` over Unveil's own groups, each counted once (a group
+    below another own group listed is inside it); None when the host has none."""
+    devs = [split_feature(c)[1] for c in cols if split_feature(c)[0] == "cgroup.cpu_cores"]
+    own = [d for d in devs if is_own(d)]
+    outer = [d for d in own if not any(d.startswith(o + "/") for o in own if o != d)]
+    if not outer:
+        return None
+    parts = [cols[feature_name("cgroup.cpu_cores", d)].fill_null(0.0) for d in outer]
+    return pl.Series(OWN_CORES, sum(parts[1:], parts[0]), dtype=pl.Float64)
+
+
 def feature_columns(features: pl.DataFrame) -> list[str]:
-    """The feature columns of a wide frame (everything but the keys)."""
-    return [c for c in features.columns if c not in KEYS]
+    """The feature columns of a wide frame the detectors judge: everything but the keys
+    and Unveil's own CPU (``cpu.own_cores``, its own cgroups' columns): its own sweeps are
+    never an anomaly of the host (the knowledge base still reads them, to set them apart)."""
+    return [c for c in features.columns if c not in KEYS and c != OWN_CORES
+            and not (c.startswith("cgroup.") and is_own(split_feature(c)[1]))]
 
 
 def feature_name_of(family: str, device: str | None) -> str:  # re-export for callers

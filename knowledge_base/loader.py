@@ -112,6 +112,10 @@ class Signal:
     fact: str | None = None  # a host-fact signal: fact op value at the window's time
     op: str = "=="
     value: Any = None
+    # the value alone is the evidence (value_above / value_below, no reference, no z): a
+    # cause read directly, e.g. a group throttled in most CFS periods, which is a quota below
+    # demand whether the group is new (no history) or has been throttled since boot
+    absolute: bool = False
 
     @property
     def family(self) -> str:
@@ -126,6 +130,9 @@ class Signal:
         """The name used in explanations: the feature and its direction (or the fact test)."""
         if self.fact is not None:
             return f"fact {self.fact} {self.op} {self.value!r}"
+        if self.absolute:
+            return (f"{self.feature} > {self.value_above:g}" if self.direction == "up"
+                    else f"{self.feature} < {self.value_below:g}")
         return f"{self.feature} {'↑' if self.direction == 'up' else '↓'}"
 
 
@@ -290,7 +297,7 @@ def _signal(ctx: _Ctx, where: str, d: Any) -> Signal:
     if "fact" in d:
         return _fact_signal(ctx, where, d)
     _keys(ctx, where, d, ("feature", "direction", "role", "min_z", "min_change", "value_below", "value_above",
-                          "weight", "group", "note", "gate"), ("feature", "direction"))
+                          "weight", "group", "note", "gate", "absolute"), ("feature", "direction"))
     feature = _family(ctx, f"{where}.feature", d["feature"])
     direction = _choice(ctx, f"{where}.direction", d["direction"], ("up", "down"))
     role, weight, group, note = _role_etc(ctx, where, d)
@@ -301,7 +308,19 @@ def _signal(ctx: _Ctx, where: str, d: Any) -> Signal:
     if below is not None and above is not None and above >= below:
         raise ctx.err(where, f"value_above ({above:g}) must be below value_below ({below:g})")
     gate = _gate(ctx, f"{where}.gate", d["gate"]) if "gate" in d else None
-    return Signal(feature, direction, role, min_z, min_change, below, above, weight, group, note, gate)  # type: ignore[arg-type]
+    absolute = d.get("absolute", False)
+    if not isinstance(absolute, bool):
+        raise ctx.err(f"{where}.absolute", f"expected true or false, got {absolute!r}")
+    if absolute:
+        # the bound in the signal's direction is its whole test; z and change do not apply
+        bound = "value_above" if direction == "up" else "value_below"
+        if bound not in d:
+            raise ctx.err(where, f"an absolute signal with direction = {direction!r} needs {bound}")
+        for k in ("min_z", "min_change"):
+            if k in d:
+                raise ctx.err(f"{where}.{k}", "does not apply to an absolute signal (the value alone is the test)")
+    return Signal(feature, direction, role, min_z, min_change, below, above, weight, group, note, gate,  # type: ignore[arg-type]
+                  absolute=absolute)
 
 
 def _role_etc(ctx: _Ctx, where: str, d: Mapping[str, Any]) -> tuple[str, float, str | None, str]:
@@ -534,11 +553,11 @@ def parse_entry(data: Mapping[str, Any], path: str) -> Entry:
     signals = tuple(_signal(ctx, f"signals[{i}]", s) for i, s in enumerate(_list(ctx, "signals", data["signals"])))
     if not any(s.role == "required" for s in signals):
         raise ctx.err("signals", "at least one signal must have role = 'required'")
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str, bool]] = set()
     for i, s in enumerate(signals):
-        if (s.feature, s.direction) in seen:
+        if (s.feature, s.direction, s.absolute) in seen:
             raise ctx.err(f"signals[{i}]", f"duplicate signal {s.key}")
-        seen.add((s.feature, s.direction))
+        seen.add((s.feature, s.direction, s.absolute))
     pre = tuple(_precondition(ctx, f"preconditions[{i}]", p)
                 for i, p in enumerate(_list(ctx, "preconditions", data.get("preconditions", []))))
     rem = _remediation(ctx, data["remediation"]) if "remediation" in data else None

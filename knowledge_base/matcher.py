@@ -313,6 +313,8 @@ def _eval_signal(sig: Signal, refs: _Refs, col_family: list[str], col_device: li
         return _SigEval(sig, z, z.copy(), z.copy(), np.zeros(n), np.full(n, np.nan), [""] * n, np.zeros((n, 0), bool), [])
     d = 1.0 if sig.direction == "up" else -1.0
     V = refs.value[:, idx]
+    if sig.absolute:
+        return _eval_absolute(sig, idx, V, refs, col_family, col_device)
     with np.errstate(invalid="ignore", divide="ignore"):
         ch_s = d * (V - refs.c_self[:, idx])
         ch_c = d * (V - refs.c_coh[:, idx])
@@ -361,6 +363,31 @@ def _eval_signal(sig: Signal, refs: _Refs, col_family: list[str], col_device: li
     return _SigEval(sig, matched, contradicted, available, strength, best_z, best_dev, sat, devs)
 
 
+def _eval_absolute(sig: Signal, idx: list[int], V: np.ndarray, refs: _Refs, col_family: list[str],
+                   col_device: list[str]) -> _SigEval:
+    """An absolute signal: the value alone, against its bound (no reference, no z). It is
+    never "contradicted": a value inside the bound is simply no evidence. ``best_z`` holds
+    the most extreme value in the signal's direction (shown in explanations)."""
+    n = V.shape[0]
+    finite = np.isfinite(V)
+    with np.errstate(invalid="ignore"):
+        sat = finite.copy()
+        if sig.value_below is not None:
+            sat &= V < sig.value_below
+        if sig.value_above is not None:
+            sat &= V > sig.value_above
+    if sig.gate is not None:
+        sat &= _gate_mask(sig, idx, refs, col_family, col_device)
+    d = 1.0 if sig.direction == "up" else -1.0
+    key = np.where(finite, d * V, -np.inf)
+    best_j = np.argmax(key, axis=1)
+    best = V[np.arange(n), best_j]
+    matched = sat.any(axis=1)
+    devs = [col_device[j] for j in idx]
+    return _SigEval(sig, matched, np.zeros(n, bool), finite.any(axis=1), matched.astype(np.float64),
+                    np.where(finite.any(axis=1), best, np.nan), [devs[int(j)] for j in best_j], sat, devs)
+
+
 def _gate_mask(sig: Signal, idx: list[int], refs: _Refs, col_family: list[str], col_device: list[str]) -> np.ndarray:
     """(n, k) True where the gate feature of the column's device is within bounds (or has no data)."""
     assert sig.gate is not None
@@ -387,6 +414,8 @@ def _fmt_sig(e: _SigEval, i: int) -> str:
         return f"{e.signal.key} ({'holds' if e.matched[i] else 'unknown' if not e.available[i] else 'does not hold'})"
     z = e.best_z[i]
     where = f" on {e.best_dev[i]}" if e.best_dev[i] else ""
+    if e.signal.absolute:
+        return f"{e.signal.key} (value={z:.3g}{where})" if np.isfinite(z) else f"{e.signal.key} (no data)"
     return f"{e.signal.key} (z={z:.1f}{where})" if np.isfinite(z) else f"{e.signal.key} (no data)"
 
 

@@ -76,9 +76,9 @@ def test_malformed_entry_names_file_and_field(tmp_path: Path, old: str, new: str
 
 def test_unknown_key_and_no_required_signal(tmp_path: Path) -> None:
     with pytest.raises(KBError, match=r"signals\[1\]: unknown key\(s\) colour"):
-        load_entry(_write(tmp_path, GOOD.replace('feature = "gpu.throttle_power_share"',
-                                                 'feature = "gpu.throttle_power_share"\ncolour = "red"')))
-    text = GOOD.replace('role = "required"', 'role = "supporting"')
+        load_entry(_write(tmp_path, GOOD.replace('feature = "gpu.throttle_power_share"',  # signals[1], not a gate
+                                                 'feature = "gpu.throttle_power_share"\ncolour = "red"', 1)))
+    text = GOOD.replace('role = "required"', 'role = "supporting"').replace('group = "cap"\n', "")
     with pytest.raises(KBError, match=r"signals: at least one signal must have role = 'required'"):
         load_entry(_write(tmp_path, text))
 

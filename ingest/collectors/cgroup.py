@@ -10,11 +10,20 @@ memory.current, memory.max, cpu.pressure, memory.pressure.
 cgroup v1 (and the v1 side of a hybrid host): the cpu, cpuacct and memory hierarchies
 (separate mounts or the combined 'cpu,cpuacct'); times in ns become us; no PSI.
 A group missing from a hierarchy gets nulls for that hierarchy's fields.
+
+Unveil's own groups (:func:`is_own`): its long-running units run in ``unveil.slice``
+(packaging/systemd: ``Slice=unveil.slice``), so their CPU is one top-level group that the
+analytics can set apart (``cpu.own_cores``): Unveil's own work is never evidence of an
+inefficiency on the host it runs on. A unit cgroup of ours deeper in the tree (a unit file
+without the ``Slice=`` line: ``system.slice/unveil-agent.service``) is found from the
+agent's own ``/proc/self/cgroup`` and watched too. A process in a shared group (a login
+shell's scope, the root cgroup) cannot be set apart and is not: nothing is subtracted.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +37,34 @@ REFRESH_S = 1.0
 
 #: v1 "unlimited" memory limit is PAGE_COUNTER_MAX pages in bytes (~2**63); treat >= 2**60 as none
 _V1_UNLIMITED = 1 << 60
+
+
+#: the slice Unveil's long-running units run in (packaging/systemd)
+OWN_SLICE = "unveil.slice"
+#: a unit cgroup of Unveil's own outside the slice (system.slice/unveil-agent.service); the
+#: drill's fault groups (unveil-drill-*) are no unit and stay evidence
+_OWN_UNIT = re.compile(r"unveil-(agent|scheduler|sweep)\.service")
+
+
+def is_own(group: str) -> bool:
+    """Whether a group (path relative to the cgroup root) holds Unveil's own units."""
+    parts = group.strip("/").split("/")
+    return parts[0] == OWN_SLICE or _OWN_UNIT.fullmatch(parts[-1]) is not None
+
+
+def own_cgroup(root: str | Path = "/", version: int = 2) -> str | None:
+    """The agent's own cgroup (relative path, from /proc/self/cgroup: the unified line on
+    v2, the cpu controller's on v1) when it is one of Unveil's own (:func:`is_own`), else None."""
+    try:
+        lines = proc_path(root, "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrls, rel = line.split(":", 2) if line.count(":") >= 2 else ("", "-", "")
+        if (version == 2 and ctrls == "") or (version == 1 and "cpu" in ctrls.split(",")):
+            rel = rel.strip("/")
+            return rel if rel and is_own(rel) else None
+    return None
 
 
 #: the files read per group, in order
@@ -100,6 +137,7 @@ class CgroupCollector:
         if (base / "cgroup.controllers").exists():
             self.version = 2
             self._v2 = base
+            self._watch_own(root)
             return
         self.version = 1
         self._cpu = next(
@@ -125,6 +163,14 @@ class CgroupCollector:
             raise SourceUnavailable(
                 f"{base}: neither cgroup v2 nor the v1 cpu/cpuacct/memory hierarchies"
             )
+        self._watch_own(root)
+
+    def _watch_own(self, root: str | Path) -> None:
+        """Watch the agent's own unit cgroup when it lies outside unveil.slice (a top-level
+        group, listed anyway): its CPU is set apart by the analytics."""
+        own = own_cgroup(root, self.version)
+        if own is not None and own.split("/")[0] != OWN_SLICE and own not in self._extra:
+            self._extra.append(own)
 
     def groups(self) -> list[str]:
         """The groups of this collect: top-level children, then the configured paths."""
