@@ -547,18 +547,21 @@ def block_bounds(n_test: int, protocol: str, refit_every: int) -> list[tuple[int
     return [(a, min(a + refit_every, n_test)) for a in range(0, n_test, refit_every)]
 
 
-def reference_rows(X: np.ndarray, n_train: int, window: int, protocol: str, first_row: int) -> np.ndarray:
+def reference_rows(X: np.ndarray, n_train: int, window: int, protocol: str, first_row: int,
+                   span: int | None = None) -> np.ndarray:
     """The windows a block starting at test row ``first_row`` is fitted on: those that
-    end before it (causal; ``first_row`` 0 = the train windows, = standard), or all."""
+    end before it (causal; ``first_row`` 0 = the train windows, = standard), or all.
+    ``span`` (causal only): the most recent ``span`` of them (None: all)."""
     if protocol == "transductive":
         return X
     end = max(0, n_train - window + 1 + (first_row if protocol == "causal" else 0))
-    return X[:end]
+    start = max(0, end - span) if span is not None and protocol == "causal" else 0
+    return X[start:end]
 
 
 def score_protocol(X: np.ndarray, n_train: int, n_test: int, window: int, *, protocol: str = DEFAULT_PROTOCOL,
-                   refit_every: int = DEFAULT_REFIT_EVERY, floor_frac: float = 0.01, random_state: int = 0,
-                   maha_fit_rows: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray,
+                   refit_every: int = DEFAULT_REFIT_EVERY, span: int | None = None, floor_frac: float = 0.01,
+                   random_state: int = 0, maha_fit_rows: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray,
                                                               list[dict[str, np.ndarray]], np.ndarray, dict[str, float]]:
     """(scores, block, refs, z, min_threshold) of :class:`Scored` for a window matrix ``X``.
     The metric floors (``floor_frac`` of each metric's range) come from the reference
@@ -570,12 +573,12 @@ def score_protocol(X: np.ndarray, n_train: int, n_test: int, window: int, *, pro
     refs: list[dict[str, np.ndarray]] = []
     mins: dict[str, float] = {}
     for i, (a, b) in enumerate(block_bounds(n_test, protocol, refit_every)):
-        ref = reference_rows(X, n_train, window, protocol, a)
+        ref = reference_rows(X, n_train, window, protocol, a, span)
         if ref.shape[0] < 2:
             raise ValueError(f"protocol {protocol}: block at test row {a} has {ref.shape[0]} reference windows")
         with np.errstate(all="ignore"):
-            span = np.nanmax(ref, axis=0) - np.nanmin(ref, axis=0)
-        fit = fit_detectors(ref, test[a:b], floor_frac * np.nan_to_num(span, nan=0.0), threshold_k=None,
+            rng = np.nanmax(ref, axis=0) - np.nanmin(ref, axis=0)
+        fit = fit_detectors(ref, test[a:b], floor_frac * np.nan_to_num(rng, nan=0.0), threshold_k=None,
                             random_state=random_state, maha_fit_rows=maha_fit_rows)
         refs.append({})
         for d in SCORED_DETECTORS:
@@ -589,28 +592,39 @@ def score_protocol(X: np.ndarray, n_train: int, n_test: int, window: int, *, pro
 
 
 def scored_machine(data: Path, name: str, *, protocol: str = DEFAULT_PROTOCOL, window: int = DEFAULT_WINDOW,
-                   refit_every: int = DEFAULT_REFIT_EVERY, random_state: int = 0, resample: int = 1,
-                   rows: int | None = None, cache: Path | None = None) -> Scored:
+                   refit_every: int = DEFAULT_REFIT_EVERY, span: int | None = None, random_state: int = 0,
+                   resample: int = 1, rows: int | None = None, cache: Path | None = None) -> Scored:
     """Import, featurise and score one machine (cached under ``cache`` when given).
     ``resample``: average every ``resample`` raw rows first (SMD at a coarser period;
-    ``window`` and ``refit_every`` are then counted in resampled rows)."""
-    key = f"{name}-{protocol}-w{window}-r{refit_every}-s{random_state}-x{resample}-n{rows}"
+    ``window``, ``refit_every`` and ``span`` are then counted in resampled rows)."""
+    key = f"{name}-{protocol}-w{window}-r{refit_every}-p{span}-s{random_state}-x{resample}-n{rows}"
     path = cache / f"{key}.npz" if cache is not None else None
     if path is not None and path.is_file():
         return _load_scored(path)
-    with tempfile.TemporaryDirectory(prefix="unveil-smd-") as tmp:
-        lake = Path(tmp) / "lake"
-        lake.mkdir()
-        src = data
-        if resample > 1:
-            src = resample_data(data, name, Path(tmp) / "data", resample, rows=rows)
-            rows = None
-        m = load_machine(src, name, lake, window=window, rows=rows)
-    X = m.features.select(feature_columns(m.features)).to_numpy().astype(np.float64)
-    scores, block, refs, z, mins = score_protocol(X, m.n_train, m.n_test, window, protocol=protocol,
-                                                  refit_every=refit_every, random_state=random_state)
-    s = Scored(name, protocol, window, m.labels[: m.n_test], m.segments, m.dims, scores, block, refs,
-               z.astype(np.float32), mins)
+    fpath = cache / f"{name}-w{window}-x{resample}-n{rows}.features.npz" if cache is not None else None
+    if fpath is not None and fpath.is_file():
+        with np.load(fpath) as f:
+            X, n_train, n_test, labels = f["X"], int(f["n_train"]), int(f["n_test"]), f["labels"]
+            meta = json.loads(f["meta"].tobytes().decode())
+            dims, segments = meta["dims"], [(a, b, frozenset(g)) for a, b, g in meta["segments"]]
+    else:
+        with tempfile.TemporaryDirectory(prefix="unveil-smd-") as tmp:
+            lake = Path(tmp) / "lake"
+            lake.mkdir()
+            src = data
+            if resample > 1:
+                src = resample_data(data, name, Path(tmp) / "data", resample, rows=rows)
+            m = load_machine(src, name, lake, window=window, rows=None if resample > 1 else rows)
+        X = m.features.select(feature_columns(m.features)).to_numpy().astype(np.float64)
+        n_train, n_test, labels, dims, segments = m.n_train, m.n_test, m.labels[: m.n_test], m.dims, m.segments
+        if fpath is not None:
+            fpath.parent.mkdir(parents=True, exist_ok=True)
+            meta_b = json.dumps({"dims": dims, "segments": [[a, b, sorted(g)] for a, b, g in segments]}).encode()
+            np.savez(fpath, X=X, n_train=n_train, n_test=n_test, labels=labels,
+                     meta=np.frombuffer(meta_b, dtype=np.uint8))
+    scores, block, refs, z, mins = score_protocol(X, n_train, n_test, window, protocol=protocol,
+                                                  refit_every=refit_every, span=span, random_state=random_state)
+    s = Scored(name, protocol, window, labels, segments, dims, scores, block, refs, z.astype(np.float32), mins)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         _save_scored(path, s)
@@ -775,11 +789,18 @@ class Setting:
     rule: Rule
     close_gaps: int
     attribution: str = DEFAULT_ATTRIBUTION
+    span: int | None = None  # causal reference: the most recent windows (None: all)
+
+    @property
+    def key(self) -> tuple[int, int | None]:
+        """What the scores depend on: (window, span)."""
+        return self.window, self.span
 
     @property
     def name(self) -> str:
         short = {"zscore": "Z", "iforest": "IF", "mahalanobis": "Maha"}
-        return (f"w{self.window} mean({','.join(short[d] for d in self.detectors)}) {self.rule.name} "
+        return (f"w{self.window}{'' if self.span is None else f' ref{self.span}'} "
+                f"mean({','.join(short[d] for d in self.detectors)}) {self.rule.name} "
                 f"gaps{self.close_gaps} {self.attribution}")
 
 
@@ -816,17 +837,17 @@ def judge(s: Scored, setting: Setting, margins: dict[str, np.ndarray] | None = N
     return Result(s.machine, setting.name, float(pred.mean()), p, r, f, fpa, h100, h150, n_rows, star)
 
 
-def grid_f1(scored: dict[tuple[str, int], Scored], settings: Sequence[Setting]) -> dict[tuple[str, Setting], float]:
+def grid_f1(scored: dict[tuple[str, int, int | None], Scored], settings: Sequence[Setting]) -> dict[tuple[str, Setting], float]:
     """Point-wise F1 of every (machine, setting); ``scored`` maps (machine, window) to
     its scores. Margins are computed once per (machine, window, rule)."""
     out: dict[tuple[str, Setting], float] = {}
-    by_mwr: dict[tuple[str, int, Rule], list[Setting]] = {}
-    for (name, w) in scored:
+    by_mwr: dict[tuple[str, int, int | None, Rule], list[Setting]] = {}
+    for (name, w, p) in scored:
         for st in settings:
-            if st.window == w:
-                by_mwr.setdefault((name, w, st.rule), []).append(st)
-    for (name, w, rule), sts in by_mwr.items():
-        s = scored[(name, w)]
+            if st.key == (w, p):
+                by_mwr.setdefault((name, w, p, st.rule), []).append(st)
+    for (name, w, p, rule), sts in by_mwr.items():
+        s = scored[(name, w, p)]
         mg = rule_margins(s, rule)
         for st in sts:
             out[(name, st)] = f1_score(flags_of(s, mg, st.detectors, st.close_gaps)[1], s.labels)[2]
@@ -843,22 +864,22 @@ def select(f1: dict[tuple[str, Setting], float], names: Sequence[str], settings:
     return best
 
 
-def select_attribution(scored: dict[tuple[str, int], Scored], names: Sequence[str], st: Setting) -> Setting:
+def select_attribution(scored: dict[tuple[str, int, int | None], Scored], names: Sequence[str], st: Setting) -> Setting:
     """The attribution with the best mean HitRate@150 % over ``names`` at setting ``st``."""
     best, best_v = st, -1.0
     for mode in ("run", "incident", "row"):
         if mode == "row":
             continue  # needs the fitted models' shares, not cached; measured worse (docs/smd.md)
-        cand = Setting(st.window, st.detectors, st.rule, st.close_gaps, mode)
-        hs = [judge(scored[(n, st.window)], cand, oracle=False).hit150 for n in names]
+        cand = Setting(st.window, st.detectors, st.rule, st.close_gaps, mode, st.span)
+        hs = [judge(scored[(n, *st.key)], cand, oracle=False).hit150 for n in names]
         v = float(np.mean([h for h in hs if h is not None])) if any(h is not None for h in hs) else 0.0
         if v > best_v + 1e-12:
             best, best_v = cand, v
     return best
 
 
-def nested(scored: dict[tuple[str, int], Scored], settings: Sequence[Setting], held_out: Sequence[Sequence[str]],
-           *, apply_to: dict[tuple[str, int], Scored] | None = None, factor: int = 1
+def nested(scored: dict[tuple[str, int, int | None], Scored], settings: Sequence[Setting], held_out: Sequence[Sequence[str]],
+           *, apply_to: dict[tuple[str, int, int | None], Scored] | None = None, factor: int = 1
            ) -> list[tuple[Result, Setting]]:
     """For each group of held-out machines, the whole selection (window, combination,
     threshold rule and parameters, gap closing; then attribution by HitRate) runs on the
@@ -866,7 +887,7 @@ def nested(scored: dict[tuple[str, int], Scored], settings: Sequence[Setting], h
     the same machines resampled by ``factor``, the setting mapped onto its rows by
     :func:`rescale`)."""
     f1 = grid_f1(scored, settings)
-    names = list(dict.fromkeys(n for n, _ in scored))
+    names = list(dict.fromkeys(k[0] for k in scored))
     out = []
     for group in held_out:
         train = [n for n in names if n not in group]
@@ -876,7 +897,7 @@ def nested(scored: dict[tuple[str, int], Scored], settings: Sequence[Setting], h
         if apply_to is not None:
             st = rescale(st, factor)
         for n in group:
-            out.append((judge((apply_to or scored)[(n, st.window)], st), st))
+            out.append((judge((apply_to or scored)[(n, *st.key)], st), st))
     return out
 
 
@@ -884,7 +905,7 @@ def rescale(st: Setting, factor: int) -> Setting:
     """A setting counted in rows of a series ``factor`` times coarser (the same minutes;
     the threshold rule is per window, unchanged)."""
     return Setting(max(1, round(st.window / factor)), st.detectors, st.rule, round(st.close_gaps / factor),
-                   st.attribution)
+                   st.attribution, None if st.span is None else max(1, round(st.span / factor)))
 
 
 def group_of(name: str) -> str:
@@ -894,8 +915,9 @@ def group_of(name: str) -> str:
 
 
 def settings_grid(windows: Sequence[int], combos: Sequence[tuple[str, ...]], rules: Sequence[Rule],
-                  gaps: Sequence[int]) -> list[Setting]:
-    return [Setting(w, c, r, g) for w in windows for c in combos for r in rules for g in gaps]
+                  gaps: Sequence[int], spans: Sequence[int | None] = (None,)) -> list[Setting]:
+    return [Setting(w, c, r, g, DEFAULT_ATTRIBUTION, p)
+            for w in windows for p in spans for c in combos for r in rules for g in gaps]
 
 
 def parse_combos(text: str) -> list[tuple[str, ...]]:
@@ -941,12 +963,12 @@ def result_table(rows: Sequence[tuple[Result, Setting]]) -> str:
     return "\n".join(lines)
 
 
-def rule_table(scored: dict[tuple[str, int], Scored], settings: Sequence[Setting]) -> str:
+def rule_table(scored: dict[tuple[str, int, int | None], Scored], settings: Sequence[Setting]) -> str:
     """Mean F1 over machines of every threshold rule at each (window, combination, gaps)
     of the grid's best: how much each rule family gives when its own parameter is best
     for these machines (in-sample; for comparing rules, not a headline)."""
     f1 = grid_f1(scored, settings)
-    names = list(dict.fromkeys(n for n, _ in scored))
+    names = list(dict.fromkeys(k[0] for k in scored))
     lines = [f"{'setting':<48}{'mean F1':>8}" + "".join(f"{n[8:]:>7}" for n in names), "-" * (56 + 7 * len(names))]
     ranked = sorted(settings, key=lambda st: -float(np.mean([f1[(n, st)] for n in names])))
     seen: set[str] = set()
@@ -1001,17 +1023,20 @@ def main_nested(args: argparse.Namespace) -> int:
     windows = args.windows or [DEFAULT_WINDOW]
     rules = [parse_rule(r) for r in args.rules.split("|") if r.strip()]
     combos = parse_combos(args.combos)
-    settings = settings_grid(windows, combos, rules, args.gaps)
+    spans = args.spans if args.protocol == "causal" else [None]
+    settings = settings_grid(windows, combos, rules, args.gaps, spans)
     t0 = time.perf_counter()
-    scored = {(n, w): scored_machine(args.data, n, protocol=args.protocol, window=w, refit_every=args.refit_every,
-                                     random_state=args.seed, cache=args.cache) for w in windows for n in names}
+    scored = {(n, w, p): scored_machine(args.data, n, protocol=args.protocol, window=w, refit_every=args.refit_every,
+                                        span=p, random_state=args.seed, cache=args.cache)
+              for w in windows for p in spans for n in names}
     _out(f"SMD, protocol {args.protocol}" + (f" (refit every {args.refit_every} test rows)" if args.protocol == "causal"
                                               else "") + f": {len(names)} machines, {len(settings)} settings "
          f"(windows {windows}, {len(combos)} combinations, {len(rules)} threshold rules, gaps {args.gaps})")
-    default = Setting(DEFAULT_WINDOW, ("iforest", "mahalanobis"), Rule("mad", DEFAULT_THRESHOLD_K), DEFAULT_CLOSE_GAPS)
-    if (names[0], DEFAULT_WINDOW) in scored:
-        _out("\nThe previous fixed default (w5 mean(IF,Maha) mad:8 gaps30 run), same protocol:")
-        _out(result_table([(judge(scored[(n, DEFAULT_WINDOW)], default), default) for n in names]))
+    default = Setting(DEFAULT_WINDOW, ("iforest", "mahalanobis"), Rule("mad", DEFAULT_THRESHOLD_K), DEFAULT_CLOSE_GAPS,
+                      DEFAULT_ATTRIBUTION, spans[0])
+    if (names[0], *default.key) in scored:
+        _out(f"\nThe previous fixed default ({default.name}), same protocol:")
+        _out(result_table([(judge(scored[(n, *default.key)], default), default) for n in names]))
     _out("\nBest setting of each threshold rule family over all machines (in-sample, for comparing rules):")
     _out(rule_table(scored, settings))
     _out("\nNested leave-one-machine-out (each row's setting chosen on the other machines' labels):")
@@ -1023,17 +1048,17 @@ def main_nested(args: argparse.Namespace) -> int:
         _out("\nLeave one group out (setting chosen on the other groups' machines):")
         _out(result_table(nested(scored, settings, by_group)))
     if args.transfer > 1:
-        coarse = {(n, w): scored_machine(args.data, n, protocol=args.protocol, window=w,
-                                         refit_every=max(1, round(args.refit_every / args.transfer)),
-                                         random_state=args.seed, resample=args.transfer, cache=args.cache)
-                  for w in sorted({rescale(st, args.transfer).window for st in settings}) for n in names}
+        coarse = {(n, *k): scored_machine(args.data, n, protocol=args.protocol, window=k[0],
+                                          refit_every=max(1, round(args.refit_every / args.transfer)), span=k[1],
+                                          random_state=args.seed, resample=args.transfer, cache=args.cache)
+                  for k in dict.fromkeys(rescale(st, args.transfer).key for st in settings) for n in names}
         _out(f"\nTransfer: setting chosen at 1 min on the other groups, applied to the held-out group resampled "
              f"to {args.transfer} min:")
         _out(result_table(nested(scored, settings, by_group if len(groups) > 1 else [names], apply_to=coarse,
                                  factor=args.transfer)))
         _out(f"\nThe previous fixed default at {args.transfer} min:")
         d = rescale(default, args.transfer)
-        _out(result_table([(judge(coarse[(n, d.window)], d), d) for n in names]))
+        _out(result_table([(judge(coarse[(n, *d.key)], d), d) for n in names]))
     _out(f"\n{time.perf_counter() - t0:.0f} s")
     return 0
 
@@ -1077,6 +1102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="combinations to choose from (default %(default)s)")
     nest.add_argument("--gaps", type=lambda t: [int(x) for x in t.split(",") if x.strip()], default=[0, 30],
                       help="gap closings to choose from, rows (default 0,30)")
+    nest.add_argument("--spans", type=lambda t: [None if x.strip() == "all" else int(x) for x in t.split(",")
+                                                 if x.strip()], default=[None],
+                      help="causal reference lengths to choose from, windows ('all' or a number; default all)")
     nest.add_argument("--transfer", type=int, default=0,
                       help="also apply each group's choice to the group resampled this many times coarser")
     nest.add_argument("--cache", type=Path, help="cache the per-machine scores here")

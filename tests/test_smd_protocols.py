@@ -29,7 +29,10 @@ def test_causal_protocol_never_reads_a_later_row() -> None:
         np.testing.assert_array_equal(base[0][d][:120], after[0][d][:120])  # blocks 0-2 (rows < 150)
     assert not np.allclose(base[0]["mahalanobis"][150:], after[0]["mahalanobis"][150:])
     # each block's reference is everything before it, growing by the cadence
-    assert [int(r["mahalanobis"].size) for r in base[2]] == [200, 250, 300, 350, 400][: len(base[2])]
+    assert [int(r["mahalanobis"].size) for r in base[2]] == [200, 250, 300, 350, 400]
+    # a trailing reference: the most recent 120 windows before each block
+    short = smd.score_protocol(X, n_train, n_test, window, protocol="causal", refit_every=50, span=120)
+    assert [int(r["mahalanobis"].size) for r in short[2]] == [120] * 5
     assert base[1].tolist() == [i // 50 for i in range(n_test)]
 
 
@@ -39,6 +42,8 @@ def test_protocol_references() -> None:
     assert smd.reference_rows(X, 60, 5, "causal", 0).shape[0] == 56
     assert smd.reference_rows(X, 60, 5, "causal", 30).shape[0] == 86  # + the 30 test rows seen
     assert smd.reference_rows(X, 60, 5, "transductive", 30).shape[0] == 100
+    np.testing.assert_array_equal(smd.reference_rows(X, 60, 5, "causal", 30, span=20), X[66:86])
+    assert smd.reference_rows(X, 60, 5, "standard", 30, span=20).shape[0] == 56  # span: causal only
     assert smd.block_bounds(10, "causal", 4) == [(0, 4), (4, 8), (8, 10)]
     assert smd.block_bounds(10, "standard", 4) == [(0, 10)]
     with pytest.raises(ValueError, match="protocol"):
@@ -77,12 +82,12 @@ def _fake(name: str, good: float) -> smd.Scored:
 
 
 def test_nested_selection_never_sees_the_held_out_machine() -> None:
-    scored = {(n, 1): _fake(n, g) for n, g in (("machine-1-1", 20.0), ("machine-1-2", 20.0), ("machine-2-1", 20.0))}
+    scored = {(n, 1, None): _fake(n, g) for n, g in (("machine-1-1", 20.0), ("machine-1-2", 20.0), ("machine-2-1", 20.0))}
     rules = [smd.parse_rule(r) for r in ("quantile:0.2", "quantile:0.05")]
     settings = smd.settings_grid([1], [("mahalanobis",)], rules, [0])
     f1 = smd.grid_f1(scored, settings)
     # 30 of 600 rows (5 %) are anomalous: the 5 % budget is better on every machine
-    assert all(f1[(n, settings[1])] > f1[(n, settings[0])] for n, _ in scored)
+    assert all(f1[(n, settings[1])] > f1[(n, settings[0])] for n, _, _ in scored)
     out = smd.nested(scored, settings, [["machine-1-1"], ["machine-1-2"], ["machine-2-1"]])
     assert [r.machine for r, _ in out] == ["machine-1-1", "machine-1-2", "machine-2-1"]
     assert all(st.rule == rules[1] for _, st in out)
@@ -121,7 +126,8 @@ def test_nested_slice_end_to_end(tmp_path: Path) -> None:
     args = ["--data", str(data), "--nested", "--refit-every", "60", "--rules", "mad:8|quantile:0.02",
             "--cache", str(cache), "--transfer", "5"]
     assert smd.main(args) == 0
-    assert len(list(cache.glob("*.npz"))) == 4  # 2 machines at 1 min and at 5 min
+    # 2 machines at 1 min and at 5 min: scores and features
+    assert len(list(cache.glob("*.features.npz"))) == 4 and len(list(cache.glob("*causal*.npz"))) == 4
     a = smd.scored_machine(data, "machine-1-6", refit_every=60, cache=cache)  # from the cache
     b = smd.scored_machine(data, "machine-1-6", refit_every=60)
     for d in smd.SCORED_DETECTORS:
