@@ -52,7 +52,12 @@ import polars as pl
 
 from analytics import attribution, scoring
 from analytics.baselines import PCAReconstruction
-from analytics.detectors import RobustStandardizer, calibrate_threshold, scores_to_labels
+from analytics.detectors import (
+    RobustStandardizer,
+    ThresholdRule,
+    calibrate_threshold,
+    scores_to_labels,
+)
 from analytics.evaluation import ComboSpec, parse_configs
 from analytics.features import WindowSpec, compute_features, feature_columns
 from analytics.pipeline import AnalyticsConfig
@@ -683,34 +688,19 @@ def resample_data(data: Path, name: str, out: Path, factor: int, *, rows: int | 
 # ----------------------------------------------------------------- threshold rules
 
 
-def gpd_pwm(excess: np.ndarray) -> tuple[float, float]:
-    """(shape ξ, scale σ) of a generalised Pareto distribution fitted to positive
-    exceedances by probability-weighted moments (Hosking & Wallis 1987): closed form,
-    no optimiser, defined for ξ < 1."""
-    y = np.sort(np.asarray(excess, dtype=np.float64))
-    n = y.size
-    if n < 2:
-        raise ValueError(f"gpd_pwm: need at least 2 exceedances, got {n}")
-    a0 = float(y.mean())
-    a1 = float(np.mean(y * (1.0 - (np.arange(1, n + 1) - 0.35) / n)))
-    if a0 <= 2 * a1:  # ξ >= 1: infinite mean, no finite fit
-        return 1.0, a0
-    k = a0 / (a0 - 2 * a1) - 2.0  # Hosking's k = -ξ
-    sigma = 2 * a0 * a1 / (a0 - 2 * a1)
-    return -k, sigma
-
-
 @dataclass(frozen=True)
 class Rule:
     """A label-free threshold from a detector's reference scores:
 
-    * ``mad`` (a = k): :func:`analytics.detectors.calibrate_threshold` (median + k·MAD
-      of the log scores, with the low-end rule);
+    * ``mad`` (a = k): median + k·MAD of the log scores, with the low-end rule;
     * ``pot`` (a = initial level, b = risk): peaks over threshold — a generalised Pareto
-      tail (:func:`gpd_pwm`) fitted to the log scores above their ``a`` quantile, the
-      threshold where the tail's exceedance probability is ``b`` per window;
+      tail fitted to the log scores above their ``a`` quantile, the threshold where the
+      tail's exceedance probability is ``b`` per window;
     * ``quantile`` (a = budget): the reference's ``1 - a`` quantile (an alert budget: about
-      a share ``a`` of healthy windows flagged, e.g. 0.01 = 14 min per host-day)."""
+      a share ``a`` of healthy windows flagged, e.g. 0.01 = 14 min per host-day).
+
+    Each is :class:`analytics.detectors.ThresholdRule` (what the pipeline runs), with
+    the multiplier k of ``mad`` made part of the rule."""
 
     kind: str
     a: float
@@ -720,26 +710,14 @@ class Rule:
     def name(self) -> str:
         return f"{self.kind}:{self.a:g}" + (f":{self.b:g}" if self.kind == "pot" else "")
 
-    def threshold(self, ref: np.ndarray) -> float:
-        s = np.asarray(ref, dtype=np.float64)
-        s = s[np.isfinite(s)]
-        if s.size == 0:
-            return float("inf")
-        if self.kind == "mad":
-            return calibrate_threshold(s, self.a)
-        if self.kind == "quantile":
-            return float(np.quantile(s, 1.0 - self.a))
+    @property
+    def detector_rule(self) -> ThresholdRule:
         if self.kind == "pot":
-            ls = np.log(np.maximum(s, 1e-12))
-            t = float(np.quantile(ls, self.a))
-            exc = ls[ls > t] - t
-            if exc.size < 10:
-                return float(np.exp(ls.max()))
-            xi, sigma = gpd_pwm(exc)
-            ratio = self.b * ls.size / exc.size
-            z = t + (sigma / xi * (ratio ** (-xi) - 1.0) if abs(xi) > 1e-9 else -sigma * math.log(ratio))
-            return float(np.exp(z))
-        raise ValueError(f"unknown threshold rule {self.kind!r}")
+            return ThresholdRule("pot", level=self.a, risk=self.b)
+        return ThresholdRule("quantile", share=self.a) if self.kind == "quantile" else ThresholdRule()
+
+    def threshold(self, ref: np.ndarray) -> float:
+        return self.detector_rule.threshold(ref, self.a if self.kind == "mad" else 4.0)
 
 
 def parse_rule(text: str) -> Rule:

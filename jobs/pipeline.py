@@ -105,6 +105,7 @@ def analytics_from_mapping(d: Mapping[str, Any], where: str = "[analytics]") -> 
     from analytics.features import WindowSpec
 
     known = {"window_s", "stride_s", "detectors", "combine", "vote_k", "reference", "history", "threshold_k",
+             "threshold_rule",
              "top_k", "min_windows", "min_cohort", "random_state", "max_reference_rows", "one_sided",
              "activity_weight", "min_run", "cohort_by", "cohort_tolerance", "warmup", "smooth"}
     bad = sorted(set(d) - known)
