@@ -37,7 +37,9 @@ Ledoit-Wolf on the trimmed central windows, or MinCovDet on a subsample). Each e
 from __future__ import annotations
 
 import logging
+import math
 import warnings
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -102,6 +104,84 @@ def calibrate_threshold(scores: ArrayLike, k: float = 4.0, *, log_scale: bool = 
         spread = max(spread, min_spread * max(abs(centre), 1.0))
     thr = min(thr, centre + (k + 2.0) * spread)
     return float(np.exp(thr)) if log_scale else thr
+
+
+def gpd_pwm(excess: ArrayLike) -> tuple[float, float]:
+    """(shape ξ, scale σ) of a generalised Pareto distribution fitted to positive
+    exceedances by probability-weighted moments (Hosking & Wallis 1987): a closed form,
+    no optimiser, stable on a few dozen points. ξ >= 1 (no finite mean) is returned as 1."""
+    y = np.sort(np.asarray(excess, dtype=np.float64))
+    n = y.size
+    if n < 2:
+        raise ValueError(f"gpd_pwm: need at least 2 exceedances, got {n}")
+    a0 = float(y.mean())
+    a1 = float(np.mean(y * (1.0 - (np.arange(1, n + 1) - 0.35) / n)))
+    if a0 <= 2.0 * a1:
+        return 1.0, a0
+    k = a0 / (a0 - 2.0 * a1) - 2.0  # Hosking's k = -ξ
+    return -k, 2.0 * a0 * a1 / (a0 - 2.0 * a1)
+
+
+@dataclass(frozen=True)
+class ThresholdRule:
+    """How a detector turns its reference scores into a label-free threshold
+    (``[analytics] threshold_rule``; text form in :meth:`parse`):
+
+    * ``mad``: :func:`calibrate_threshold` with the detector's ``threshold_k``;
+    * ``quantile:S``: an alert budget — the reference's ``1 - S`` quantile, i.e. about a
+      share S of reference windows above it whatever the shape of their distribution
+      (0.01 = about 14 minutes per host-day);
+    * ``pot:L:R``: peaks over threshold — a generalised Pareto tail (:func:`gpd_pwm`)
+      fitted to the (log) scores above their ``L`` quantile; the threshold is where the
+      fitted tail's exceedance probability per window is ``R``."""
+
+    kind: str = "mad"
+    share: float = 0.01
+    level: float = 0.98
+    risk: float = 1e-4
+
+    @classmethod
+    def parse(cls, text: str) -> ThresholdRule:
+        parts = str(text).strip().split(":")
+        try:
+            if parts == ["mad"]:
+                return cls()
+            if parts[0] == "quantile" and len(parts) == 2:
+                rule = cls("quantile", share=float(parts[1]))
+            elif parts[0] == "pot" and len(parts) == 3:
+                rule = cls("pot", level=float(parts[1]), risk=float(parts[2]))
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"threshold rule {text!r}: use mad, quantile:SHARE or pot:LEVEL:RISK") from None
+        if not (0.0 < rule.share < 1.0 and 0.0 < rule.level < 1.0 and 0.0 < rule.risk < 1.0):
+            raise ValueError(f"threshold rule {text!r}: share, level and risk must be in (0, 1)")
+        return rule
+
+    def __str__(self) -> str:
+        return {"mad": "mad", "quantile": f"quantile:{self.share:g}",
+                "pot": f"pot:{self.level:g}:{self.risk:g}"}[self.kind]
+
+    def threshold(self, scores: ArrayLike, k: float = 4.0, *, log_scale: bool = True) -> float:
+        """The threshold of reference ``scores`` (non-finite ignored; none: +inf)."""
+        s = np.asarray(scores, dtype=np.float64)
+        s = s[np.isfinite(s)]
+        if s.size == 0:
+            return float("inf")
+        if self.kind == "mad":
+            return calibrate_threshold(s, k, log_scale=log_scale)
+        if self.kind == "quantile":
+            return float(np.quantile(s, 1.0 - self.share))
+        ls = np.log(np.maximum(s, _TINY)) if log_scale else s
+        t = float(np.quantile(ls, self.level))
+        exc = ls[ls > t] - t
+        if exc.size < 10:  # too few to fit a tail: the largest reference score
+            thr = float(ls.max())
+        else:
+            xi, sigma = gpd_pwm(exc)
+            ratio = self.risk * ls.size / exc.size
+            thr = t + (sigma / xi * (ratio ** (-xi) - 1.0) if abs(xi) > 1e-9 else -sigma * math.log(ratio))
+        return float(np.exp(thr)) if log_scale else thr
 
 
 #: standard-normal quantiles used by robust_center_spread
@@ -375,6 +455,9 @@ class _Detector(BaseEstimator):
     standardize: bool
     floors: ArrayLike | None
     threshold_k: float
+    #: the label-free threshold rule (:class:`ThresholdRule`, text form); a constructor
+    #: parameter of the detectors that take one, "mad" for the others
+    threshold_rule: str = "mad"
     scaler_: RobustStandardizer | None
 
     def _fit_scaler(self, X: Array) -> Array:
@@ -407,6 +490,7 @@ class _Detector(BaseEstimator):
         R = _validated(self, X, ensure_min_samples=1)
         if not (np.isfinite(self.threshold_k) and self.threshold_k > 0):
             raise ValueError(f"{type(self).__name__}: threshold_k must be a positive number, not {self.threshold_k!r}")
+        ThresholdRule.parse(self.threshold_rule)
         return R
 
     #: the smallest threshold that makes sense for the score whatever the reference
@@ -420,8 +504,8 @@ class _Detector(BaseEstimator):
 
     def _calibrate(self, train_scores: Array) -> None:
         self.reference_scores_ = train_scores
-        self.threshold_ = self._bounded(calibrate_threshold(train_scores, self.threshold_k,
-                                                            log_scale=self._log_scale))
+        rule = ThresholdRule.parse(self.threshold_rule)
+        self.threshold_ = self._bounded(rule.threshold(train_scores, self.threshold_k, log_scale=self._log_scale))
         finite = train_scores[np.isfinite(train_scores)]
         self.score_median_ = float(np.median(finite)) if finite.size else 0.0
 
@@ -480,8 +564,9 @@ class RobustZScore(_Detector):
 
     def __init__(self, aggregate: Literal["max", "rms"] = "max", standardize: bool = True,
                  floors: ArrayLike | None = None, threshold_k: float = 4.0,
-                 max_threshold: float | None = None) -> None:
+                 max_threshold: float | None = None, threshold_rule: str = "mad") -> None:
         self.aggregate = aggregate
+        self.threshold_rule = threshold_rule
         self.max_threshold = max_threshold
         self.standardize = standardize
         self.floors = floors
@@ -548,8 +633,10 @@ class IsolationForestDetector(_Detector):
     def __init__(self, n_estimators: int = 50, max_samples: int | float | str = 256,
                  standardize: bool = True, floors: ArrayLike | None = None,
                  threshold_k: float = 4.0, random_state: int | None = None,
-                 backend: Literal["numpy", "sklearn"] = "numpy", n_candidates: int = 4) -> None:
+                 backend: Literal["numpy", "sklearn"] = "numpy", n_candidates: int = 4,
+                 threshold_rule: str = "mad") -> None:
         self.n_estimators = n_estimators
+        self.threshold_rule = threshold_rule
         self.max_samples = max_samples
         self.standardize = standardize
         self.floors = floors
@@ -839,8 +926,10 @@ class MahalanobisDetector(_Detector):
     def __init__(self, method: Literal["trimmed_lw", "mcd"] = "trimmed_lw", support_fraction: float = 0.6,
                  c_steps: int = 1, max_fit_rows: int = 2000, standardize: bool = True,
                  floors: ArrayLike | None = None, threshold_k: float = 4.0, random_state: int | None = None,
-                 min_variance: float = 0.25, max_threshold: float | None = None) -> None:
+                 min_variance: float = 0.25, max_threshold: float | None = None,
+                 threshold_rule: str = "mad") -> None:
         self.method = method
+        self.threshold_rule = threshold_rule
         self.max_threshold = max_threshold
         self.min_variance = min_variance
         self.support_fraction = support_fraction

@@ -67,8 +67,8 @@ from analytics.detectors import (
     RepeatedRows,
     RobustStandardizer,
     RobustZScore,
+    ThresholdRule,
     _Detector,
-    calibrate_threshold,
     scores_to_labels,
 )
 from analytics.features import (
@@ -123,8 +123,10 @@ class AnalyticsConfig:
     """What the pipeline does; validated on construction (errors name the key).
 
     ``threshold_k``: multiplier of the robust spread of reference scores in every
-    detector's threshold (``None``: each detector's default); ``detector_params``:
-    extra constructor parameters per detector name."""
+    detector's threshold (``None``: each detector's default); ``threshold_rule``: how
+    every detector's threshold is set from its reference scores (``mad``: median + k·MAD;
+    ``quantile:S``; ``pot:L:R``; see :class:`analytics.detectors.ThresholdRule`);
+    ``detector_params``: extra constructor parameters per detector name."""
 
     window: WindowSpec = field(default_factory=WindowSpec)
     detectors: tuple[str, ...] = ("zscore", "iforest", "mahalanobis")
@@ -135,6 +137,7 @@ class AnalyticsConfig:
     top_k: int = 5
     random_state: int = 0
     threshold_k: float | None = None
+    threshold_rule: str = "mad"
     detector_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     min_windows: int = 10
     min_cohort: int = 3
@@ -184,6 +187,10 @@ class AnalyticsConfig:
                 raise ValueError(f"analytics.{key} must be a positive integer, not {v!r}")
         if self.threshold_k is not None and not self.threshold_k > 0:
             raise ValueError(f"analytics.threshold_k must be > 0, not {self.threshold_k!r}")
+        try:
+            ThresholdRule.parse(self.threshold_rule)
+        except ValueError as exc:
+            raise ValueError(f"analytics.threshold_rule: {exc}") from None
         bad = [k for k in self.detector_params if k not in DETECTORS]
         if bad:
             raise ValueError(f"analytics.detector_params: unknown detector(s) {bad}")
@@ -205,6 +212,8 @@ class AnalyticsConfig:
         if self.threshold_k is not None:
             params["threshold_k"] = self.threshold_k
         defaults = DETECTORS[name]().get_params()
+        if "threshold_rule" in defaults:
+            params["threshold_rule"] = self.threshold_rule
         if "random_state" in defaults:
             params["random_state"] = self.random_state
         if capped and "max_threshold" in defaults:
@@ -458,7 +467,7 @@ def _margin(s: np.ndarray, median: float, threshold: float) -> np.ndarray:
 def _recalibrate_cohort(config: AnalyticsConfig, blocks: Sequence[_Block]) -> None:
     """One threshold per detector for a cohort, from the *out-of-sample* scores of its
     hosts (each scored against its peers): the median over hosts of each host's own
-    label-free threshold (:func:`calibrate_threshold` of its scores). In-sample
+    label-free threshold (its :class:`ThresholdRule` on its scores). In-sample
     thresholds are too low for a host never seen in its reference (host-specific
     offsets of many features add up); the median over hosts keeps a minority of
     anomalous hosts (or one anomalous all along) from moving it."""
@@ -471,7 +480,7 @@ def _recalibrate_cohort(config: AnalyticsConfig, blocks: Sequence[_Block]) -> No
             v = b.scores[d] if b.judged is None else b.scores[d][b.judged]
             v = v[np.isfinite(v)]
             if v.size:
-                t = calibrate_threshold(v, det.threshold_k, log_scale=det._log_scale)
+                t = ThresholdRule.parse(det.threshold_rule).threshold(v, det.threshold_k, log_scale=det._log_scale)
                 thrs.append(np.log(max(t, 1e-12)) if det._log_scale else t)
                 meds.append(float(np.median(np.log(np.maximum(v, 1e-12)) if det._log_scale else v)))
         if not thrs:

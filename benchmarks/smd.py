@@ -31,6 +31,18 @@ attribution by the squared robust z of each metric averaged over the flagged run
                              [--reference train|all] [--window 5] [--threshold-k 8]
                              [--close-gaps 30] [--attribution row|run|incident] [--seed 0]
                              [--maha-fit-rows N] [--k-grid 6,7,8,9] [--json FILE]
+
+Protocols and constants chosen without the reported labels (issue 16, docs/smd.md):
+
+    python benchmarks/smd.py --nested [--protocol causal|standard|transductive]
+                             [--refit-every 240] [--spans 10080] [--rules "mad:8|quantile:0.01|pot:0.98:1e-4"]
+                             [--combos "mean(IF,Maha)|Maha"] [--gaps 0,30] [--transfer 5] [--cache DIR]
+
+scores every machine under the protocol (causal online: each test row judged by detectors
+refitted every ``--refit-every`` rows on the windows before its block), then chooses the
+window, combination, threshold rule, gap closing and attribution by nested leave-one-
+machine-out and leave-one-group-out, and (``--transfer``) applies each group's choice to
+the group resampled to a coarser period.
 """
 
 from __future__ import annotations
@@ -52,7 +64,12 @@ import polars as pl
 
 from analytics import attribution, scoring
 from analytics.baselines import PCAReconstruction
-from analytics.detectors import RobustStandardizer, calibrate_threshold, scores_to_labels
+from analytics.detectors import (
+    RobustStandardizer,
+    ThresholdRule,
+    calibrate_threshold,
+    scores_to_labels,
+)
 from analytics.evaluation import ComboSpec, parse_configs
 from analytics.features import WindowSpec, compute_features, feature_columns
 from analytics.pipeline import AnalyticsConfig
@@ -489,6 +506,471 @@ def run(data: Path = DATA, names: Sequence[str] | None = None, configs: str = DE
     return out
 
 
+# ---------------------------------------------------------------------- protocols
+#
+# standard:     fit on the train windows, score every test row against them;
+# causal:       test row r is judged against every window that ends before the block of
+#               test rows it belongs to (train + the test rows already seen): the detectors
+#               (and the metric floors) are refitted every ``refit_every`` test rows, as a
+#               scheduled sweep refits on the history it has; never a later row;
+# transductive: fit on train + test (the whole unlabelled series; the old ``--reference
+#               all``) — a labelled comparison only: it sees the rows it judges.
+
+PROTOCOLS = ("causal", "standard", "transductive")
+DEFAULT_PROTOCOL = "causal"
+#: causal refit cadence, in test rows (minutes of SMD): once per 4 hours of data
+DEFAULT_REFIT_EVERY = 240
+SCORED_DETECTORS = ("zscore", "iforest", "mahalanobis")
+
+
+@dataclass
+class Scored:
+    """One machine scored under one protocol: the raw score of every test row per
+    detector, the block (refit) each row was judged in, and per block each detector's
+    reference scores (the windows it was fitted on, scored by it) — everything a
+    threshold rule needs, so rules and combinations are compared without refitting."""
+
+    machine: str
+    protocol: str
+    window: int
+    labels: np.ndarray
+    segments: list[tuple[int, int, frozenset[int]]]
+    dims: list[int]
+    scores: dict[str, np.ndarray]  # detector -> raw score per test row
+    block: np.ndarray  # block index per test row
+    refs: list[dict[str, np.ndarray]]  # per block: detector -> finite reference scores
+    z: np.ndarray  # each test row standardised against its block's reference
+    min_threshold: dict[str, float] = field(default_factory=dict)
+
+
+def test_matrix(X: np.ndarray, n_train: int, n_test: int, window: int) -> np.ndarray:
+    """The window ending at each test row (NaN where there is none)."""
+    first_test_w = n_train - window + 1
+    idx = np.arange(n_test) + first_test_w
+    ok = (idx >= 0) & (idx < X.shape[0])
+    test = np.full((n_test, X.shape[1]), np.nan)
+    test[ok] = X[idx[ok]]
+    return test
+
+
+def block_bounds(n_test: int, protocol: str, refit_every: int) -> list[tuple[int, int]]:
+    """Test row ranges [a, b) judged by one fit."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+    if protocol != "causal":
+        return [(0, n_test)]
+    if refit_every < 1:
+        raise ValueError(f"refit_every must be >= 1, not {refit_every!r}")
+    return [(a, min(a + refit_every, n_test)) for a in range(0, n_test, refit_every)]
+
+
+def reference_rows(X: np.ndarray, n_train: int, window: int, protocol: str, first_row: int,
+                   span: int | None = None) -> np.ndarray:
+    """The windows a block starting at test row ``first_row`` is fitted on: those that
+    end before it (causal; ``first_row`` 0 = the train windows, = standard), or all.
+    ``span`` (causal only): the most recent ``span`` of them (None: all)."""
+    if protocol == "transductive":
+        return X
+    end = max(0, n_train - window + 1 + (first_row if protocol == "causal" else 0))
+    start = max(0, end - span) if span is not None and protocol == "causal" else 0
+    return X[start:end]
+
+
+def score_protocol(X: np.ndarray, n_train: int, n_test: int, window: int, *, protocol: str = DEFAULT_PROTOCOL,
+                   refit_every: int = DEFAULT_REFIT_EVERY, span: int | None = None, floor_frac: float = 0.01,
+                   random_state: int = 0, maha_fit_rows: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray,
+                                                              list[dict[str, np.ndarray]], np.ndarray, dict[str, float]]:
+    """(scores, block, refs, z, min_threshold) of :class:`Scored` for a window matrix ``X``.
+    The metric floors (``floor_frac`` of each metric's range) come from the reference
+    of each block, so the causal protocol never reads a later row."""
+    test = test_matrix(X, n_train, n_test, window)
+    scores = {d: np.full(n_test, np.nan) for d in SCORED_DETECTORS}
+    z = np.full(test.shape, np.nan)
+    block = np.zeros(n_test, dtype=np.int64)
+    refs: list[dict[str, np.ndarray]] = []
+    mins: dict[str, float] = {}
+    for i, (a, b) in enumerate(block_bounds(n_test, protocol, refit_every)):
+        ref = reference_rows(X, n_train, window, protocol, a, span)
+        if ref.shape[0] < 2:
+            raise ValueError(f"protocol {protocol}: block at test row {a} has {ref.shape[0]} reference windows")
+        with np.errstate(all="ignore"):
+            rng = np.nanmax(ref, axis=0) - np.nanmin(ref, axis=0)
+        fit = fit_detectors(ref, test[a:b], floor_frac * np.nan_to_num(rng, nan=0.0), threshold_k=None,
+                            random_state=random_state, maha_fit_rows=maha_fit_rows)
+        refs.append({})
+        for d in SCORED_DETECTORS:
+            scores[d][a:b] = fit.scores[d]
+            r = np.asarray(fit.models[d].reference_scores_, dtype=np.float64)
+            refs[-1][d] = np.sort(r[np.isfinite(r)]).astype(np.float32)
+            mins[d] = float(fit.models[d]._min_threshold)
+        z[a:b] = fit.z
+        block[a:b] = i
+    return scores, block, refs, z, mins
+
+
+def scored_machine(data: Path, name: str, *, protocol: str = DEFAULT_PROTOCOL, window: int = DEFAULT_WINDOW,
+                   refit_every: int = DEFAULT_REFIT_EVERY, span: int | None = None, random_state: int = 0,
+                   resample: int = 1, rows: int | None = None, cache: Path | None = None) -> Scored:
+    """Import, featurise and score one machine (cached under ``cache`` when given).
+    ``resample``: average every ``resample`` raw rows first (SMD at a coarser period;
+    ``window``, ``refit_every`` and ``span`` are then counted in resampled rows)."""
+    key = f"{name}-{protocol}-w{window}-r{refit_every}-p{span}-s{random_state}-x{resample}-n{rows}"
+    path = cache / f"{key}.npz" if cache is not None else None
+    if path is not None and path.is_file():
+        return _load_scored(path)
+    fpath = cache / f"{name}-w{window}-x{resample}-n{rows}.features.npz" if cache is not None else None
+    if fpath is not None and fpath.is_file():
+        with np.load(fpath) as f:
+            X, n_train, n_test, labels = f["X"], int(f["n_train"]), int(f["n_test"]), f["labels"]
+            meta = json.loads(f["meta"].tobytes().decode())
+            dims, segments = meta["dims"], [(a, b, frozenset(g)) for a, b, g in meta["segments"]]
+    else:
+        with tempfile.TemporaryDirectory(prefix="unveil-smd-") as tmp:
+            lake = Path(tmp) / "lake"
+            lake.mkdir()
+            src = data
+            if resample > 1:
+                src = resample_data(data, name, Path(tmp) / "data", resample, rows=rows)
+            m = load_machine(src, name, lake, window=window, rows=None if resample > 1 else rows)
+        X = m.features.select(feature_columns(m.features)).to_numpy().astype(np.float64)
+        n_train, n_test, labels, dims, segments = m.n_train, m.n_test, m.labels[: m.n_test], m.dims, m.segments
+        if fpath is not None:
+            fpath.parent.mkdir(parents=True, exist_ok=True)
+            meta_b = json.dumps({"dims": dims, "segments": [[a, b, sorted(g)] for a, b, g in segments]}).encode()
+            np.savez(fpath, X=X, n_train=n_train, n_test=n_test, labels=labels,
+                     meta=np.frombuffer(meta_b, dtype=np.uint8))
+    scores, block, refs, z, mins = score_protocol(X, n_train, n_test, window, protocol=protocol,
+                                                  refit_every=refit_every, span=span, random_state=random_state)
+    s = Scored(name, protocol, window, labels, segments, dims, scores, block, refs, z.astype(np.float32), mins)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _save_scored(path, s)
+    return s
+
+
+def _save_scored(path: Path, s: Scored) -> None:
+    arrays: dict[str, np.ndarray] = {"labels": s.labels, "block": s.block, "z": s.z}
+    for d, v in s.scores.items():
+        arrays[f"score.{d}"] = v
+    for i, ref in enumerate(s.refs):
+        for d, v in ref.items():
+            arrays[f"ref.{i}.{d}"] = v
+    meta = {"machine": s.machine, "protocol": s.protocol, "window": s.window, "dims": s.dims,
+            "segments": [[a, b, sorted(g)] for a, b, g in s.segments], "n_blocks": len(s.refs),
+            "min_threshold": s.min_threshold}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def _load_scored(path: Path) -> Scored:
+    with np.load(path) as f:
+        meta = json.loads(f["meta"].tobytes().decode())
+        scores = {d: f[f"score.{d}"] for d in SCORED_DETECTORS}
+        refs = [{d: f[f"ref.{i}.{d}"] for d in SCORED_DETECTORS} for i in range(meta["n_blocks"])]
+        return Scored(meta["machine"], meta["protocol"], meta["window"], f["labels"],
+                      [(a, b, frozenset(g)) for a, b, g in meta["segments"]], meta["dims"], scores, f["block"],
+                      refs, f["z"], meta["min_threshold"])
+
+
+def resample_data(data: Path, name: str, out: Path, factor: int, *, rows: int | None = None) -> Path:
+    """SMD of one machine at ``factor`` times its period: the mean of each ``factor``
+    consecutive rows (a trailing partial group is dropped), a resampled row labelled when
+    any of its rows is, interpretation segments mapped onto the resampled rows."""
+    for sub in ("train", "test", "test_label", "interpretation_label"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+
+    def load(path: Path) -> np.ndarray:
+        x = np.loadtxt(path, delimiter=",", ndmin=2, max_rows=rows)
+        n = x.shape[0] // factor * factor
+        return np.asarray(x[:n].reshape(-1, factor, x.shape[1]).mean(axis=1))
+
+    for sub in ("train", "test"):
+        np.savetxt(out / sub / f"{name}.txt", load(data / sub / f"{name}.txt"), delimiter=",", fmt="%.6g")
+    lab = np.loadtxt(data / "test_label" / f"{name}.txt", dtype=np.int64, max_rows=rows)
+    n = lab.size // factor * factor
+    np.savetxt(out / "test_label" / f"{name}.txt", lab[:n].reshape(-1, factor).max(axis=1), fmt="%d")
+    lines = [f"{a // factor}-{max(a // factor + 1, -(-b // factor))}:{','.join(map(str, sorted(g)))}"
+             for a, b, g in read_segments(data / "interpretation_label" / f"{name}.txt") if a < n]
+    (out / "interpretation_label" / f"{name}.txt").write_text("\n".join(lines) + ("\n" if lines else ""))
+    return out
+
+
+# ----------------------------------------------------------------- threshold rules
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A label-free threshold from a detector's reference scores:
+
+    * ``mad`` (a = k): median + k·MAD of the log scores, with the low-end rule;
+    * ``pot`` (a = initial level, b = risk): peaks over threshold — a generalised Pareto
+      tail fitted to the log scores above their ``a`` quantile, the threshold where the
+      tail's exceedance probability is ``b`` per window;
+    * ``quantile`` (a = budget): the reference's ``1 - a`` quantile (an alert budget: about
+      a share ``a`` of healthy windows flagged, e.g. 0.01 = 14 min per host-day).
+
+    Each is :class:`analytics.detectors.ThresholdRule` (what the pipeline runs), with
+    the multiplier k of ``mad`` made part of the rule."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.a:g}" + (f":{self.b:g}" if self.kind == "pot" else "")
+
+    @property
+    def detector_rule(self) -> ThresholdRule:
+        if self.kind == "pot":
+            return ThresholdRule("pot", level=self.a, risk=self.b)
+        return ThresholdRule("quantile", share=self.a) if self.kind == "quantile" else ThresholdRule()
+
+    def threshold(self, ref: np.ndarray) -> float:
+        return self.detector_rule.threshold(ref, self.a if self.kind == "mad" else 4.0)
+
+
+def parse_rule(text: str) -> Rule:
+    """``mad:8``, ``quantile:0.01``, ``pot:0.98:1e-4``."""
+    parts = text.strip().split(":")
+    try:
+        if parts[0] in ("mad", "quantile") and len(parts) == 2:
+            rule = Rule(parts[0], float(parts[1]))
+        elif parts[0] == "pot" and len(parts) == 3:
+            rule = Rule("pot", float(parts[1]), float(parts[2]))
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"threshold rule {text!r}: use mad:K, quantile:SHARE or pot:LEVEL:RISK") from None
+    if not rule.a > 0 or (rule.kind != "mad" and not rule.a < 1) or (rule.kind == "pot" and not 0 < rule.b < 1):
+        raise ValueError(f"threshold rule {text!r}: parameter out of range")
+    return rule
+
+
+DEFAULT_RULES = ("mad:6|mad:7|mad:8|mad:9|mad:10|mad:12|quantile:0.005|quantile:0.01|quantile:0.02|quantile:0.04"
+                 "|pot:0.98:1e-3|pot:0.98:1e-4|pot:0.99:1e-3|pot:0.99:1e-4|pot:0.95:1e-4")
+
+
+def rule_margins(s: Scored, rule: Rule) -> dict[str, np.ndarray]:
+    """Each detector's margin per test row with its threshold set by ``rule`` on the
+    reference of the row's block (reference median 0, threshold 1)."""
+    out = {}
+    for d in SCORED_DETECTORS:
+        thr = np.array([max(rule.threshold(r[d]), s.min_threshold.get(d, -np.inf)) for r in s.refs])
+        med = np.array([float(np.median(r[d])) if r[d].size else 0.0 for r in s.refs])
+        span = (thr - med)[s.block]
+        sc = s.scores[d]
+        with np.errstate(all="ignore"):
+            m = np.where(np.isfinite(span) & (span > 0), (sc - med[s.block]) / span,
+                         np.where(sc > thr[s.block], np.inf, 0.0))
+        out[d] = np.where(np.isnan(sc), np.nan, m)
+    return out
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Every constant of a label-free detection: window (rows), combination (mean of
+    these detectors' margins), threshold rule, gap closing (rows), attribution."""
+
+    window: int
+    detectors: tuple[str, ...]
+    rule: Rule
+    close_gaps: int
+    attribution: str = DEFAULT_ATTRIBUTION
+    span: int | None = None  # causal reference: the most recent windows (None: all)
+
+    @property
+    def key(self) -> tuple[int, int | None]:
+        """What the scores depend on: (window, span)."""
+        return self.window, self.span
+
+    @property
+    def name(self) -> str:
+        short = {"zscore": "Z", "iforest": "IF", "mahalanobis": "Maha"}
+        return (f"w{self.window}{'' if self.span is None else f' ref{self.span}'} "
+                f"mean({','.join(short[d] for d in self.detectors)}) {self.rule.name} "
+                f"gaps{self.close_gaps} {self.attribution}")
+
+
+def flags_of(s: Scored, margins: dict[str, np.ndarray], detectors: Sequence[str], close_gaps: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    comb = scoring.mean_margin([margins[d] for d in detectors])
+    return comb, scoring.close_gaps(scores_to_labels(comb, 1.0), close_gaps)
+
+
+def oracle_f1(comb: np.ndarray, truth: np.ndarray, close_gaps: int, n: int = 200) -> float:
+    """F1*: the best point-wise F1 of the same combined score and gap closing over
+    thresholds chosen with the labels (isolates the threshold from the ranking)."""
+    finite = comb[np.isfinite(comb)]
+    if finite.size == 0:
+        return 0.0
+    qs = np.unique(np.quantile(finite, 1.0 - np.geomspace(1.0, 1e-4, n)))
+    return max(f1_score(scoring.close_gaps(scores_to_labels(comb, q), close_gaps), truth)[2] for q in qs)
+
+
+def judge(s: Scored, setting: Setting, margins: dict[str, np.ndarray] | None = None, *,
+          oracle: bool = True) -> Result:
+    """The figures of one machine under one setting."""
+    mg = rule_margins(s, setting.rule) if margins is None else margins
+    comb, pred = flags_of(s, mg, setting.detectors, setting.close_gaps)
+    truth = s.labels
+    p, r, f = f1_score(pred, truth)
+    fpa = f1_score(point_adjust(pred, truth), truth)[2]
+    rows = np.flatnonzero(pred & truth)
+    fit = Fitted(RobustStandardizer(), {}, {}, {}, np.nan_to_num(s.z.astype(np.float64)))
+    ranked = rank_dims(fit, MeanSpec("", setting.detectors), rows, s.dims, mode=setting.attribution, pred=pred)
+    h100, _ = hit_rate(ranked, pred, truth, s.segments, 1.0)
+    h150, n_rows = hit_rate(ranked, pred, truth, s.segments, 1.5)
+    star = oracle_f1(comb, truth, setting.close_gaps) if oracle else float("nan")
+    return Result(s.machine, setting.name, float(pred.mean()), p, r, f, fpa, h100, h150, n_rows, star)
+
+
+def grid_f1(scored: dict[tuple[str, int, int | None], Scored], settings: Sequence[Setting]) -> dict[tuple[str, Setting], float]:
+    """Point-wise F1 of every (machine, setting); ``scored`` maps (machine, window) to
+    its scores. Margins are computed once per (machine, window, rule)."""
+    out: dict[tuple[str, Setting], float] = {}
+    by_mwr: dict[tuple[str, int, int | None, Rule], list[Setting]] = {}
+    for (name, w, p) in scored:
+        for st in settings:
+            if st.key == (w, p):
+                by_mwr.setdefault((name, w, p, st.rule), []).append(st)
+    for (name, w, p, rule), sts in by_mwr.items():
+        s = scored[(name, w, p)]
+        mg = rule_margins(s, rule)
+        for st in sts:
+            out[(name, st)] = f1_score(flags_of(s, mg, st.detectors, st.close_gaps)[1], s.labels)[2]
+    return out
+
+
+def select(f1: dict[tuple[str, Setting], float], names: Sequence[str], settings: Sequence[Setting]) -> Setting:
+    """The setting with the best mean F1 over ``names`` (the first of equals)."""
+    best, best_v = settings[0], -1.0
+    for st in settings:
+        v = float(np.mean([f1[(n, st)] for n in names]))
+        if v > best_v + 1e-12:
+            best, best_v = st, v
+    return best
+
+
+def select_attribution(scored: dict[tuple[str, int, int | None], Scored], names: Sequence[str], st: Setting) -> Setting:
+    """The attribution with the best mean HitRate@150 % over ``names`` at setting ``st``."""
+    best, best_v = st, -1.0
+    for mode in ("run", "incident", "row"):
+        if mode == "row":
+            continue  # needs the fitted models' shares, not cached; measured worse (docs/smd.md)
+        cand = Setting(st.window, st.detectors, st.rule, st.close_gaps, mode, st.span)
+        hs = [judge(scored[(n, *st.key)], cand, oracle=False).hit150 for n in names]
+        v = float(np.mean([h for h in hs if h is not None])) if any(h is not None for h in hs) else 0.0
+        if v > best_v + 1e-12:
+            best, best_v = cand, v
+    return best
+
+
+def nested(scored: dict[tuple[str, int, int | None], Scored], settings: Sequence[Setting], held_out: Sequence[Sequence[str]],
+           *, apply_to: dict[tuple[str, int, int | None], Scored] | None = None, factor: int = 1
+           ) -> list[tuple[Result, Setting]]:
+    """For each group of held-out machines, the whole selection (window, combination,
+    threshold rule and parameters, gap closing; then attribution by HitRate) runs on the
+    other machines; the chosen setting is judged on the group (in ``apply_to`` when given:
+    the same machines resampled by ``factor``, the setting mapped onto its rows by
+    :func:`rescale`)."""
+    f1 = grid_f1(scored, settings)
+    names = list(dict.fromkeys(k[0] for k in scored))
+    out = []
+    for group in held_out:
+        train = [n for n in names if n not in group]
+        if not train:
+            raise ValueError(f"nested: holding out {list(group)} leaves no machine to choose the setting on")
+        st = select_attribution(scored, train, select(f1, train, settings))
+        if apply_to is not None:
+            st = rescale(st, factor)
+        for n in group:
+            out.append((judge((apply_to or scored)[(n, *st.key)], st), st))
+    return out
+
+
+def rescale(st: Setting, factor: int) -> Setting:
+    """A setting counted in rows of a series ``factor`` times coarser (the same minutes;
+    the threshold rule is per window, unchanged)."""
+    return Setting(max(1, round(st.window / factor)), st.detectors, st.rule, round(st.close_gaps / factor),
+                   st.attribution, None if st.span is None else max(1, round(st.span / factor)))
+
+
+def group_of(name: str) -> str:
+    """SMD's machine group: ``machine-2-7`` -> ``2-x``."""
+    parts = name.split("-")
+    return f"{parts[1]}-x" if len(parts) == 3 else name
+
+
+def settings_grid(windows: Sequence[int], combos: Sequence[tuple[str, ...]], rules: Sequence[Rule],
+                  gaps: Sequence[int], spans: Sequence[int | None] = (None,)) -> list[Setting]:
+    return [Setting(w, c, r, g, DEFAULT_ATTRIBUTION, p)
+            for w in windows for p in spans for c in combos for r in rules for g in gaps]
+
+
+def parse_combos(text: str) -> list[tuple[str, ...]]:
+    """``mean(IF,Maha)|Maha``: the detectors whose margins are averaged."""
+    out = []
+    for spec in parse_specs(text):
+        if not isinstance(spec, MeanSpec) or "pca" in spec.detectors:
+            dets = spec.detectors if isinstance(spec, ComboSpec) and len(spec.detectors) == 1 else None
+            if dets is None:
+                raise ValueError(f"--combos: {spec.name!r}: only mean(...) of Z, IF, Maha or one detector")
+            out.append(tuple(dets))
+        else:
+            out.append(spec.detectors)
+    return out
+
+
+def result_table(rows: Sequence[tuple[Result, Setting]]) -> str:
+    head = (f"{'machine':<13}{'flag%':>7}{'P':>7}{'R':>7}{'F1':>7}{'F1-PA':>7}{'Hit@100':>9}{'Hit@150':>9}"
+            f"{'rows':>6}{'F1*':>7}{'F1/F1*':>8}  setting (chosen without this machine)")
+    lines = [head, "-" * len(head)]
+    for r, st in rows:
+        ratio = r.f1 / r.best_f1_oracle if r.best_f1_oracle > 0 else float("nan")
+        lines.append(f"{r.machine:<13}{100 * r.flagged_share:>6.1f}%{_f(r.precision):>7}{_f(r.recall):>7}{_f(r.f1):>7}"
+                     f"{_f(r.f1_pa):>7}{_f(r.hit100):>9}{_f(r.hit150):>9}{r.hit_rows:>6}{_f(r.best_f1_oracle):>7}"
+                     f"{ratio:>8.2f}  {st.name}")
+    res = [r for r, _ in rows]
+    lines.append("-" * len(head))
+
+    def mean(k: str) -> float | None:
+        v = [getattr(r, k) for r in res if getattr(r, k) is not None]
+        return float(np.mean(v)) if v else None
+
+    f1, star = mean("f1"), mean("best_f1_oracle")
+    ratio = (f1 / star) if f1 is not None and star else float("nan")
+    lines.append(f"{'MEAN':<13}{100 * (mean('flagged_share') or 0):>6.1f}%{_f(mean('precision')):>7}"
+                 f"{_f(mean('recall')):>7}{_f(f1):>7}{_f(mean('f1_pa')):>7}{_f(mean('hit100')):>9}"
+                 f"{_f(mean('hit150')):>9}{'':>6}{_f(star):>7}{ratio:>8.2f}")
+    for g in dict.fromkeys(group_of(r.machine) for r in res):
+        rg = [r for r in res if group_of(r.machine) == g]
+        f, s = float(np.mean([r.f1 for r in rg])), float(np.mean([r.best_f1_oracle for r in rg]))
+        lines.append(f"{'group ' + g:<13}{'':>7}{'':>7}{'':>7}{f:>7.3f}{'':>7}{'':>9}{'':>9}{'':>6}{s:>7.3f}"
+                     f"{(f / s if s else float('nan')):>8.2f}")
+    return "\n".join(lines)
+
+
+def rule_table(scored: dict[tuple[str, int, int | None], Scored], settings: Sequence[Setting]) -> str:
+    """Mean F1 over machines of every threshold rule at each (window, combination, gaps)
+    of the grid's best: how much each rule family gives when its own parameter is best
+    for these machines (in-sample; for comparing rules, not a headline)."""
+    f1 = grid_f1(scored, settings)
+    names = list(dict.fromkeys(k[0] for k in scored))
+    lines = [f"{'setting':<48}{'mean F1':>8}" + "".join(f"{n[8:]:>7}" for n in names), "-" * (56 + 7 * len(names))]
+    ranked = sorted(settings, key=lambda st: -float(np.mean([f1[(n, st)] for n in names])))
+    seen: set[str] = set()
+    for st in ranked:
+        if st.rule.kind in seen:
+            continue
+        seen.add(st.rule.kind)
+        lines.append(f"{st.name:<48}{np.mean([f1[(n, st)] for n in names]):>8.3f}"
+                     + "".join(f"{f1[(n, st)]:>7.3f}" for n in names))
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------ output
 
 
@@ -523,6 +1005,54 @@ def sweep_table(res: Run) -> str:
     return "\n".join(lines)
 
 
+def main_nested(args: argparse.Namespace) -> int:
+    """``--nested``: the protocol's scores (cached), every setting of the grid, and the
+    nested selections: leave one machine out, leave one group out, and (``--transfer``)
+    leave one group out applied to the group resampled at a coarser period."""
+    names = list(args.machines) if args.machines else machines(args.data)
+    windows = args.windows or [DEFAULT_WINDOW]
+    rules = [parse_rule(r) for r in args.rules.split("|") if r.strip()]
+    combos = parse_combos(args.combos)
+    spans = args.spans if args.protocol == "causal" else [None]
+    settings = settings_grid(windows, combos, rules, args.gaps, spans)
+    t0 = time.perf_counter()
+    scored = {(n, w, p): scored_machine(args.data, n, protocol=args.protocol, window=w, refit_every=args.refit_every,
+                                        span=p, random_state=args.seed, cache=args.cache)
+              for w in windows for p in spans for n in names}
+    _out(f"SMD, protocol {args.protocol}" + (f" (refit every {args.refit_every} test rows)" if args.protocol == "causal"
+                                              else "") + f": {len(names)} machines, {len(settings)} settings "
+         f"(windows {windows}, {len(combos)} combinations, {len(rules)} threshold rules, gaps {args.gaps})")
+    default = Setting(DEFAULT_WINDOW, ("iforest", "mahalanobis"), Rule("mad", DEFAULT_THRESHOLD_K), DEFAULT_CLOSE_GAPS,
+                      DEFAULT_ATTRIBUTION, spans[0])
+    if (names[0], *default.key) in scored:
+        _out(f"\nThe previous fixed default ({default.name}), same protocol:")
+        _out(result_table([(judge(scored[(n, *default.key)], default), default) for n in names]))
+    _out("\nBest setting of each threshold rule family over all machines (in-sample, for comparing rules):")
+    _out(rule_table(scored, settings))
+    _out("\nNested leave-one-machine-out (each row's setting chosen on the other machines' labels):")
+    loo = nested(scored, settings, [[n] for n in names])
+    _out(result_table(loo))
+    groups = list(dict.fromkeys(group_of(n) for n in names))
+    by_group = [[n for n in names if group_of(n) == g] for g in groups]
+    if len(groups) > 1:
+        _out("\nLeave one group out (setting chosen on the other groups' machines):")
+        _out(result_table(nested(scored, settings, by_group)))
+    if args.transfer > 1:
+        coarse = {(n, *k): scored_machine(args.data, n, protocol=args.protocol, window=k[0],
+                                          refit_every=max(1, round(args.refit_every / args.transfer)), span=k[1],
+                                          random_state=args.seed, resample=args.transfer, cache=args.cache)
+                  for k in dict.fromkeys(rescale(st, args.transfer).key for st in settings) for n in names}
+        _out(f"\nTransfer: setting chosen at 1 min on the other groups, applied to the held-out group resampled "
+             f"to {args.transfer} min:")
+        _out(result_table(nested(scored, settings, by_group if len(groups) > 1 else [names], apply_to=coarse,
+                                 factor=args.transfer)))
+        _out(f"\nThe previous fixed default at {args.transfer} min:")
+        d = rescale(default, args.transfer)
+        _out(result_table([(judge(coarse[(n, *d.key)], d), d) for n in names]))
+    _out(f"\n{time.perf_counter() - t0:.0f} s")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--data", type=Path, default=DATA, help="SMD directory (default %(default)s)")
@@ -549,8 +1079,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="fit the Mahalanobis covariance on this many random reference windows (default: all; "
                          "the detector's own default is 2000)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    nest = ap.add_argument_group("protocols and nested selection (--nested)")
+    nest.add_argument("--nested", action="store_true",
+                      help="score under --protocol and choose every constant by nested leave-one-out")
+    nest.add_argument("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL, help="(default %(default)s)")
+    nest.add_argument("--refit-every", type=int, default=DEFAULT_REFIT_EVERY,
+                      help="causal protocol: refit every this many test rows (default %(default)s)")
+    nest.add_argument("--windows", type=lambda t: [int(x) for x in t.split(",") if x.strip()], default=[],
+                      help="window lengths to choose from, rows (default: 5)")
+    nest.add_argument("--rules", default=DEFAULT_RULES, help="threshold rules to choose from (default %(default)s)")
+    nest.add_argument("--combos", default="mean(IF,Maha)|mean(Z,IF,Maha)|Maha",
+                      help="combinations to choose from (default %(default)s)")
+    nest.add_argument("--gaps", type=lambda t: [int(x) for x in t.split(",") if x.strip()], default=[0, 30],
+                      help="gap closings to choose from, rows (default 0,30)")
+    nest.add_argument("--spans", type=lambda t: [None if x.strip() == "all" else int(x) for x in t.split(",")
+                                                 if x.strip()], default=[None],
+                      help="causal reference lengths to choose from, windows ('all' or a number; default all)")
+    nest.add_argument("--transfer", type=int, default=0,
+                      help="also apply each group's choice to the group resampled this many times coarser")
+    nest.add_argument("--cache", type=Path, help="cache the per-machine scores here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.nested:
+        return main_nested(args)
     res = run(args.data, args.machines, args.configs, reference=args.reference, window=args.window,
               threshold_k=args.threshold_k or None, floor_frac=args.floor_frac, close_gaps=args.close_gaps,
               attribution_mode=args.attribution, k_grid=args.k_grid, random_state=args.seed,

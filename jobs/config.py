@@ -120,7 +120,7 @@ _duration = duration  # the name jobs.commands used
 # --------------------------------------------------------------- [analytics]
 
 ANALYTICS_KEYS = frozenset({
-    "window_s", "stride_s", "detectors", "combine", "vote_k", "reference", "history", "threshold_k",
+    "window_s", "stride_s", "detectors", "combine", "vote_k", "reference", "history", "threshold_k", "threshold_rule",
     "top_k", "min_windows", "min_cohort", "random_state", "max_reference_rows", "one_sided",
     "activity_weight", "min_run", "cohort_by", "cohort_tolerance", "warmup", "smooth"})
 

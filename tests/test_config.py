@@ -60,7 +60,7 @@ _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Ca
     ("analytics", "detectors"): [(lambda c: c.analytics.detectors, tuple)],
     **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _SAME)] for k in (
         "combine", "vote_k", "reference", "top_k", "threshold_k", "min_windows", "min_cohort", "cohort_by",
-        "cohort_tolerance", "one_sided", "activity_weight", "min_run")},
+        "cohort_tolerance", "one_sided", "activity_weight", "min_run", "threshold_rule")},
     **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _td)] for k in ("history", "smooth")},
     # one warm-up: the analytics' and the knowledge-base detector's
     ("analytics", "warmup"): [(lambda c: c.analytics.warmup, _td),

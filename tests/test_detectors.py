@@ -14,7 +14,9 @@ from analytics.detectors import (
     MahalanobisDetector,
     RobustStandardizer,
     RobustZScore,
+    ThresholdRule,
     calibrate_threshold,
+    gpd_pwm,
     scores_to_labels,
 )
 
@@ -336,3 +338,53 @@ def test_weighted_ledoit_wolf_is_sklearns_on_the_repeated_rows(p: int) -> None:
     want = ledoit_wolf(np.repeat(rows, counts, axis=0), assume_centered=True)[0]
     np.testing.assert_allclose(_ledoit_wolf_cov(rows, counts), want, rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(_ledoit_wolf_cov(rows), ledoit_wolf(rows, assume_centered=True)[0])
+
+
+def test_gpd_pwm_recovers_known_tails() -> None:
+    from scipy.stats import genpareto  # the reference distribution, tests only
+
+    rng = np.random.default_rng(1)
+    for xi in (-0.2, 0.0, 0.3):
+        y = genpareto.rvs(xi, scale=2.0, size=20000, random_state=rng)
+        shape, scale = gpd_pwm(y)
+        assert shape == pytest.approx(xi, abs=0.05) and scale == pytest.approx(2.0, rel=0.05)
+    with pytest.raises(ValueError, match="exceedances"):
+        gpd_pwm([1.0])
+
+
+def test_threshold_rules_flag_what_they_promise() -> None:
+    healthy = np.exp(np.random.default_rng(2).normal(size=50000))  # log-normal reference scores
+    budget = ThresholdRule.parse("quantile:0.01").threshold(healthy)
+    assert (healthy > budget).mean() == pytest.approx(0.01, abs=1e-3)
+    pot = ThresholdRule.parse("pot:0.98:1e-3").threshold(healthy)  # ~0.1 % per window above it
+    assert (healthy > pot).mean() == pytest.approx(1e-3, abs=5e-4)
+    assert ThresholdRule.parse("mad").threshold(healthy, 4.0) == calibrate_threshold(healthy, 4.0)
+    assert str(ThresholdRule.parse("pot:0.98:1e-3")) == "pot:0.98:0.001"
+    assert ThresholdRule.parse("quantile:0.01").threshold([np.nan]) == np.inf
+    for bad in ("median", "quantile", "quantile:2", "pot:0.98", "pot:0.98:0"):
+        with pytest.raises(ValueError, match="threshold rule"):
+            ThresholdRule.parse(bad)
+
+
+def test_detectors_calibrate_with_their_threshold_rule() -> None:
+    X = np.random.default_rng(3).normal(size=(4000, 5))
+    for cls in (RobustZScore, IsolationForestDetector, MahalanobisDetector):
+        mad = cls(threshold_k=4.0).fit(X)
+        q = cls(threshold_rule="quantile:0.05").fit(X)
+        # a 5 % budget flags about 5 % of the reference (above the detector's floor)
+        assert q.threshold_ == max(np.quantile(q.reference_scores_, 0.95), cls._min_threshold)
+        assert q.threshold_ < mad.threshold_
+    with pytest.raises(ValueError, match="threshold rule"):
+        RobustZScore(threshold_rule="nonsense").fit(X)
+
+
+def test_threshold_rule_config_key() -> None:
+    from analytics.pipeline import AnalyticsConfig
+    from jobs.pipeline import analytics_from_mapping
+
+    cfg = analytics_from_mapping({"threshold_rule": "quantile:0.01"})
+    assert cfg.threshold_rule == "quantile:0.01"
+    assert {cfg.make_detector(d).threshold_rule for d in ("zscore", "iforest", "mahalanobis")} == {"quantile:0.01"}
+    assert AnalyticsConfig().threshold_rule == "mad"
+    with pytest.raises(ValueError, match=r"\[analytics\].*threshold_rule"):
+        analytics_from_mapping({"threshold_rule": "quantile:1.5"})
