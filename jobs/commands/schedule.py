@@ -9,13 +9,11 @@ from pathlib import Path
 
 from jobs import config as config_mod
 from jobs.commands import warn_corrupt
+from jobs.cycle import CycleSummary, maintain, run_cycle
 from jobs.pipeline import (
-    CycleSummary,
     SweepConfig,
     _duration,
     analytics_from_mapping,
-    maintain,
-    run_cycle,
 )
 from jobs.timeparse import parse_time
 
