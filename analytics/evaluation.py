@@ -524,7 +524,7 @@ class Detected:
 
 #: ``(analysis result, host_facts, spec, *, frame_start, score_since) -> Detected``: the production
 #: verdict (warm-up, signature detector, matching, incidents), given by the caller so the
-#: evaluation measures exactly what a sweep reports (jobs.pipeline.eval_detector).
+#: evaluation measures exactly what a sweep reports (jobs.step.eval_detector).
 DetectHook = Callable[..., Detected]
 
 

@@ -224,9 +224,22 @@ class AnalyticsConfig:
 
 @dataclass
 class AnalysisResult:
+    """What :func:`analyze` found and what it judged with: downstream (the knowledge base's
+    detector, the sweep step) reads the settings, the window spec and the cohorts here
+    instead of deriving them again (with other settings)."""
+
     features: pl.DataFrame
     scores: pl.DataFrame
     findings: pl.DataFrame
+    config: AnalyticsConfig
+    #: host -> the cohort analytics judged it in (:func:`cohorts` with the configured
+    #: ``cohort_by``/``cohort_tolerance``); empty when no cohort reference was formed
+    #: (reference "self", or fewer hosts than ``min_cohort``)
+    cohorts: Mapping[str, str]
+
+    @property
+    def window(self) -> WindowSpec:
+        return self.config.window
 
 
 # --------------------------------------------------------------------------- loading
@@ -719,9 +732,11 @@ def analyze(
             ref = _subsample(rows, config.max_reference_rows, rng)
             blocks.append(_Block(h, "self", target, *_fit_and_score(config, X, ref, target, floors, sign, weight, capped),
                                  judged=warm[target]))
+    cohort_of: dict[str, str] = {}
     if "cohort" in config.references and len(hosts) >= config.min_cohort:
+        cohort_of = cohorts(feats, host_facts, by=config.cohort_by, tolerance=config.cohort_tolerance)
         groups: dict[str, list[str]] = {}
-        for h, c in cohorts(feats, host_facts, by=config.cohort_by, tolerance=config.cohort_tolerance).items():
+        for h, c in cohort_of.items():
             groups.setdefault(c, []).append(h)
         for label, members in groups.items():
             if len(members) < config.min_cohort:
@@ -759,7 +774,7 @@ def analyze(
     with_cohort = {b.host for b in blocks if b.reference == "cohort"}
     verdict = [b for b in blocks if b.reference == "cohort" or b.host not in with_cohort]
     findings = _findings_table(feats, X, cols, verdict, config)
-    return AnalysisResult(features=feats, scores=scores, findings=findings)
+    return AnalysisResult(features=feats, scores=scores, findings=findings, config=config, cohorts=cohort_of)
 
 
 def _scores_table(feats: pl.DataFrame, blocks: Sequence[_Block]) -> pl.DataFrame:

@@ -18,7 +18,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from ingest import lake as lake_mod
-from jobs.pipeline import SweepConfig, run_cycle, telemetry_tables
+from jobs.config import SweepConfig
+from jobs.cycle import run_cycle
+from jobs.telemetry import telemetry_tables
 
 
 def main() -> None:

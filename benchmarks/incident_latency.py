@@ -1,6 +1,6 @@
 """Onset -> visible latency of incidents, in scheduler cycles, and false incidents on
 healthy runs: simulated lakes swept cycle by cycle exactly as ``unveil schedule`` does
-(one :func:`jobs.pipeline.run_cycle` per minute of data, lag 0: add the configured lag for
+(one :func:`jobs.cycle.run_cycle` per minute of data, lag 0: add the configured lag for
 wall-clock latency).
 
 Per injection type and seed: 3 hosts (``mixed`` workload), the fault on sim-01 from
@@ -31,7 +31,8 @@ import polars as pl
 
 from ingest import lake
 from ingest.simulator import INEFFICIENCIES, from_dict, simulate
-from jobs.pipeline import SweepConfig, run_cycle
+from jobs.config import SweepConfig
+from jobs.cycle import run_cycle
 from knowledge_base import INCIDENT_SCHEMA, latest_incidents
 
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)  # the simulator's default start

@@ -36,10 +36,11 @@ from analytics.evaluation import (
     top1_identification,
 )
 from analytics.features import compute_features
-from analytics.pipeline import AnalysisResult, AnalyticsConfig, analyze
+from analytics.pipeline import AnalysisResult, AnalyticsConfig, analyze, cohorts
 from ingest import schema
 from ingest.simulator import INEFFICIENCIES, from_dict, simulate_frames
-from jobs.pipeline import SweepConfig, eval_detector
+from jobs.config import SweepConfig
+from jobs.step import eval_detector
 from knowledge_base import load_kb
 
 log = logging.getLogger("kb_eval")
@@ -158,17 +159,21 @@ SPECS = ("vote2", "KB", "vote2∨KB")
 
 def evaluate_runs(runs: list[Run], spec_name: str = "vote2∨KB", cfg: SweepConfig | None = None,
                   kb_path: Path | None = None) -> dict[str, Any]:
-    """The sweep's verdict (:func:`jobs.pipeline.eval_detector`: warm-up, signature
+    """The sweep's verdict (:func:`jobs.step.eval_detector`: warm-up, signature
     detector, matching, incidents) on every run, evaluated together with
     :func:`analytics.evaluation.evaluate` (incident figures included)."""
     kb = load_kb(kb_path)
     spec = parse_configs(spec_name)[0]
-    hook = eval_detector(kb, cfg or SweepConfig())
+    cfg = cfg or SweepConfig()
+    hook = eval_detector(kb, cfg)
     windows, labels, matches, incidents = [], [], [], []
     t_match = 0.0
     for r in runs:
         t0 = time.perf_counter()
-        res = AnalysisResult(r.features, r.scores, r.findings)
+        # the cached run's analysis, with the cohorts analytics forms under these settings
+        res = AnalysisResult(r.features, r.scores, r.findings, cfg.analytics,
+                             cohorts(r.features, r.host_facts, by=cfg.analytics.cohort_by,
+                                     tolerance=cfg.analytics.cohort_tolerance))
         det = hook(res, r.host_facts, spec, frame_start=None)
         t_match += time.perf_counter() - t0
         win = flag_windows(r.features, det.flagged)  # every window, scored by statistics or not

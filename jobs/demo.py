@@ -4,7 +4,7 @@ Stages (each a function over the other packages' public APIs):
 
 1. :func:`simulate_fleet` — ingest.simulator writes a small fleet with injected silent
    inefficiencies (:data:`DEMO_SCENARIO`: 4 hosts x 15 min, 5 injection types) to the lake;
-2. :func:`scheduled_sweeps` — the scheduler's own cycle (:func:`jobs.pipeline.run_cycle`)
+2. :func:`scheduled_sweeps` — the scheduler's own cycle (:func:`jobs.cycle.run_cycle`)
    catches up over the run in :data:`SWEEP_CHUNK` sweeps, exactly as ``unveil schedule``
    would after an outage: features, scores and findings, knowledge-base matching,
    incidents, and remediations proposed to the queue (dry-run: nothing is executed;
@@ -74,7 +74,7 @@ class DemoResult:
     start: datetime
     end: datetime
     injected: list[tuple[str, str]] = field(default_factory=list)  # (host, type)
-    cycle: Any = None  # jobs.pipeline.CycleSummary
+    cycle: Any = None  # jobs.cycle.CycleSummary
     incidents: int = 0
     remediations: int = 0
     summary: ReportSummary | None = None
@@ -114,8 +114,9 @@ def scheduled_sweeps(lake: str | os.PathLike[str], start: datetime, end: datetim
                      chunk: timedelta | None = None) -> Any:
     """Stage 2: one scheduler cycle from ``start`` (the hosts' first watermark) up to
     ``end``, in sweeps of ``chunk``: analysis, matching, incidents, remediation proposals,
-    write-back. Returns the :class:`jobs.pipeline.CycleSummary`."""
-    from jobs.pipeline import SweepConfig, run_cycle
+    write-back. Returns the :class:`jobs.cycle.CycleSummary`."""
+    from jobs.config import SweepConfig
+    from jobs.cycle import run_cycle
 
     cfg = SweepConfig(chunk=chunk or SWEEP_CHUNK, lag=timedelta(0), start_at=start, compact_every=None,
                       queue_remediations=True, auto_remediate=False)

@@ -1,5 +1,5 @@
-"""The periodic scheduler: APScheduler 3.x running :func:`jobs.pipeline.run_cycle` every
-``every`` seconds and :func:`jobs.pipeline.maintain` (compaction, retention) every
+"""The periodic scheduler: APScheduler 3.x running :func:`jobs.cycle.run_cycle` every
+``every`` seconds and :func:`jobs.cycle.maintain` (compaction, retention) every
 ``compact_every``.
 
 One worker thread runs the jobs, so a sweep and a compaction never overlap; each job has
@@ -26,7 +26,8 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from jobs.pipeline import CycleSummary, SweepConfig, maintain, run_cycle
+from jobs.config import SweepConfig
+from jobs.cycle import CycleSummary, maintain, run_cycle
 
 log = logging.getLogger(__name__)
 

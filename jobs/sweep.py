@@ -1,8 +1,9 @@
 """The sweep: analyse a lake interval and write features, scores and findings back.
 
-:func:`run_sweep` is the by-hand sweep (``unveil sweep``): the same verdict as the
-scheduler's (statistical detectors with warm-up, OR the knowledge base as a signature
-detector, findings matched; :mod:`knowledge_base.detector`), without watermarks.
+:func:`run_sweep` is the by-hand sweep (``unveil sweep``): the scheduler's verdict
+(:func:`jobs.step.sweep_step`: statistical detectors with warm-up, OR the knowledge base
+as a signature detector, findings matched) over one interval, in one analysis, without
+watermarks or incidents.
 Downstream tables get a ``time`` column equal to ``window_start`` (the lake partitions
 and prunes on ``time``) next to ``window_start``/``window_end``.
 """
@@ -18,12 +19,15 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from analytics.pipeline import AnalyticsConfig, analyze
+from analytics.pipeline import AnalyticsConfig
 from ingest.lake import CorruptFileError, write_table
-from ingest.schema import HOST, TIME
+from ingest.schema import HOST
+from jobs.config import SweepConfig
+from jobs.step import StepResult, sweep_step, with_time
+from jobs.telemetry import first_times, load_lake
+from knowledge_base.detector import DetectionConfig
 
 if TYPE_CHECKING:
-    from knowledge_base.detector import Detection, DetectionConfig
     from knowledge_base.loader import KnowledgeBase
 
 log = logging.getLogger(__name__)
@@ -64,15 +68,11 @@ class SweepSummary:
         return sum(h.signature for h in self.hosts.values())
 
 
-def with_time(df: pl.DataFrame) -> pl.DataFrame:
-    """A downstream table as the lake wants it: ``time`` (= window_start) first."""
-    return df.select(pl.col("window_start").alias(TIME), pl.all())
-
-
-def summarize(det: Detection, start: datetime, end: datetime) -> SweepSummary:
+def summarize(det: StepResult, start: datetime, end: datetime) -> SweepSummary:
     summary = SweepSummary(start, end)
-    for h, n in det.features.group_by(HOST).len().iter_rows():
-        summary.hosts.setdefault(h, HostSummary()).windows = n
+    if det.features.height:
+        for h, n in det.features.group_by(HOST).len().iter_rows():
+            summary.hosts.setdefault(h, HostSummary()).windows = n
     if det.scores.height:
         for name, attr in (("combined", "flagged"), ("kb", "signature")):
             sel = det.scores.filter(pl.col("detector") == name)
@@ -103,21 +103,16 @@ def run_sweep(
     writes nothing. Re-running over the same interval appends a second copy (the
     scheduler's watermarks prevent that; ``unveil sweep`` refuses it on a lake the
     scheduler manages)."""
-    from jobs.pipeline import _first_times, load_lake
     from knowledge_base import load_kb
-    from knowledge_base.detector import detect
 
     config = config or AnalyticsConfig()
+    cfg = SweepConfig(analytics=config, detection=detection or DetectionConfig(), analysis_step=None)
     # the scheduler's reader: a corrupt file is skipped and named, the rest analysed
     loaded = load_lake(lake, start - config.history, end, hosts)
-    facts = loaded.facts
-    result = analyze(loaded.frames, config, host_facts=facts, score_since=start)
-    det = detect(result, facts, kb or load_kb(), detection, keep=pl.col("window_start") >= start,
-                 frame_start=start - config.history,
-                 history_known=_first_times(lake, hosts), window_length_s=config.window.length_s,
-                 min_cohort=config.min_cohort)
+    det = sweep_step(loaded, cfg, kb or load_kb(), since=start, hosts=hosts,
+                     history_known=first_times(lake, hosts), incidents=False)
     summary = summarize(det, start, end)
-    summary.corrupt = loaded.corrupt
+    summary.corrupt = det.corrupt
     if write:
         for table, df in zip(OUTPUT_TABLES, (det.features, det.scores, det.findings), strict=True):
             if df.height:

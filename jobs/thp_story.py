@@ -137,7 +137,9 @@ def run_story(lake: Path, *, healthy_s: float = 40, degraded_s: float = 60, reco
     from ingest import lake as lake_mod
     from ingest.agent import Agent, AgentConfig
     from ingest.lake import LakeSink
-    from jobs.pipeline import SweepConfig, postmortem, queue_remediations
+    from jobs.config import SweepConfig
+    from jobs.postmortem import postmortem
+    from jobs.remediations import queue_remediations
     from knowledge_base import load_kb
     from remediation.executor import Executor, ExecutorConfig
     from remediation.queue import Queue, default_path

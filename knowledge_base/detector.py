@@ -128,19 +128,17 @@ def in_warmup(keys: pl.DataFrame, starts: pl.DataFrame, warmup_s: float) -> pl.S
     return k.select(pl.col("_i").is_in(hit["_i"].implode()).alias("warmup"))["warmup"]
 
 
-def _cohort_covers(findings: pl.DataFrame, warm: np.ndarray, starts: pl.DataFrame, features: pl.DataFrame,
-                   host_facts: pl.DataFrame | None, warmup_s: float, min_cohort: int) -> np.ndarray:
+def _cohort_covers(findings: pl.DataFrame, warm: np.ndarray, starts: pl.DataFrame, label_of: Mapping[str, str],
+                   warmup_s: float, min_cohort: int) -> np.ndarray:
     """For warm-up findings judged against the cohort: at least ``min_cohort - 1`` peers of
-    the host's cohort are out of their warm-up at the window's start (peers with history
-    are a real reference; peers starting together with the host are not)."""
+    the host's cohort (``label_of``: host -> cohort, as analytics formed them) are out of
+    their warm-up at the window's start (peers with history are a real reference; peers
+    starting together with the host are not)."""
     out = np.zeros(findings.height, bool)
     idx = np.flatnonzero(warm & (findings["reference"] == "cohort").to_numpy())
     if not idx.size:
         return out
-    from analytics.pipeline import cohorts
-
     members: dict[str, list[str]] = {}
-    label_of = cohorts(features, host_facts)
     for h, c in label_of.items():
         members.setdefault(c, []).append(h)
     wu = timedelta(seconds=warmup_s)
@@ -221,7 +219,6 @@ def empty_findings() -> pl.DataFrame:
 def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: KnowledgeBase,
            config: DetectionConfig | None = None, *, keep: pl.Expr | None = None,
            frame_start: datetime | None = None, history_known: Mapping[str, datetime] | None = None,
-           window_length_s: float = 3.0, min_cohort: int = 3,
            match_config: MatchConfig | None = None, signature: pl.DataFrame | None = None) -> Detection:
     """The final verdict over ``result`` (see the module doc). ``keep`` selects the windows
     to report (e.g. a chunk's windows, or those after the history; default: all); every window of
@@ -229,7 +226,8 @@ def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: Knowledg
     is when the analysed telemetry was read from (None: the hosts' whole data is in the
     frame); ``history_known``: host -> its first telemetry time (the lake's), for hosts
     whose data starts before the frame. ``signature``: the signature detector's matches
-    when already computed over these windows (see :func:`signature_matches`)."""
+    when already computed over these windows (see :func:`signature_matches`). The window
+    length, ``min_cohort`` and the cohorts are those analytics used (``result``)."""
     cfg = config or DetectionConfig()
     feats_all = result.features
     if feats_all.is_empty():
@@ -245,10 +243,10 @@ def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: Knowledg
     # cohort (peers with history) judged the window
     starts = data_starts(feats_all, frame_start=frame_start, history_known=history_known,
                          restart_gap_s=cfg.restart_gap_s,
-                         slack=timedelta(seconds=2 * window_length_s))
+                         slack=timedelta(seconds=2 * result.window.length_s))
     warm = in_warmup(stat, starts, cfg.warmup_s).to_numpy() if stat.height else np.zeros(0, bool)
     if warm.any():
-        warm &= ~_cohort_covers(stat, warm, starts, feats_all, host_facts, cfg.warmup_s, min_cohort)
+        warm &= ~_cohort_covers(stat, warm, starts, result.cohorts, cfg.warmup_s, result.config.min_cohort)
     suppressed_rows = stat.filter(pl.Series(warm)) if warm.any() else stat.clear()
     kept = stat.filter(pl.Series(~warm)) if warm.any() else stat
 

@@ -18,18 +18,8 @@ from typing import Any
 
 import polars as pl
 
-from knowledge_base.loader import TEMPLATE_RE, Entry, Precondition
-
-FACT_RE = re.compile(r"[a-z_]+\.[a-z0-9_]+")
-
-#: derived facts: name -> description (computed by HostFacts.derived)
-DERIVED: dict[str, str] = {
-    "numa.nodes": "number of NUMA nodes (numa facts with a cpulist)",
-    "gpu.count": "number of GPUs",
-    "nic.count": "number of NICs",
-    "nvme.count": "number of NVMe disks",
-    "irq.count": "number of device IRQs with affinity facts",
-}
+# the fact vocabulary lives with the entry schema that names facts (no import circle)
+from knowledge_base.loader import DERIVED, TEMPLATE_RE, Entry, Precondition
 
 
 class FactError(ValueError):

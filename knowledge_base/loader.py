@@ -69,6 +69,17 @@ MODES = ("auto", "manual")
 AUDIT_CHECKS = ("fact", "fact_ratio", "gpu_nic_numa", "irq_off_node")
 SEVERITIES = ("info", "warning", "critical")
 #: placeholders a remediation parameter template may use (see knowledge_base.facts.fill_template)
+FACT_RE = re.compile(r"[a-z_]+\.[a-z0-9_]+")
+
+#: derived facts: name -> description (computed by knowledge_base.facts.HostFacts.derived)
+DERIVED: dict[str, str] = {
+    "numa.nodes": "number of NUMA nodes (numa facts with a cpulist)",
+    "gpu.count": "number of GPUs",
+    "nic.count": "number of NICs",
+    "nvme.count": "number of NVMe disks",
+    "irq.count": "number of device IRQs with affinity facts",
+}
+
 TEMPLATE_RE = re.compile(r"\{(device|device_index|device_node|device_node_cpus|device_pci|netdev|cgroup"
                          r"|pid|fact:[a-z_]+\.[a-z0-9_]+|fact_before:[a-z_]+\.[a-z0-9_]+(?:\|[A-Za-z0-9_.-]+)?)\}")
 
@@ -337,8 +348,6 @@ def _role_etc(ctx: _Ctx, where: str, d: Mapping[str, Any]) -> tuple[str, float, 
 
 def _fact_signal(ctx: _Ctx, where: str, d: Mapping[str, Any]) -> Signal:
     """A signal read from host facts at the window's time (e.g. thp.enabled == never)."""
-    from knowledge_base.facts import DERIVED, FACT_RE
-
     _keys(ctx, where, d, ("fact", "op", "value", "role", "weight", "group", "note"), ("fact", "op", "value"))
     fact = _str(ctx, f"{where}.fact", d["fact"])
     if fact not in DERIVED and not FACT_RE.fullmatch(fact):
@@ -365,8 +374,6 @@ def _gate(ctx: _Ctx, where: str, d: Any) -> Gate:
 
 
 def _precondition(ctx: _Ctx, where: str, d: Any) -> Precondition:
-    from knowledge_base.facts import DERIVED, FACT_RE
-
     d = _table(ctx, where, d)
     _keys(ctx, where, d, ("fact", "op", "value", "why", "if_missing"), ("fact", "op", "why"))
     fact = _str(ctx, f"{where}.fact", d["fact"])

@@ -150,11 +150,9 @@ def hardware_cohorts(features: pl.DataFrame, host_facts: pl.DataFrame | None) ->
     """host -> hardware cohort (GPU count and model): the matcher's peers. Hardware, not
     behaviour: a signature asks "is this value normal for this kind of machine", and the
     signatures were calibrated with peers running other workloads of the same hardware."""
-    from analytics import pipeline
+    from analytics.pipeline import hardware_cohorts as by_hardware
 
-    if hasattr(pipeline, "hardware_cohorts"):
-        return pipeline.hardware_cohorts(features, host_facts)
-    return pipeline.cohorts(features, host_facts)
+    return by_hardware(features, host_facts)
 
 
 def fact_changes(host_facts: pl.DataFrame | None, facts: frozenset[str]) -> dict[str, list[Any]]:

@@ -15,7 +15,7 @@ from analytics.pipeline import AnalyticsConfig
 from ingest.agent import AgentConfig
 from ingest.influx import InfluxConfig
 from jobs import config
-from jobs.pipeline import SweepConfig, analytics_from_mapping
+from jobs.config import SweepConfig, analytics_from_mapping
 from jobs.timeparse import parse_duration
 from remediation.executor import ExecutorConfig
 

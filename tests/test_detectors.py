@@ -380,7 +380,7 @@ def test_detectors_calibrate_with_their_threshold_rule() -> None:
 
 def test_threshold_rule_config_key() -> None:
     from analytics.pipeline import AnalyticsConfig
-    from jobs.pipeline import analytics_from_mapping
+    from jobs.config import analytics_from_mapping
 
     cfg = analytics_from_mapping({"threshold_rule": "quantile:0.01"})
     assert cfg.threshold_rule == "quantile:0.01"

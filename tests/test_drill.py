@@ -533,7 +533,7 @@ def test_short_drill_writes_a_scorecard_consistent_with_the_incidents(host: dict
 
 def test_the_scorecard_is_never_read_back_as_telemetry(tmp_path: Path) -> None:
     """Its numbers (latency, incident counts) must not become features of the host."""
-    from jobs.pipeline import telemetry_tables
+    from jobs.telemetry import telemetry_tables
 
     now = datetime.now(UTC)
     w = d.FaultWindow("cpu", "cpu_noisy_neighbour", "2 busy process(es)", now, now + timedelta(seconds=5),

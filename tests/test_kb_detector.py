@@ -8,11 +8,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
-from analytics.pipeline import SCORES_SCHEMA, AnalysisResult
-from jobs.pipeline import SweepConfig
+from analytics.pipeline import SCORES_SCHEMA, AnalysisResult, AnalyticsConfig, cohorts
+from jobs.config import SweepConfig
 from knowledge_base import HostFacts, fill_params, load_kb, match_windows
 from knowledge_base.detector import (
     FINDINGS_OUT_SCHEMA,
@@ -78,8 +79,10 @@ def test_detection_config_and_scheduler_keys_are_validated() -> None:
 
 # ------------------------------------------------------------------------ verdict
 def _result(rec: dict[str, pl.DataFrame], findings: pl.DataFrame | None = None) -> AnalysisResult:
+    # the recorded run was analysed with the default settings (behaviour cohorts)
     return AnalysisResult(rec["features"], pl.DataFrame(schema=SCORES_SCHEMA),
-                          rec["findings"] if findings is None else findings)
+                          rec["findings"] if findings is None else findings, AnalyticsConfig(),
+                          cohorts(rec["features"], rec["host_facts"]))
 
 
 def test_signature_detector_alone_finds_the_injection_and_writes_kb_scores(rec: dict[str, pl.DataFrame]) -> None:
@@ -194,3 +197,32 @@ def test_fact_before_fallback_is_validated_on_load(tmp_path: Path) -> None:
     with pytest.raises(KBError, match="bad template"):
         bad.write_text(src.replace("{fact_before:thp.enabled|madvise}", "{fact_before:thp.enabled|}"))
         load_entry(bad)
+
+
+# ------------------------------------------------------------------ cohorts
+def test_warmup_cover_uses_the_cohorts_analytics_judged_with() -> None:
+    """A host starting late, CFS-throttled, among three peers of the same hardware but other
+    behaviour (GPU utilisation 0.1 against 0.9): with ``cohort_by = "hardware"`` analytics judges it
+    against those peers, so the peers (out of their warm-up) cover its warm-up findings.
+    The detector must take that cohort, not recompute behaviour cohorts (which would
+    leave the host alone and drop the findings)."""
+    from analytics.features import WindowSpec
+    from analytics.pipeline import analyze
+
+    rng = np.random.default_rng(3)
+    parts = []
+    for h, first, util, throttled in (("a", 600, 0.1, 0.6), ("b", 0, 0.9, 0.0), ("c", 0, 0.9, 0.0),
+                                      ("d", 0, 0.9, 0.0)):
+        starts = list(range(first, 900))
+        parts.append(keys(h, starts).with_columns(
+            pl.Series("gpu.util@gpu0", util + rng.normal(0, 0.01, len(starts))),
+            pl.Series("cgroup.throttled_share@workload.slice", throttled + np.abs(rng.normal(0, 0.01, len(starts))))))
+    feats = pl.concat(parts)
+    cfg = AnalyticsConfig(window=WindowSpec(3, 1), cohort_by="hardware", reference="cohort",
+                          warmup=timedelta(0), detectors=("zscore",), combine="any")
+    res = analyze({}, cfg, features=feats)
+    early = res.findings.filter((pl.col("host") == "a") & (pl.col("window_start") < ts(720)))
+    assert early.height > 0 and (early["reference"] == "cohort").all()
+    det = detect(res, None, load_kb(), DetectionConfig(signature=False, warmup_s=120), keep=pl.lit(True))
+    assert det.suppressed == 0
+    assert early.select("host", "window_start").join(det.findings, on=["host", "window_start"], how="anti").is_empty()

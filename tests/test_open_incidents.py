@@ -13,7 +13,8 @@ import pytest
 
 from ingest import lake
 from jobs import query
-from jobs.pipeline import SweepConfig, run_cycle
+from jobs.config import SweepConfig
+from jobs.cycle import run_cycle
 from knowledge_base import latest_incidents
 from remediation.queue import Queue, default_path
 
@@ -147,7 +148,7 @@ def test_sweep_config_min_incident_s() -> None:
 
 
 def _fast_cfg(**kw: object) -> SweepConfig:
-    from jobs.pipeline import analytics_from_mapping
+    from jobs.config import analytics_from_mapping
 
     a = analytics_from_mapping({"detectors": ["zscore", "mahalanobis"], "vote_k": 1, "history": "4m",
                                 "warmup": "30s"})
@@ -223,7 +224,7 @@ def test_signature_matching_judges_against_the_past_only(throttle_template: Path
     """With reference_before (what each analysis step uses), a window's match does not change
     when later windows join the features frame: its host's reference is its past only."""
     from analytics.features import compute_features
-    from jobs.pipeline import load_lake
+    from jobs.telemetry import load_lake
     from knowledge_base import load_kb
     from knowledge_base.matcher import MatchConfig, match_findings
 

@@ -11,7 +11,8 @@ import pytest
 
 from ingest import lake
 from ingest.influx import InfluxConfig, InfluxSource
-from jobs.pipeline import SweepConfig, run_cycle
+from jobs.config import SweepConfig
+from jobs.cycle import run_cycle
 from remediation.queue import Queue, default_path
 from tests.servers import InfluxdServer
 

@@ -15,7 +15,8 @@ import pytest
 
 from ingest import lake
 from jobs import query
-from jobs.pipeline import SweepConfig, run_cycle
+from jobs.config import SweepConfig
+from jobs.cycle import run_cycle
 from jobs.report import write_report
 from knowledge_base import load_kb
 from remediation.executor import Executor, ExecutorConfig
@@ -263,7 +264,7 @@ def test_one_proposal_per_cause_and_a_returning_fault_is_linked(tmp_path: Path) 
 
 
 def test_a_split_incident_produces_no_duplicate_proposal(tmp_path: Path) -> None:
-    from jobs.pipeline import queue_remediations
+    from jobs.remediations import queue_remediations
     from tests.test_remediation_safety import m, thp_facts, thp_incidents
 
     facts = thp_facts([(0, "always", "madvise"), (15, "never", "never")], until=40)  # still off

@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from jobs.pipeline import queue_remediations
+from jobs.remediations import queue_remediations
 from knowledge_base import INCIDENT_SCHEMA, HostFacts, KBError, fill_params, load_entry, load_kb
 from remediation.errors import FaultValueError
 from remediation.queue import Queue, default_path
@@ -83,7 +83,7 @@ def test_a_fragment_starting_inside_the_fault_restores_what_was_there_before_the
 def test_a_fix_whose_target_is_already_in_force_is_not_queued(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     facts = thp_facts(FLAP[:3], until=60)  # restored at 08:45 by someone else
     inc = thp_incidents(("inc-1", m(15), m(30)))
-    with caplog.at_level(logging.INFO, logger="jobs.pipeline"):
+    with caplog.at_level(logging.INFO, logger="jobs.remediations"):
         out = queue_remediations(tmp_path, inc, facts, load_kb(), now=m(50))
     assert out.is_empty() and params_of(tmp_path) == []
     assert "already in force" in caplog.text and "inc-1" in caplog.text
@@ -112,7 +112,7 @@ def test_queueing_logs_and_skips_a_proposal_that_would_set_the_fault(
     bad.write_text(src)
     kb = load_kb(bad.parent)
     facts = thp_facts(FLAP[:2], until=40)
-    with caplog.at_level(logging.WARNING, logger="jobs.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="jobs.remediations"):
         out = queue_remediations(tmp_path, thp_incidents(("inc-1", m(15), m(30))), facts, kb, now=m(40))
     assert out.is_empty() and params_of(tmp_path) == []
     assert "not queued" in caplog.text and "'never'" in caplog.text

@@ -16,8 +16,10 @@ from analytics.pipeline import AnalyticsConfig
 from ingest import lake
 from ingest.influx import InfluxConfig, InfluxSource, line_protocol_series
 from jobs import watermarks as wm
-from jobs.pipeline import CycleSummary, SweepConfig, analytics_from_mapping, influx_frame
+from jobs.config import SweepConfig, analytics_from_mapping
+from jobs.cycle import CycleSummary
 from jobs.scheduler import Scheduler
+from jobs.writeback import influx_frame
 from knowledge_base import latest_incidents
 from tests.servers import InfluxdServer
 from tests.test_watermarks import T0, assert_exactly_once, make_lake, popen, schedule_once
@@ -152,7 +154,7 @@ def test_sweep_config_chunk_must_cover_a_stride() -> None:
 
 
 def test_matched_incidents_are_queued_once_as_dry_run_proposals(tmp_path: Path) -> None:
-    from jobs.pipeline import queue_remediations
+    from jobs.remediations import queue_remediations
     from knowledge_base import INCIDENT_SCHEMA, load_kb
     from remediation.queue import Queue, default_path
 

@@ -21,8 +21,9 @@ import pytest
 
 from ingest import lake
 from jobs import watermarks as wm
-from jobs.pipeline import floor_grid, incidents_of, segment
+from jobs.grid import floor_grid
 from jobs.progress import Progress
+from jobs.step import incidents_of, segment
 from knowledge_base import load_kb
 
 ROOT = Path(__file__).resolve().parent.parent

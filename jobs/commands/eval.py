@@ -89,7 +89,8 @@ def _run(args: argparse.Namespace) -> int:
     detect = None
     matcher: Matcher | None
     if args.matcher == "kb":
-        from jobs.pipeline import SweepConfig, eval_detector
+        from jobs.config import SweepConfig
+        from jobs.step import eval_detector
         from knowledge_base import load_kb
 
         name = "knowledge base (sweep verdict: vote∨KB signature, warm-up, incidents)"

@@ -11,7 +11,7 @@ from pathlib import Path
 from jobs import config as config_mod
 from jobs.commands import warn_corrupt
 from jobs.commands.schedule import add_common, sweep_config
-from jobs.pipeline import label_interval, postmortem, postmortem_id
+from jobs.postmortem import label_interval, postmortem, postmortem_id
 from jobs.timeparse import parse_duration, parse_time
 
 

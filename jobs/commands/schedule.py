@@ -11,7 +11,7 @@ from pathlib import Path
 from jobs import config as config_mod
 from jobs.commands import warn_corrupt
 from jobs.config import SweepConfig, duration
-from jobs.pipeline import CycleSummary, maintain, run_cycle
+from jobs.cycle import CycleSummary, maintain, run_cycle
 from jobs.timeparse import parse_time
 
 

@@ -1,0 +1,331 @@
+"""One scheduler cycle: under the lake's scheduler lock it recovers an interrupted sweep,
+then walks every host from its watermark to ``now - lag`` (rounded down to the stride
+grid) in chunks of at most ``chunk``, and commits each chunk through
+:mod:`jobs.watermarks`' staged protocol, so every window is processed exactly once.
+
+Per chunk ``[s, e)`` of a group of hosts sharing the watermark ``s``:
+
+* telemetry ``[s - L + 1us - history, e)`` is read from the lake (corrupt files skipped
+  and returned to the caller, who warns once per file), and the windows ending in
+  ``(s, e]`` are judged by the sweep step (:func:`jobs.step.sweep_step`; ``L`` = window
+  length: a window straddling ``s`` was incomplete in the previous chunk and is judged
+  now): scores, findings (statistical outside warm-up, or a knowledge-base signature),
+  their rank-1 matches;
+* findings are grouped into incidents (gap <= ``incident_gap_s``, at most
+  ``max_incident`` long, raised once they span ``min_incident_s``); a matched incident is
+  written with ``state = 'open'`` as soon as it has persisted and again each chunk it
+  changes (same ``incident_id``, ``updated`` = the chunk's end), and with ``state =
+  'closed'`` once no later window can join it (unmatched ones only then); the start of a
+  still-open segment is carried in the host's state (``open_since``) and its findings are
+  read back from the lake by the next chunk;
+* matched incidents whose KB entry names a script, open ones included, are queued for
+  remediation (dry-run proposals, one per cause: later rows and fragments attach;
+  :mod:`jobs.remediations`);
+* features, scores, findings, incidents and remediations go to the lake; findings,
+  incidents and remediations also to InfluxDB (:mod:`jobs.writeback`).
+
+After the chunks: auto-remediation (when enabled), due verifications, and the
+``remediations`` table brought up to the queue. :func:`maintain` compacts the lake and
+applies retention (the scheduler runs it on its own period).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ingest import lake as lake_mod
+from ingest import schema
+from jobs import watermarks as wm
+from jobs.config import SweepConfig
+from jobs.grid import US, floor_grid, stamp, utc
+from jobs.progress import Progress
+from jobs.remediations import (
+    auto_remediate,
+    conclude_due_verifications,
+    export_remediations,
+    new_remediation_rows,
+    queue_remediations,
+)
+from jobs.step import TS, sweep_step, with_time
+from jobs.telemetry import (
+    Corrupt,
+    Loaded,
+    earliest,
+    first_times,
+    fleet_hosts,
+    has_data,
+    load_lake,
+    merge_corrupt,
+)
+from jobs.writeback import WriteBack
+from knowledge_base import latest_incidents, load_kb
+from knowledge_base.detector import empty_findings
+from knowledge_base.loader import KnowledgeBase
+
+log = logging.getLogger(__name__)
+
+HOST = schema.HOST
+
+
+@dataclass
+class ChunkSummary:
+    sweep_id: str
+    start: datetime
+    end: datetime
+    hosts: list[str]
+    windows: int = 0
+    findings: int = 0
+    incidents: int = 0
+    remediations: int = 0
+
+
+@dataclass
+class CycleSummary:
+    horizon: datetime | None = None
+    chunks: list[ChunkSummary] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    corrupt: list[Corrupt] = field(default_factory=list)  # files skipped this cycle, one entry each
+    caught_up: bool = True
+    influx_points: int = 0
+    verifications: dict[str, int] = field(default_factory=dict)  # concluded this cycle: state -> count
+    remediation_rows: int = 0  # action snapshots appended to the remediations table at the cycle's end
+
+    @property
+    def windows(self) -> int:
+        return sum(c.windows for c in self.chunks)
+
+    @property
+    def findings(self) -> int:
+        return sum(c.findings for c in self.chunks)
+
+    @property
+    def incidents(self) -> int:
+        return sum(c.incidents for c in self.chunks)
+
+
+def sweep_id(start: datetime, end: datetime, hosts: Sequence[str]) -> str:
+    """Deterministic: a retry of the same chunk reuses (and first clears) its staging dir."""
+    h = hashlib.sha1(",".join(sorted(hosts)).encode()).hexdigest()[:8]
+    return f"sw-{stamp(start)}-{stamp(end)}-{h}"
+
+
+def _read_open_findings(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequence[str],
+                        before: datetime, corrupt: list[Corrupt]) -> pl.DataFrame:
+    parts = []
+    if "findings" not in lake_mod.tables(lake):
+        return empty_findings()
+    for h in hosts:
+        since = marks[h].open_since if h in marks else None
+        if since is None:
+            continue
+        df = lake_mod.read(lake, "findings", start=since, end=before, hosts=[h], on_corrupt="skip", report=corrupt)
+        if df.height:
+            parts.append(df.drop(schema.TIME))
+    if not parts:
+        return empty_findings()
+    return pl.concat(parts, how="diagonal_relaxed")
+
+
+def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequence[str],
+                       incidents: pl.DataFrame, corrupt: list[Corrupt]) -> pl.DataFrame:
+    """``incidents`` without the rows that repeat the latest stored row of the same incident
+    (an open incident no window joined since the last sweep): the table gets a row per change."""
+    if incidents.is_empty() or "incidents" not in lake_mod.tables(lake):
+        return incidents
+    parts = []
+    for h in hosts:
+        since = marks[h].open_since if h in marks else None
+        if since is not None:  # only incidents of a carried (open) segment can have rows already
+            parts.append(lake_mod.read(lake, "incidents", start=since, hosts=[h], on_corrupt="skip", report=corrupt))
+    have = pl.concat([p for p in parts if p.height], how="diagonal_relaxed") if any(p.height for p in parts) else None
+    if have is None:
+        return incidents
+    key = ["incident_id", "state", "end", "n_windows"]
+    last = latest_incidents(have).select(*key)
+    return incidents.join(last.with_columns(pl.col("end").cast(TS)), on=key, how="anti", nulls_equal=True)
+
+
+def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],
+                  s: datetime, e: datetime, marks: Mapping[str, wm.HostMark], hook: wm.PublishHook | None,
+                  queue_path: Path | None = None,
+                  history_known: dict[str, datetime] | None = None
+                  ) -> tuple[ChunkSummary, dict[str, wm.HostMark], list[Corrupt]]:
+    """Analyse, stage, seal and publish one chunk; returns its summary and the new marks.
+    ``history_known`` caches each host's first telemetry time (warm-up); filled here."""
+    lake_p = Path(lake)
+    a = cfg.analytics
+    sid = sweep_id(s, e, hosts)
+    first = s - timedelta(seconds=a.window.length_s) + US  # the first window ending after s
+    if has_data(lake, first, e, hosts):  # nothing to score: skip the (history) read
+        loaded = load_lake(lake, first - a.history, e, hosts)
+    else:
+        loaded = Loaded({}, None)
+    known = first_times(lake, hosts, history_known)
+    found: list[Corrupt] = []
+    prior = _read_open_findings(lake_p, marks, hosts, s, found)
+    out = sweep_step(loaded, cfg, kb, since=first, until=e, hosts=hosts, history_known=known, horizon=e,
+                     prior=prior)
+    corrupt = [*out.corrupt, *found]
+    incidents, open_since = out.incidents, out.open_since
+    incidents = _changed_incidents(lake_p, marks, hosts, incidents, corrupt)
+    remediations = pl.DataFrame()
+    if cfg.queue_remediations and incidents.height:
+        # open incidents too: a proposal is due as soon as the fault has persisted
+        remediations = new_remediation_rows(
+            lake_p, queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e), corrupt)
+    staged = wm.StagedSweep(lake, sid)
+    if out.features.height:
+        staged.write("features", with_time(out.features))
+        staged.write("scores", with_time(out.scores))
+    if out.findings.height:
+        staged.write("findings", with_time(out.findings))
+    if incidents.height:
+        staged.write("incidents", incidents.select(pl.col("start").alias(schema.TIME), pl.all()))
+    if remediations.height:
+        staged.write("remediations", remediations)
+    wm.checkpoint("before_seal")
+    new = {h: wm.HostMark(e, open_since.get(h)) for h in hosts}
+    summary = ChunkSummary(sid, s, e, list(hosts), out.features.height, out.findings.height, incidents.height,
+                           remediations.height)
+    staged.seal(new, {"start": s.isoformat(), "end": e.isoformat(), "windows": summary.windows,
+                      "findings": summary.findings, "incidents": summary.incidents})
+    wm.checkpoint("after_seal")
+    wm.publish(lake, sid, hook)
+    log.info("sweep %s: %s..%s %d host(s): %d windows, %d findings, %d incidents, %d remediations", sid,
+             s.isoformat(), e.isoformat(), len(hosts), summary.windows, summary.findings, summary.incidents,
+             summary.remediations)
+    return summary, new, merge_corrupt([], corrupt)
+
+
+def initial_marks(lake: str | os.PathLike[str], cfg: SweepConfig, hosts: Sequence[str],
+                  marks: Mapping[str, wm.HostMark]) -> dict[str, wm.HostMark]:
+    """Committed marks plus a starting mark for every host never swept."""
+    out = dict(marks)
+    stride = cfg.analytics.window.stride_s
+    for h in hosts:
+        if h in out:
+            continue
+        t0 = cfg.start_at if cfg.start_at is not None else earliest(lake, h)
+        if t0 is not None:
+            out[h] = wm.HostMark(floor_grid(t0, stride))
+    return out
+
+
+def _chunks_left(marks: Mapping[str, wm.HostMark], horizon: datetime, chunk: timedelta) -> int:
+    behind = [m.watermark for m in marks.values() if m.watermark < horizon]
+    if not behind:
+        return 0
+    return max(1, math.ceil((horizon - min(behind)) / chunk))
+
+
+def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, now: datetime | None = None,
+              until: datetime | None = None, hosts: Sequence[str] | None = None,
+              progress: bool | None = None, queue_path: Path | None = None,
+              should_stop: Callable[[], bool] | None = None) -> CycleSummary | None:
+    """One scheduler cycle (see the module doc). Returns None when another process holds the
+    lake's scheduler lock (this cycle is skipped, with a log line). ``should_stop`` is asked
+    between chunks (SIGTERM during a long catch-up stops after the current chunk)."""
+    cfg = cfg or SweepConfig()
+    lake_p = Path(lake)
+    if not lake_p.is_dir():
+        raise ValueError(f"lake {lake_p} does not exist or is not a directory")
+    with wm.scheduler_lock(lake_p) as got:
+        if not got:
+            log.warning("another scheduler holds %s; skipping this cycle",
+                        wm.state_dir(lake_p) / wm.LOCK)
+            return None
+        wm.checkpoint("after_lock")
+        kb = load_kb(cfg.kb_path) if cfg.kb_path else load_kb()
+        hook = WriteBack(lake_p, cfg.influx)
+        summary = CycleSummary()
+        try:
+            summary.recovered = wm.recover(lake_p, hook)
+            stride = cfg.analytics.window.stride_s
+            wanted = list(hosts) if hosts is not None else fleet_hosts(lake_p)
+            marks = initial_marks(lake_p, cfg, wanted, wm.load(lake_p))
+            marks = {h: m for h, m in marks.items() if h in wanted}
+            live = utc(now or datetime.now(UTC)) - cfg.lag
+            horizon = floor_grid(live, stride)
+            if cfg.analysis_step is not None:
+                # whole analysis steps only, so each step is judged once on all its data (as a
+                # backfill judges it); but data that does not yet complete a step past every
+                # host's watermark (a host's first seconds) is not held back
+                whole = floor_grid(live, cfg.analysis_step.total_seconds())
+                if any(m.watermark < whole for m in marks.values()):
+                    horizon = whole
+            if until is not None:
+                horizon = min(horizon, utc(until))
+            horizon = floor_grid(horizon, stride)
+            summary.horizon = horizon
+            first_times: dict[str, datetime] = {}
+            total = _chunks_left(marks, horizon, cfg.chunk)
+            if cfg.max_chunks is not None:
+                total = min(total, cfg.max_chunks)
+            with Progress(total, "sweep", unit="chunks", enabled=progress) as bar:
+                for group, s, e in _plan(marks, horizon, cfg.chunk):
+                    if cfg.max_chunks is not None and len(summary.chunks) >= cfg.max_chunks:
+                        summary.caught_up = False
+                        log.info("max_chunks=%d reached: the rest of the backlog waits for the next cycle",
+                                 cfg.max_chunks)
+                        break
+                    if should_stop is not None and should_stop():
+                        summary.caught_up = False
+                        break
+                    chunk, new, corrupt = process_chunk(lake_p, cfg, kb, group, s, e, marks, hook, queue_path,
+                                                        first_times)
+                    marks.update(new)
+                    summary.chunks.append(chunk)
+                    merge_corrupt(summary.corrupt, corrupt)
+                    bar.advance(detail=f"{e.isoformat()} {len(group)} host(s)")
+            if cfg.auto_remediate:
+                auto_remediate(lake_p, queue_path, cfg.remediation_root)
+            summary.verifications = conclude_due_verifications(lake_p, queue_path, now or datetime.now(UTC),
+                                                            cfg.remediation_root)
+            try:
+                summary.remediation_rows = export_remediations(
+                    lake_p, queue_path, mirror=lambda df: hook.write_rows("remediations", df))
+            except (lake_mod.LakeError, OSError) as exc:  # the next cycle exports what is still missing
+                log.error("exporting the remediation queue to the lake failed: %s", exc)
+            summary.influx_points = hook.points
+        finally:
+            hook.close()
+        return summary
+
+
+def _plan(marks: dict[str, wm.HostMark], horizon: datetime,
+          chunk: timedelta) -> Iterator[tuple[list[str], datetime, datetime]]:
+    """Chunks in time order: the hosts furthest behind first, up to the next host's mark,
+    so hosts at the same watermark are analysed together (cohort references need peers).
+    ``marks`` is read afresh after each yield (the caller updates it)."""
+    while True:
+        behind = {h: m.watermark for h, m in marks.items() if m.watermark < horizon}
+        if not behind:
+            return
+        s = min(behind.values())
+        group = sorted(h for h, w in behind.items() if w == s)
+        e = min([s + chunk, horizon, *[w for w in behind.values() if w > s]])
+        yield group, s, e
+
+
+def maintain(lake: str | os.PathLike[str], cfg: SweepConfig) -> dict[str, Any]:
+    """Compaction of every table, then retention per configured table."""
+    out: dict[str, Any] = {}
+    stats = lake_mod.compact(lake)
+    out["compaction"] = {"merges": stats.merges, "files_before": stats.files_before, "files_after": stats.files_after}
+    removed = {}
+    for table, keep in cfg.retention.items():
+        if table in lake_mod.tables(lake):
+            removed[table] = lake_mod.retention(lake, table, keep=keep)
+    out["retention"] = removed
+    log.info("maintenance: %s", out)
+    return out

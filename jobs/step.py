@@ -1,0 +1,297 @@
+"""The sweep step: telemetry, configuration and knowledge base in; features, scores,
+findings (matched), matches and incidents out. The scheduler's cycle, ``unveil sweep``,
+post-mortems and ``unveil eval`` all judge windows through :func:`sweep_step`, so they
+report the same verdict on the same data.
+
+The step reports the windows starting at or after ``since`` and ending at or before
+``until`` (a scheduler chunk ``(s, e]`` of window ends is ``since = s - L + 1us``,
+``until = e``); windows before ``since`` are reference only (history):
+
+* analytics scores them (:func:`analytics.pipeline.analyze`: statistical detectors
+  against the host's history and its cohort) — in clock-aligned analysis steps when
+  ``SweepConfig.analysis_step`` is set: the windows ending in a step ``[b, b')`` are
+  judged on the windows of ``[b - history, b')`` only, and the signature matcher judges
+  each against the host's own past, so the verdict does not depend on how a sweep cuts
+  time into chunks (features are computed once and cut per step);
+* the knowledge base runs as a *signature detector* on every window and the final verdict
+  is taken (:func:`knowledge_base.detector.detect`: statistical flags out of warm-up, or a
+  signature match; findings carry the rank-1 match in ``MATCH_COLUMNS``);
+* findings (with those of a still-open segment carried from earlier steps) are grouped
+  into incidents (:func:`incidents_of`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import polars as pl
+
+from analytics.evaluation import DetectHook
+from analytics.features import compute_features
+from analytics.pipeline import AnalysisResult, analyze
+from ingest import schema
+from jobs.config import SweepConfig
+from jobs.grid import US, floor_grid, steps
+from jobs.telemetry import Corrupt, Loaded, first_times
+from knowledge_base import INCIDENT_SCHEMA, build_incidents
+from knowledge_base.detector import MATCH_COLUMNS, Detection, detect, empty_findings
+from knowledge_base.loader import KnowledgeBase
+from knowledge_base.matcher import MATCH_SCHEMA, MatchConfig
+
+log = logging.getLogger(__name__)
+
+HOST, WS, WE = schema.HOST, "window_start", "window_end"
+TS = schema.TIME_DTYPE
+
+
+@dataclass
+class StepResult:
+    features: pl.DataFrame  # the reported windows
+    scores: pl.DataFrame  # with one detector="kb" row per window when the signature detector is on
+    findings: pl.DataFrame  # knowledge_base.detector.FINDINGS_OUT_SCHEMA (the MATCH_COLUMNS included)
+    corrupt: list[Corrupt] = field(default_factory=list)  # files skipped, one entry each
+    suppressed: int = 0  # statistical findings dropped by the warm-up
+    signature: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=MATCH_SCHEMA))
+    incidents: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=INCIDENT_SCHEMA))
+    open_since: dict[str, datetime] = field(default_factory=dict)  # host -> start of its still-open segment
+
+    @property
+    def matches(self) -> pl.DataFrame:
+        """The rank-1 matched rows (MATCH_SCHEMA) of the findings."""
+        return matches_of(self.findings)
+
+
+def with_time(df: pl.DataFrame) -> pl.DataFrame:
+    """A downstream table as the lake wants it: ``time`` (= window_start) first."""
+    return df.select(pl.col(WS).alias(schema.TIME), pl.all())
+
+
+def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: datetime | None,
+               until: datetime | None = None, hosts: Sequence[str] | None = None,
+               history_known: Mapping[str, datetime] | None = None, result: AnalysisResult | None = None,
+               frame_start: datetime | None = None, signature: pl.DataFrame | None = None,
+               incidents: bool = True, horizon: datetime | None = None,
+               prior: pl.DataFrame | None = None) -> StepResult:
+    """Judge the windows starting at or after ``since`` (None: all) and ending at or before
+    ``until`` (None: no bound) of ``hosts`` (None: all); see the module doc.
+
+    ``loaded`` must start at or before ``since - history`` (its ``frames`` are analysed,
+    its ``facts`` serve the detectors and matcher). ``history_known``: host -> its first
+    telemetry time in the lake (warm-up of hosts whose start is not loaded).
+
+    ``result``: the analysis of these windows, already done (the evaluation analyses once
+    per detector combination); ``loaded.frames`` is then not read and ``frame_start`` says
+    when its telemetry was read from (None: the hosts' whole data). ``signature``: the
+    signature detector's matches over these windows, when already computed.
+
+    Incidents (unless ``incidents`` is False) are built from ``prior`` (findings of a
+    segment still open from earlier steps) and the step's findings: with ``horizon=None``
+    every incident is closed (a finished interval), else segments that may still grow
+    are open (:func:`incidents_of`)."""
+    a = cfg.analytics
+    step = None if result is not None else cfg.analysis_step
+    keep = _keep(since, until, hosts)
+    if result is not None:
+        out = _judged(detect(result, loaded.facts, kb, cfg.detection, keep=keep, frame_start=frame_start,
+                             history_known=history_known, signature=signature), loaded.corrupt)
+    elif not loaded.frames:
+        out = StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings(), loaded.corrupt)
+    elif step is None or since is None or until is None:
+        read = None if since is None else since - a.history
+        res = analyze(loaded.frames, a, host_facts=loaded.facts, score_since=since)
+        out = _judged(detect(res, loaded.facts, kb, cfg.detection, keep=keep, frame_start=read,
+                             history_known=history_known), loaded.corrupt)
+    else:
+        out = _stepped(loaded, cfg, kb, since, until, hosts, step, history_known)
+    if incidents:
+        findings = out.findings
+        if prior is not None and prior.height:
+            findings = pl.concat([prior, findings], how="diagonal_relaxed")
+        out.incidents, out.open_since = step_incidents(findings, kb, cfg, horizon=horizon)
+    return out
+
+
+def step_incidents(findings: pl.DataFrame, kb: KnowledgeBase, cfg: SweepConfig, *,
+                   horizon: datetime | None) -> tuple[pl.DataFrame, dict[str, datetime]]:
+    """:func:`incidents_of` with the sweep's settings (gap, longest incident, persistence,
+    window length and stride)."""
+    w = cfg.analytics.window
+    return incidents_of(findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident, horizon=horizon,
+                        window_length=timedelta(seconds=w.length_s), stride=timedelta(seconds=w.stride_s),
+                        min_incident_s=cfg.min_incident_s)
+
+
+def _keep(since: datetime | None, until: datetime | None, hosts: Sequence[str] | None) -> pl.Expr | None:
+    parts = []
+    if since is not None:
+        parts.append(pl.col(WS) >= since)
+    if until is not None:
+        parts.append(pl.col(WE) <= until)
+    if hosts is not None:
+        parts.append(pl.col(HOST).is_in(list(hosts)))
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out = out & p
+    return out
+
+
+def _judged(det: Detection, corrupt: list[Corrupt]) -> StepResult:
+    return StepResult(det.features, det.scores, det.findings, corrupt, det.suppressed, det.signature)
+
+
+def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetime, until: datetime,
+             hosts: Sequence[str] | None, step: timedelta,
+             history_known: Mapping[str, datetime] | None) -> StepResult:
+    """The windows ending in ``(since + L - 1us, until]``, analysed step by step (module doc)."""
+    a = cfg.analytics
+    feats = compute_features(loaded.frames, a.window, host_facts=loaded.facts)
+    if feats.is_empty():
+        return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings(), loaded.corrupt)
+    feats = feats.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
+    length = timedelta(seconds=a.window.length_s)
+    outs: list[StepResult] = []
+    for b, b2 in steps(since + length - US, until, step):
+        first = floor_grid(b - a.history, a.window.stride_s)
+        part = feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= b2))
+        if part.is_empty():
+            outs.append(StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings()))
+            continue
+        b_since = b - length + US
+        res = analyze({}, a, host_facts=loaded.facts, score_since=b_since, features=part)
+        # the signature matcher judges a window against the host's own past only
+        det = detect(res, loaded.facts, kb, cfg.detection, keep=_keep(b_since, b2, hosts), frame_start=first,
+                     history_known=history_known, match_config=MatchConfig(reference_before=b_since))
+        outs.append(_judged(det, []))
+    findings = _concat([o.findings for o in outs])
+    return StepResult(_concat([o.features for o in outs]), _concat([o.scores for o in outs]),
+                      findings if findings.height else empty_findings(), loaded.corrupt,
+                      sum(o.suppressed for o in outs))
+
+
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    frames = [f for f in frames if f.height]
+    if not frames:
+        return pl.DataFrame()
+    return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
+
+
+def matches_of(findings: pl.DataFrame) -> pl.DataFrame:
+    """The matcher's rank-1 matched rows back from findings carrying MATCH_COLUMNS."""
+    if findings.is_empty() or "entry_id" not in findings.columns:
+        return pl.DataFrame(schema=MATCH_SCHEMA)
+    m = findings.filter(pl.col("entry_id").is_not_null())
+    return m.select(
+        HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), pl.lit(1, pl.Int32).alias("rank"), "entry_id",
+        pl.lit(None, pl.String).alias("label_type"), pl.col("match_confidence").alias("confidence"),
+        pl.lit(True).alias("matched"), pl.col("match_devices").alias("devices"),
+        pl.lit([], pl.List(pl.String)).alias("matched_signals"), pl.lit([], pl.List(pl.String)).alias("missing_signals"),
+        pl.lit([], pl.List(pl.String)).alias("contradicted_signals"), pl.col("match_explanation").alias("explanation"),
+    ).cast(MATCH_SCHEMA)  # type: ignore[arg-type]
+
+
+# -------------------------------------------------------------------- incidents
+
+
+def segment(findings: pl.DataFrame, gap_s: float, max_len: timedelta) -> list[pl.DataFrame]:
+    """Findings cut into incidents: a new one starts after a gap > ``gap_s`` or once the
+    current one is ``max_len`` long (so a permanent problem is reported every max_len).
+    Deterministic: the same findings always give the same cuts."""
+    out: list[pl.DataFrame] = []
+    gap = timedelta(seconds=gap_s)
+    for _, rows in findings.sort(HOST, WS).group_by(HOST, maintain_order=True):
+        starts, ends = rows[WS].to_list(), rows[WE].to_list()
+        cut = 0
+        seg_start, prev_end = starts[0], ends[0]
+        for i in range(1, rows.height):
+            if starts[i] > prev_end + gap or starts[i] - seg_start >= max_len:
+                out.append(rows.slice(cut, i - cut))
+                cut, seg_start = i, starts[i]
+            prev_end = max(prev_end, ends[i])
+        out.append(rows.slice(cut))
+    return out
+
+
+def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max_len: timedelta,
+                 horizon: datetime | None, window_length: timedelta,
+                 stride: timedelta, min_incident_s: float = 0.0) -> tuple[pl.DataFrame, dict[str, datetime]]:
+    """(incidents, host -> start of its still-open segment). With ``horizon=None`` every
+    incident is closed (a post-mortem over a finished interval).
+
+    A segment that may still grow (a later window can join it) is *open*: its matched
+    incidents that have persisted are returned with ``state = 'open'`` (updated = the
+    horizon), so they are visible while they last; its unmatched windows wait for the close
+    (a matched span may still absorb them). Closed segments give ``state = 'closed'`` rows.
+    An incident persisted when it spans at least ``min_incident_s`` (first window's start to
+    last window's end); a shorter one is never raised, open or closed."""
+    rows: list[pl.DataFrame] = []
+    open_since: dict[str, datetime] = {}
+    if findings.is_empty():
+        return pl.DataFrame(schema=INCIDENT_SCHEMA), open_since
+    findings = findings.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
+    gap = timedelta(seconds=gap_s)
+    persisted = (pl.col("end") - pl.col("start")) >= timedelta(seconds=min_incident_s)
+    for seg in segment(findings, gap_s, max_len):
+        host = str(seg[HOST][0])
+        start, end = seg[WS].min(), seg[WE].max()
+        assert isinstance(start, datetime) and isinstance(end, datetime)
+        # the next window not yet scored starts at horizon - L + stride: can it still join?
+        may_grow = (horizon is not None and end + gap >= horizon - window_length + stride
+                    and horizon - start < max_len)
+        inc = build_incidents(matches_of(seg), seg.drop([c for c in MATCH_COLUMNS if c in seg.columns]), kb,
+                              max_gap_s=1e9)  # segment() already cut it: one incident per entry
+        inc = inc.filter(persisted)
+        if may_grow:
+            open_since[host] = min(open_since.get(host, start), start)
+            inc = inc.filter(pl.col("status") == "matched").with_columns(
+                pl.lit("open").alias("state"), pl.lit(horizon).cast(TS).alias("updated"))
+        elif horizon is not None:
+            inc = inc.with_columns(pl.lit(horizon).cast(TS).alias("updated"))
+        rows.append(inc)
+    out = pl.concat(rows) if rows else pl.DataFrame(schema=INCIDENT_SCHEMA)
+    return out.sort(HOST, "start", "incident_id"), open_since
+
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+def eval_detector(kb: KnowledgeBase, cfg: SweepConfig | None = None,
+                  lake: str | os.PathLike[str] | None = None) -> DetectHook:
+    """The sweep step as an :data:`analytics.evaluation.DetectHook`: warm-up, the
+    signature detector when the combination has it (``KB`` alone: statistical findings
+    dropped), matching, and incidents as a post-mortem builds them, so ``unveil eval``
+    measures what sweeps report: windows starting at or after ``score_since`` (None: all of
+    ``result.features``). ``lake``: read each host's first telemetry time there."""
+    from analytics.evaluation import Detected
+
+    cfg = cfg or SweepConfig()
+    label_of = {e.id: e.label_type for e in kb}
+    known = first_times(lake, None) if lake is not None else None
+    cache: dict[int, pl.DataFrame] = {}
+
+    def hook(result: AnalysisResult, host_facts: pl.DataFrame | None, spec: Any, *,
+             frame_start: datetime | None = None, score_since: datetime | None = None) -> Detected:
+        step_cfg = replace(cfg, detection=replace(cfg.detection, signature=bool(spec.signature)))
+        if not spec.statistical:
+            result = replace(result, findings=result.findings.clear())
+        out = sweep_step(Loaded({}, host_facts), step_cfg, kb, since=score_since, history_known=known,
+                         result=result, frame_start=frame_start, signature=cache.get(id(result.features)),
+                         horizon=None)
+        if step_cfg.detection.signature:
+            cache.clear()
+            cache[id(result.features)] = out.signature
+        f = out.findings
+        matches = f.filter(pl.col("entry_id").is_not_null()).select(
+            HOST, pl.col(WS).cast(TS),
+            pl.col("entry_id").replace_strict(label_of, default=pl.col("entry_id"), return_dtype=pl.String)
+            .alias("match_type"), pl.col("match_confidence").alias("confidence"))
+        return Detected(f.select(HOST, pl.col(WS).cast(TS)), matches, out.incidents)
+
+    return hook
