@@ -4,7 +4,6 @@ and the catalog contract (every produced feature is documented)."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
