@@ -289,27 +289,33 @@ def _feature_exprs(plan: Plan) -> list[pl.Expr]:
     return [e.cast(pl.Float64).alias(f) for f, e in plan.features.items()]
 
 
+def _runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
+    """Row -> index of its run of equal values, and each run's value (rows come in runs:
+    a few per table). Runs by 64-bit hashes: Polars' string rle costs several queries."""
+    h = s.hash().to_numpy()
+    at = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    return np.repeat(np.arange(at.size), np.diff(np.r_[at, h.size])), s.gather(at).to_list()
+
+
 def _dense_index(bk: pl.DataFrame, grid: _Grid) -> tuple[list[str], np.ndarray | None]:
     """The table's devices (sorted) and, for each (device x grid) row, device-major, the
     bucket row that lands there (-1: none); None where the bucket rows already are
-    those rows in that order. Positions are arithmetic (the rows come in runs of one
-    device and one host): no join."""
+    those rows in that order. Positions are arithmetic: no join."""
     n_grid = grid.frame.height
-    runs = bk[DEV].rle()
-    devs = runs.struct.field("value").unique().sort()
-    dev = np.repeat(devs.search_sorted(runs.struct.field("value")).to_numpy(), runs.struct.field("len").to_numpy())
+    run, values = _runs(bk[DEV])
+    names = sorted(set(values))  # (Polars' string order: by code point)
+    code = {name: i for i, name in enumerate(names)}
+    dev = np.array([code[v] for v in values], dtype=np.int64)[run]
     b = bk[_B].to_numpy()
     if grid.hosts.len() == 1:  # then every table's rows are of that host
         pos = dev * n_grid + (b - grid.first[0]) // grid.b_us
     else:
-        runs = bk[HOST].rle()
-        h = np.repeat(grid.hosts.search_sorted(runs.struct.field("value")).to_numpy(),
-                      runs.struct.field("len").to_numpy())
+        run, hosts = _runs(bk[HOST])
+        h = grid.hosts.search_sorted(pl.Series(hosts, dtype=pl.String)).to_numpy()[run]
         pos = dev * n_grid + grid.off[h] + (b - grid.first[h]) // grid.b_us
-    names = [str(d) for d in devs.to_list()]
-    if pos.size == devs.len() * n_grid and bool((pos == np.arange(pos.size)).all()):
+    if pos.size == len(names) * n_grid and bool((pos == np.arange(pos.size)).all()):
         return names, None
-    src = np.full(devs.len() * n_grid, -1, dtype=np.int64)
+    src = np.full(len(names) * n_grid, -1, dtype=np.int64)
     src[pos] = np.arange(pos.size)
     return names, src
 
@@ -354,7 +360,8 @@ def _windows(parts: Sequence[tuple[pl.DataFrame, Plan, np.ndarray | None]], n_de
         for name, (_, agg) in plan.buckets.items():
             if name not in roots:
                 continue
-            v, valid = kernels.values(bk[name], agg)
+            v, valid = kernels.values(bk[name])
+            v = kernels.filled(v, valid, agg)
             if src is not None:  # (device x grid) rows; none there: missing
                 miss = src < 0
                 at = np.where(miss, 0, src)

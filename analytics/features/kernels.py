@@ -29,11 +29,11 @@ GROUP = "_g"  # the group a row's series belongs to (see reduce_buckets)
 _OPS: dict[str, np.ufunc] = {"sum": np.add, "count": np.add, "mean": np.add, "max": np.fmax, "min": np.fmin}
 
 
-def values(s: pl.Series, agg: Agg) -> tuple[np.ndarray, np.ndarray | None]:
-    """A column as int64/float64 values with nulls replaced by the aggregation's
-    :func:`identity`, and its validity (None: no nulls). Read from the Arrow buffers:
-    Polars' ``cast``/``fill_null``/``is_not_null`` cost ~0.2 ms each, even on small
-    tables, which over ~150 columns was a tenth of the features' time."""
+def values(s: pl.Series) -> tuple[np.ndarray, np.ndarray | None]:
+    """A column as int64/float64 values (read-only; whatever lies under a null) and its
+    validity (None: no nulls), from the Arrow buffers without a copy: Polars'
+    ``fill_null``/``is_not_null`` cost ~0.2 ms each even on small tables, and a filled
+    copy of every column with nulls tripled the page faults of the features."""
     if s.dtype not in (pl.Int64, pl.Float64):
         s = s.cast(pl.Float64 if s.dtype.is_float() else pl.Int64)
     if not s.null_count():
@@ -42,8 +42,12 @@ def values(s: pl.Series, agg: Agg) -> tuple[np.ndarray, np.ndarray | None]:
     dt = np.dtype(np.float64 if s.dtype == pl.Float64 else np.int64)
     v = np.frombuffer(arr.buffers()[1], dtype=dt, count=len(arr), offset=arr.offset * dt.itemsize)
     bits = np.frombuffer(arr.buffers()[0], dtype=np.uint8)
-    valid = np.unpackbits(bits, count=arr.offset + len(arr), bitorder="little")[arr.offset:].view(bool)
-    return np.where(valid, v, identity(dt.kind == "f", agg)), valid
+    return v, np.unpackbits(bits, count=arr.offset + len(arr), bitorder="little")[arr.offset:].view(bool)
+
+
+def filled(v: np.ndarray, valid: np.ndarray | None, agg: Agg) -> np.ndarray:
+    """``v`` with :func:`identity` where not ``valid``."""
+    return v if valid is None else np.where(valid, v, identity(v.dtype.kind == "f", agg))
 
 
 def identity(is_float: bool, agg: Agg) -> float:
@@ -162,11 +166,33 @@ def _grid_host(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
 
     # samples per (group, bucket) of a column without nulls
     full = np.outer(np.diff(np.r_[g_at, perm.size]), np.diff(np.r_[r_at, n_t]))
+    group = np.empty(k, dtype=np.int64)  # each series' output row (-1: dropped)
+    group[perm] = np.repeat(np.arange(g_at.size), np.diff(np.r_[g_at, perm.size]))
+    group[code < 0] = -1
     cols = []
     for name, agg in aggs.items():
-        v, valid = values(rows[name], agg)
-        cnt = full if valid is None or agg == "sum" else reduce(valid.astype(np.int64), np.add)
+        v, valid = values(rows[name])
+        cnt, fix = full, None
+        if valid is not None:
+            if (~valid).sum() * 16 <= v.size:  # few nulls (a counter's first delta per series)
+                null = np.flatnonzero(~valid)  # are corrected at their cells, not masked
+                t, j = np.divmod(null, k) if time_major else np.divmod(null, n_t)[::-1]
+                g, keep = group[j], group[j] >= 0
+                at = (g[keep], np.searchsorted(r_at, t[keep], side="right") - 1)
+                cnt = full.copy()
+                np.subtract.at(cnt, at, 1)
+                if agg == "sum" and v.dtype.kind == "i":  # (integers: subtract exactly what lies there)
+                    fix = (at, v[null[keep]])
+                else:
+                    v = v.copy()
+                    v[null] = identity(v.dtype.kind == "f", agg)
+            else:
+                cnt = reduce(valid.astype(np.int64), np.add)
+                v = filled(v, valid, agg)
         r = cnt if agg == "count" else reduce(v, _OPS[agg])
+        if fix is not None:
+            r = np.array(r)  # (not a view of Polars' buffer)
+            np.subtract.at(r, fix[0], fix[1])
         if agg == "mean":
             with np.errstate(invalid="ignore", divide="ignore"):
                 r = r / cnt
@@ -196,7 +222,8 @@ def _sorted_cells(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Ag
     at = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]]) if cell.size else np.empty(0, dtype=np.int64)
     cols = []
     for name, agg in aggs.items():
-        v, valid = values(rows[name], agg)
+        v, valid = values(rows[name])
+        v = filled(v, valid, agg)
         cnt = np.add.reduceat(np.ones(order.size, np.int64) if valid is None else valid[order].astype(np.int64), at)
         r = cnt if agg == "count" else _OPS[agg].reduceat(v[order], at) if at.size else v[:0]
         if agg == "mean":
