@@ -401,8 +401,8 @@ def test_window_kernel_equals_polars_rolling(m: int) -> None:
     for col in (s, i):
         for agg in ("sum", "mean", "max", "min"):
             v, valid = kernels.values(col)
-            v = kernels.filled(v, valid, agg)  # type: ignore[arg-type]
-            got, ok = kernels.rolling(v, valid, agg, n_dev, m, kept)  # type: ignore[arg-type]
+            v = kernels.filled(v, valid, agg)
+            got, ok = kernels.rolling(v, valid, agg, n_dev, m, kept)
             got_s = pl.Series(got).scatter(np.flatnonzero(~ok), None) if ok is not None else pl.Series(got)
             roll = getattr(pl.Expr, f"rolling_{agg}")
             ref = pl.DataFrame({"v": col, "d": np.repeat(np.arange(n_dev), n)}).select(

@@ -113,8 +113,9 @@ def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, A
             ends = np.cumsum(hosts.struct.field("len").to_numpy())
             parts = [_grid_host(rows.slice(lo, hi - lo), keys, aggs, group_of)
                      for lo, hi in zip(np.r_[0, ends[:-1]].tolist(), ends.tolist(), strict=True)]
-            if all(p is not None for p in parts):
-                return pl.concat(parts, rechunk=True) if len(parts) != 1 else parts[0]  # type: ignore[arg-type]
+            grids = [p for p in parts if p is not None]
+            if len(grids) == len(parts):
+                return pl.concat(grids, rechunk=True) if len(grids) != 1 else grids[0]
     return _sorted_cells(rows, keys, aggs, group_of)
 
 
