@@ -138,8 +138,7 @@ def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> pl.DataFrame:
     def name(series: pl.DataFrame) -> pl.Series:
         return series.select(dev).to_series() if plan.device is not None else pl.Series([""] * series.height)
 
-    bk = kernels.reduce_buckets(rows, keys, {n: a for n, (_, a) in plan.buckets.items()}, name)
-    return bk.rename({_G: DEV})
+    return kernels.reduce_buckets(rows, keys, {n: a for n, (_, a) in plan.buckets.items()}, name, DEV)
 
 
 def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec, host_facts: pl.DataFrame | None
@@ -175,8 +174,8 @@ def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec, host_facts: pl.
     cells = per_series.with_columns(parts.field("field_0").alias(DEV), (parts.field("field_1") == "1").alias(LOCAL)
                                     ).select(HOST, DEV, pl.col(_B).alias(_T), _B,
                                              *[e.alias(n) for n, (e, _) in plan.buckets.items()])
-    return kernels.reduce_buckets(cells, [HOST, DEV], {n: "sum" for n in plan.buckets},
-                                  lambda series: series[DEV]).rename({_G: DEV})
+    return kernels.reduce_buckets(cells, [HOST, DEV], {n: "sum" for n in plan.buckets}, lambda series: series[DEV],
+                                  DEV)
 
 
 def _facts_nodes(host_facts: pl.DataFrame | None) -> pl.DataFrame:
@@ -289,20 +288,13 @@ def _feature_exprs(plan: Plan) -> list[pl.Expr]:
     return [e.cast(pl.Float64).alias(f) for f, e in plan.features.items()]
 
 
-def _runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
-    """Row -> index of its run of equal values, and each run's value (rows come in runs:
-    a few per table). Runs by 64-bit hashes: Polars' string rle costs several queries."""
-    h = s.hash().to_numpy()
-    at = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
-    return np.repeat(np.arange(at.size), np.diff(np.r_[at, h.size])), s.gather(at).to_list()
-
-
 def _dense_index(bk: pl.DataFrame, grid: _Grid) -> tuple[list[str], np.ndarray | None]:
     """The table's devices (sorted) and, for each (device x grid) row, device-major, the
     bucket row that lands there (-1: none); None where the bucket rows already are
     those rows in that order. Positions are arithmetic: no join."""
     n_grid = grid.frame.height
-    run, values = _runs(bk[DEV])
+    at, values = kernels.runs(bk[DEV])
+    run = np.repeat(np.arange(at.size), np.diff(np.r_[at, bk.height]))
     names = sorted(set(values))  # (Polars' string order: by code point)
     code = {name: i for i, name in enumerate(names)}
     dev = np.array([code[v] for v in values], dtype=np.int64)[run]
@@ -310,7 +302,8 @@ def _dense_index(bk: pl.DataFrame, grid: _Grid) -> tuple[list[str], np.ndarray |
     if grid.hosts.len() == 1:  # then every table's rows are of that host
         pos = dev * n_grid + (b - grid.first[0]) // grid.b_us
     else:
-        run, hosts = _runs(bk[HOST])
+        at, hosts = kernels.runs(bk[HOST])
+        run = np.repeat(np.arange(at.size), np.diff(np.r_[at, bk.height]))
         h = grid.hosts.search_sorted(pl.Series(hosts, dtype=pl.String)).to_numpy()[run]
         pos = dev * n_grid + grid.off[h] + (b - grid.first[h]) // grid.b_us
     if pos.size == len(names) * n_grid and bool((pos == np.arange(pos.size)).all()):

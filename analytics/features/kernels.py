@@ -98,25 +98,25 @@ def _keys_follow(rows: pl.DataFrame, keys: Sequence[str], n_t: int, k: int, time
 
 
 def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
-                   group_of: Callable[[pl.DataFrame], pl.Series]) -> pl.DataFrame:
+                   group_of: Callable[[pl.DataFrame], pl.Series], out: str = GROUP) -> pl.DataFrame:
     """``rows`` (``keys``, ``_t``, ``_b`` and the ``aggs`` columns; no null times)
     reduced to one row per (group, bucket): the series (distinct ``keys`` values) are
     named by ``group_of`` (a frame of distinct key values -> one group name per row,
     null: dropped), then every column aggregated over the rows of each group and bucket.
-    Returns ``keys[0]`` (the host: each group is per host), ``_g``, ``_b`` and the
+    Returns ``keys[0]`` (the host: each group is per host), the group (named ``out``), ``_b`` and the
     aggregations (sums keep their integer dtype, means are floats, counts int64; null
     where a group's bucket has no value; NaN skipped by max/min). Float sums add in an
     order of their own (equal to a ``group_by``'s up to rounding)."""
     if rows.height:
-        hosts = rows[keys[0]].rle()
-        if hosts.len() == hosts.struct.field("value").n_unique():  # each host in one run
-            ends = np.cumsum(hosts.struct.field("len").to_numpy())
-            parts = [_grid_host(rows.slice(lo, hi - lo), keys, aggs, group_of)
-                     for lo, hi in zip(np.r_[0, ends[:-1]].tolist(), ends.tolist(), strict=True)]
+        at, hosts = runs(rows[keys[0]])
+        if len(set(hosts)) == len(hosts):  # each host in one run
+            ends = np.r_[at[1:], rows.height]
+            parts = [_grid_host(rows.slice(lo, hi - lo), keys, aggs, group_of, out)
+                     for lo, hi in zip(at.tolist(), ends.tolist(), strict=True)]
             grids = [p for p in parts if p is not None]
             if len(grids) == len(parts):
                 return pl.concat(grids, rechunk=True) if len(grids) != 1 else grids[0]
-    return _sorted_cells(rows, keys, aggs, group_of)
+    return _sorted_cells(rows, keys, aggs, group_of, out)
 
 
 def _name_series(rows: pl.DataFrame, keys: Sequence[str], first: np.ndarray,
@@ -132,7 +132,7 @@ def _name_series(rows: pl.DataFrame, keys: Sequence[str], first: np.ndarray,
 
 
 def _grid_host(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
-               group_of: Callable[[pl.DataFrame], pl.Series]) -> pl.DataFrame | None:
+               group_of: Callable[[pl.DataFrame], pl.Series], out: str) -> pl.DataFrame | None:
     """One host's rows as a (samples x series) grid: reduce over each bucket's samples
     by reshapes, then over the series of each group. None: not a grid."""
     b = rows[B].to_numpy()
@@ -200,15 +200,15 @@ def _grid_host(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
         cols.append(_masked(name, r.ravel(), None if agg in ("sum", "count") else (cnt > 0).ravel()))
     n_g = len(groups)
     host = pl.Series(keys[0], [rows[keys[0]][0]], dtype=rows.schema[keys[0]]).new_from_index(0, n_g * n_r)
-    return pl.DataFrame([host, _repeat_each(GROUP, groups, n_r), pl.Series(B, np.tile(bb[r_at], n_g)), *cols])
+    return pl.DataFrame([host, _repeat_each(out, groups, n_r), pl.Series(B, np.tile(bb[r_at], n_g)), *cols])
 
 
 def _sorted_cells(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
-                  group_of: Callable[[pl.DataFrame], pl.Series]) -> pl.DataFrame:
+                  group_of: Callable[[pl.DataFrame], pl.Series], out: str) -> pl.DataFrame:
     """Any other layout (sparse tables, shuffled rows, hosts interleaved): the rows
     sorted by (group, bucket), then each run of equal cells reduced."""
     if not rows.height:
-        return pl.DataFrame([rows[keys[0]], pl.Series(GROUP, [], dtype=pl.String), rows[B],
+        return pl.DataFrame([rows[keys[0]], pl.Series(out, [], dtype=pl.String), rows[B],
                              *[rows[n] for n in aggs]])
     sid = rows.select(pl.struct(list(keys)).rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
     _, first = np.unique(sid, return_index=True)
@@ -232,7 +232,7 @@ def _sorted_cells(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Ag
                 r = r / cnt
         cols.append(_masked(name, r, None if agg in ("sum", "count") else cnt > 0))
     src = order[at]
-    return pl.DataFrame([rows[keys[0]].gather(src), pl.Series(GROUP, groups, dtype=pl.String).gather(gid[src]),
+    return pl.DataFrame([rows[keys[0]].gather(src), pl.Series(out, groups, dtype=pl.String).gather(gid[src]),
                          pl.Series(B, b[src]), *cols])
 
 
@@ -268,6 +268,15 @@ def rolling(v: np.ndarray, valid: np.ndarray | None, agg: Agg, n_dev: int, m: in
         cnt = cnt[:, kept] if cnt is not None else None
     has = None if cnt is None else (cnt > 0).ravel()
     return acc.ravel(), None if has is None or has.all() else has
+
+
+def runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
+    """The first row of each run of equal values of ``s`` and the runs' values (rows
+    come in runs: a few per table), by 64-bit hashes (Polars' ``rle`` costs several
+    queries; a false merge of two runs needs a hash collision of neighbours)."""
+    h = s.hash().to_numpy()
+    at = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    return at, s.gather(at).to_list()
 
 
 def _masked(name: str, v: np.ndarray, valid: np.ndarray | None) -> pl.Series:
