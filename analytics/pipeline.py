@@ -595,16 +595,11 @@ def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: Analytic
                 moving = ~(finite & (trail.max(axis=0) == trail.min(axis=0)))
         starts = np.flatnonzero(np.r_[True, hosts_b[1:] != hosts_b[:-1]])
         lengths = np.diff(np.r_[starts, hosts_b.size])
-        if (moving & finite).any():  # complete columns: sorted windows in numpy, host by host
-            part = trail[:, moving & finite]
+        if moving.any():  # host by host; nulls (NaN here) are skipped as Polars' rolling_median does
+            part = trail[:, moving]
             for s, n in zip(starts.tolist(), lengths.tolist(), strict=True):
                 part[s:s + n] = _rolling_median(part[s:s + n], k)
-            trail[:, moving & finite] = part
-        if (moving & ~finite).any():  # columns with gaps: Polars skips the nulls
-            med = pl.col([c for c, m in zip(cols, (moving & ~finite).tolist(), strict=True) if m]).rolling_median(
-                k, min_samples=1)
-            one_host = starts.size == 1  # then .over() only costs time
-            trail[:, moving & ~finite] = blocks.select(med if one_host else med.over(HOST)).to_numpy()
+            trail[:, moving] = part
         first = np.repeat(starts, lengths)
         length = np.repeat(lengths, lengths)
         local = np.arange(hosts_b.size) - first
@@ -619,21 +614,30 @@ def _detection_matrix(feats: pl.DataFrame, cols: Sequence[str], config: Analytic
 
 
 def _rolling_median(values: np.ndarray, k: int) -> np.ndarray:
-    """Trailing running medians over ``k`` rows of each column of a complete (no NaN)
-    array, the first ``k - 1`` rows over the rows so far: Polars'
-    ``rolling_median(k, min_samples=1)``, bit for bit (even counts: ``a + (b - a) / 2``
-    of the middle pair), by sorting each window in numpy (Polars' kernel costs ~2x)."""
+    """Trailing running medians over ``k`` rows of each column, NaN skipped (NaN where a
+    window has no value), the first ``k - 1`` rows over the rows so far: Polars'
+    ``rolling_median(k, min_samples=1)`` with NaN for null, bit for bit (even counts:
+    ``a + (b - a) / 2`` of the middle pair), by sorting each window in numpy (NaN sorts
+    last; Polars' kernel costs 1.4-1.6x as much here)."""
     n = values.shape[0]
     out = np.empty_like(values, dtype=np.float64)
+    ok = None if not np.isnan(values).any() else ~np.isnan(values)
 
-    def middle(srt: np.ndarray, size: int) -> np.ndarray:
-        a, b = srt[..., (size - 1) // 2], srt[..., size // 2]
-        return np.asarray(a if size % 2 else a + (b - a) * 0.5)
+    def middle(srt: np.ndarray, cnt: np.ndarray | int) -> np.ndarray:
+        """The median of the first ``cnt`` (the valid) values of each sorted window."""
+        if isinstance(cnt, int):  # (no gaps: the middle positions are the same everywhere)
+            a, b = srt[..., (cnt - 1) // 2], srt[..., cnt // 2]
+            return np.asarray(a if cnt % 2 else a + (b - a) * 0.5)
+        c = np.maximum(cnt, 1)[..., None]
+        a = np.take_along_axis(srt, (c - 1) // 2, axis=-1)[..., 0]
+        b = np.take_along_axis(srt, c // 2, axis=-1)[..., 0]
+        return np.where(cnt % 2 == 1, a, np.where(cnt > 0, a + (b - a) * 0.5, np.nan))
 
     for i in range(min(k - 1, n)):
-        out[i] = middle(np.sort(values[:i + 1], axis=0).T, i + 1)
+        out[i] = middle(np.sort(values[:i + 1], axis=0).T, i + 1 if ok is None else ok[:i + 1].sum(axis=0))
     if n >= k:
-        out[k - 1:] = middle(np.sort(np.lib.stride_tricks.sliding_window_view(values, k, axis=0), axis=-1), k)
+        win = np.lib.stride_tricks.sliding_window_view
+        out[k - 1:] = middle(np.sort(win(values, k, axis=0), axis=-1), k if ok is None else win(ok, k, axis=0).sum(axis=-1))
     return out
 
 

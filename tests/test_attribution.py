@@ -378,14 +378,18 @@ def test_detectors_on_the_block_rows_give_the_dense_matrix_verdicts(monkeypatch:
 @pytest.mark.parametrize("n", [1, 5, 11, 12, 13, 400])
 @pytest.mark.parametrize("k", [1, 2, 3, 12])
 def test_numpy_running_median_is_polars_bit_for_bit(n: int, k: int) -> None:
-    """The smoothing's running median of complete columns (sorted windows in numpy)
-    equals Polars' ``rolling_median(k, min_samples=1)``: odd and even counts, the
-    truncated first windows, ties, signed zeros, large and tiny values."""
+    """The smoothing's running median (sorted windows in numpy) equals Polars'
+    ``rolling_median(k, min_samples=1)``: odd and even counts, the truncated first
+    windows, ties, signed zeros, large and tiny values, and gaps (null in Polars, NaN
+    here: skipped; NaN where a window has no value)."""
     from analytics.pipeline import _rolling_median
 
     rng = np.random.default_rng(n * 100 + k)
-    B = rng.standard_t(2, size=(n, 6)) * 10.0 ** rng.integers(-8, 9, 6)
+    B = rng.standard_t(2, size=(n, 7)) * 10.0 ** rng.integers(-8, 9, 7)
     B[:, 1] = np.round(B[:, 1])
     B[::2, 2], B[1::2, 2] = -0.0, 0.0
-    want = pl.DataFrame(B, schema=list("abcdef")).select(pl.all().rolling_median(k, min_samples=1)).to_numpy()
+    B[rng.random(n) < 0.3, 5] = np.nan  # a column with gaps
+    B[: n // 2, 6] = np.nan  # a column without values for a while
+    want = pl.DataFrame(B, schema=list("abcdefg")).fill_nan(None).select(
+        pl.all().rolling_median(k, min_samples=1)).fill_null(np.nan).to_numpy()
     np.testing.assert_array_equal(_rolling_median(B, k), want)

@@ -1,0 +1,399 @@
+"""Execution of the feature plans: telemetry LazyFrames -> one wide row per (host, window).
+
+1. **buckets**, one table at a time: Polars evaluates the plan's row expressions
+   (host, tag columns, sample time, bucket, one column per bucket aggregation), and
+   :func:`~analytics.features.kernels.reduce_buckets` reduces them to one row per
+   (host, device, bucket). Interrupts are reduced per IRQ series (host, action, node)
+   first; host_facts name each series' device and whether the node is the device's
+   own, the plan's bucket expressions are evaluated on those series' buckets (sums:
+   linear, the attributes constant per series), and the series summed per device.
+2. **windows**, on the small bucket frames: every host gets one grid of buckets from
+   its first to its last (over all tables); each table's devices x that grid (a
+   position without a bucket is null), trailing aggregations over the ``m`` buckets of
+   each kept window (:func:`~analytics.features.kernels.rolling`; a window is
+   evaluated at the row of its last bucket), then the plan's feature expressions in
+   Polars, one query for all tables with equally many devices. All tables share the
+   grid's row order, so the wide frame is a horizontal stack, without joins.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from analytics.catalog import DEVICE_SEP, feature_name, split_feature
+from analytics.features import kernels
+from analytics.features.plans import (
+    DEV,
+    DUR,
+    HOST,
+    LOCAL,
+    SKIPPED,
+    TIME,
+    Plan,
+    WindowSpec,
+    plan_of,
+    tags,
+)
+from ingest import schema
+from ingest.collectors.cgroup import is_own
+
+log = logging.getLogger(__name__)
+
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+KEYS: tuple[str, ...] = (HOST, WINDOW_START, WINDOW_END)
+_B, _T, _G = kernels.B, kernels.T, kernels.GROUP
+_DEFAULT_SPEC = WindowSpec()
+_SEP = "\x1f"  # joins an IRQ series' device and locality in its group name
+
+
+def compute_features(
+    frames: Mapping[str, pl.LazyFrame],
+    spec: WindowSpec = _DEFAULT_SPEC,
+    *,
+    host_facts: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """The wide feature frame: host, window_start, window_end (Datetime us UTC), one
+    Float64 column per feature named by :mod:`analytics.catalog` (``family`` or
+    ``family@device``). Missing tables/columns simply give fewer columns; an empty input
+    gives an empty frame with the key columns. The raw rows are touched once, one
+    table at a time (peak memory is the largest table's rows, not all of them)."""
+    bks: dict[str, tuple[pl.DataFrame, Plan]] = {}
+    for name, lf in frames.items():
+        plan = _plan(name, lf)
+        if plan is None:
+            continue
+        bk = _irq_buckets(lf, plan, spec, host_facts) if name == "interrupts" else _buckets(lf, plan, spec)
+        if bk is not None and bk.height:
+            bks[name] = (bk, plan)
+    if not bks:
+        return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
+    grid = _grid([bk for bk, _ in bks.values()], spec)
+    n_win = grid.index.height
+    cols: dict[str, pl.Series] = {}
+    windows = _all_windows(bks, grid)
+    for name in bks:  # (in table order: the first of two equal feature names is kept)
+        devs, feats = windows[name]
+        fams = feats.columns
+        for i, dev in enumerate(devs):
+            part = feats.slice(i * n_win, n_win)
+            part.columns = [feature_name(fam, dev) for fam in fams]  # one rename, not one per column
+            for s in part.get_columns():
+                if s.name in cols:  # e.g. an imported table named like a built-in family
+                    log.warning("measurement %r: feature %s already computed from another table; dropped", name, s.name)
+                    continue
+                cols[s.name] = s
+    own = _own_cores(cols)
+    if own is not None:
+        cols[OWN_CORES] = own
+    return grid.index.hstack([cols[c] for c in sorted(cols)])
+
+
+#: host-wide: cores used by Unveil's own units (its cgroups, ingest.collectors.cgroup.is_own)
+OWN_CORES = "cpu.own_cores"
+
+
+def _own_cores(cols: Mapping[str, pl.Series]) -> pl.Series | None:
+    """Sum of ``cgroup.cpu_cores`` over Unveil's own groups, each counted once (a group
+    below another own group listed is inside it); None when the host has none."""
+    devs = [split_feature(c)[1] for c in cols if split_feature(c)[0] == "cgroup.cpu_cores"]
+    own = [d for d in devs if is_own(d)]
+    outer = [d for d in own if not any(d.startswith(o + "/") for o in own if o != d)]
+    if not outer:
+        return None
+    parts = [cols[feature_name("cgroup.cpu_cores", d)].fill_null(0.0) for d in outer]
+    return pl.Series(OWN_CORES, sum(parts[1:], parts[0]), dtype=pl.Float64)
+
+
+def feature_columns(features: pl.DataFrame) -> list[str]:
+    """The feature columns of a wide frame the detectors judge: everything but the keys
+    and Unveil's own CPU (``cpu.own_cores``, its own cgroups' columns): its own sweeps are
+    never an anomaly of the host (the knowledge base still reads them, to set them apart)."""
+    return [c for c in features.columns if c not in KEYS and c != OWN_CORES
+            and not (c.startswith("cgroup.") and is_own(split_feature(c)[1]))]
+
+
+def _plan(name: str, lf: pl.LazyFrame) -> Plan | None:
+    """The table's plan (validated), None for tables without features."""
+    if name in SKIPPED:
+        return None
+    sch = lf.collect_schema()
+    if TIME not in sch or HOST not in sch:
+        raise ValueError(f"measurement {name!r}: frame lacks {TIME!r}/{HOST!r} columns (has {list(sch)})")
+    if name == "interrupts" and not {"count", "device", "node"} <= set(sch):
+        return None
+    plan = plan_of(name, tuple(sch.items()))
+    missing = set(tags(plan)) - set(sch) - {DEV}
+    if missing:
+        raise ValueError(f"measurement {name!r}: missing tag column(s) {sorted(missing)}")
+    return plan if plan.features else None
+
+
+def _rows(lf: pl.LazyFrame, keys: Sequence[str], exprs: Mapping[str, pl.Expr], spec: WindowSpec) -> pl.DataFrame:
+    """The row-level columns of the bucket stage: ``keys`` (host first), ``_t`` (µs),
+    the bucket ``_b`` (µs since the epoch, a multiple of the bucket) and ``exprs``."""
+    b_us = round(spec.bucket * 1e6)
+    t = pl.col(TIME).cast(pl.Int64)
+    rows = lf.select(pl.col(HOST).cast(pl.String), *[pl.col(k) for k in keys[1:]], t.alias(_T),
+                     (t // b_us * b_us).alias(_B), *[e.alias(n) for n, e in exprs.items()]).collect(engine="in-memory")
+    return rows.filter(pl.col(_T).is_not_null()) if rows[_T].null_count() else rows
+
+
+def _device_expr(plan: Plan) -> pl.Expr:
+    dev = plan.device if plan.device is not None else pl.lit("")
+    return dev.cast(pl.String).fill_null("").str.replace_all(DEVICE_SEP, ":", literal=True)
+
+
+def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> pl.DataFrame:
+    """(host, _dev, _b, bucket aggregations) of a table: its rows grouped by host,
+    device and bucket."""
+    keys = [HOST, *tags(plan)]
+    rows = _rows(lf, keys, {n: e for n, (e, _) in plan.buckets.items()}, spec)
+    dev = _device_expr(plan)
+
+    def name(series: pl.DataFrame) -> pl.Series:
+        return series.select(dev).to_series() if plan.device is not None else pl.Series([""] * series.height)
+
+    return kernels.reduce_buckets(rows, keys, {n: a for n, (_, a) in plan.buckets.items()}, name, DEV)
+
+
+def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec, host_facts: pl.DataFrame | None
+                 ) -> pl.DataFrame | None:
+    """Interrupt buckets per device (see the module's docstring); None without facts."""
+    facts = _facts_nodes(host_facts)
+    if facts.is_empty():
+        log.info("no numa_node facts: irq.locality and irq.rate are not computed")
+        return None
+    keys = [HOST, "device", "node"]
+    if any(a != "sum" for _, a in plan.buckets.values()):
+        raise ValueError("interrupts: the plan's bucket aggregations must be sums (they are summed per series)")
+
+    def name(series: pl.DataFrame) -> pl.Series:
+        """``device<SEP>local`` of each (host, IRQ action, node); null: no device known."""
+        maps = {host: _irq_device_map([str(a) for a in g["device"].unique().to_list() if a is not None],
+                                      facts.filter(pl.col(HOST) == host))
+                for (host,), g in series.group_by([HOST])}  # (one map per host: a few series)
+        node = series["node"].str.strip_chars_start("node").cast(pl.Int64, strict=False).to_list()
+        out: list[str | None] = []
+        for host, action, nd in zip(series[HOST].to_list(), series["device"].to_list(), node, strict=True):
+            got = maps[host].get(str(action)) if action is not None else None
+            out.append(None if got is None else f"{got[0]}{_SEP}{int(nd is not None and got[1] == nd)}")
+        return pl.Series(out, dtype=pl.String)
+
+    roots = {r for e, _ in plan.buckets.values() for r in e.meta.root_names()} - {DEV, LOCAL}
+    rows = _rows(lf.with_columns(pl.col("device").cast(pl.String), pl.col("node").cast(pl.String).fill_null("")),
+                 keys, {r: pl.col(r) for r in sorted(roots)}, spec)
+    per_series = kernels.reduce_buckets(rows, keys, dict.fromkeys(sorted(roots), "sum"), name)
+    if not per_series.height:
+        return None
+    parts = pl.col(_G).str.split_exact(_SEP, 1).struct
+    cells = per_series.with_columns(parts.field("field_0").alias(DEV), (parts.field("field_1") == "1").alias(LOCAL)
+                                    ).select(HOST, DEV, pl.col(_B).alias(_T), _B,
+                                             *[e.alias(n) for n, (e, _) in plan.buckets.items()])
+    return kernels.reduce_buckets(cells, [HOST, DEV], {n: "sum" for n in plan.buckets}, lambda series: series[DEV],
+                                  DEV)
+
+
+def _facts_nodes(host_facts: pl.DataFrame | None) -> pl.DataFrame:
+    """(host, device, pci, node) of every device with a numa_node fact."""
+    empty = pl.DataFrame(schema={HOST: pl.String, "device": pl.String, "pci": pl.String, "node": pl.Int64})
+    if host_facts is None or host_facts.is_empty() or "key" not in host_facts.columns:
+        return empty
+    hf = host_facts.filter(pl.col("device").fill_null("") != "")
+    nodes = hf.filter(pl.col("key") == "numa_node").select(
+        HOST, "category", "device", pl.col("value_num").cast(pl.Int64).alias("node")
+    ).filter(pl.col("node") >= 0)
+    pci = hf.filter(pl.col("key").is_in(["pci_bus_id", "pci_address", "pci"])).select(
+        HOST, "category", "device", pl.col("value").str.to_lowercase().alias("pci")
+    )
+    out = nodes.join(pci, on=[HOST, "category", "device"], how="left").unique([HOST, "category", "device"])
+    # gpu facts use the index ("3"); name those devices like the gpu features do ("gpu3")
+    out = out.with_columns(
+        pl.when((pl.col("category") == "gpu") & pl.col("device").str.contains(r"^\d+$"))
+        .then(pl.lit("gpu") + pl.col("device")).otherwise(pl.col("device")).alias("device")
+    )
+    return out.select(HOST, "device", "pci", "node") if not out.is_empty() else empty
+
+
+def _irq_device_map(irq_names: Sequence[str], facts: pl.DataFrame) -> dict[str, tuple[str, int]]:
+    """IRQ action name -> (fact device, its node): the device whose name or PCI address
+    occurs in the action name (``mlx5_comp3@pci:0000:17:00.0`` -> ``mlx5_0`` by PCI)."""
+    out: dict[str, tuple[str, int]] = {}
+    # per fact row once: its PCI address (full, and without the domain) and name pattern
+    rows = []
+    for dev, pci, node in facts.select("device", "pci", "node").iter_rows():
+        short = (pci.split(":", 1)[1] if pci.count(":") == 2 else pci) if pci else ""
+        pattern = re.compile(rf"(^|[^a-z0-9]){re.escape(dev.lower())}(?![0-9])") if dev else None
+        rows.append((dev, pci, short, node, pattern))
+    for name in irq_names:
+        low = name.lower()
+        best: tuple[int, str, int] | None = None
+        for dev, pci, short, node, pattern in rows:
+            if pci and (pci in low or (len(short) >= 7 and short in low)):
+                best = (2, dev, node)  # the first PCI match wins
+                break
+            if best is None and pattern is not None and pattern.search(low):
+                best = (1, dev, node)
+        if best is not None:
+            out[name] = (best[1], best[2])
+    return out
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """Every host's buckets from its first to its last (over all tables), and which
+    grid rows end a window that is kept. Windows are evaluated at the row of their LAST
+    bucket as trailing sums over ``m`` buckets, so all tables share one row order."""
+
+    frame: pl.DataFrame  # host, _b (sorted)
+    keep: np.ndarray  # bool per grid row: a window ends here
+    index: pl.DataFrame  # host, window_start, window_end of the kept rows
+    dur: np.ndarray  # covered seconds of each kept window
+    m: int  # buckets per window
+    hosts: pl.Series  # sorted; host i's buckets are frame rows off[i] .. off[i+1]-1
+    off: np.ndarray
+    first: np.ndarray  # first bucket of each host
+    b_us: int
+
+
+def _grid(bks: Sequence[pl.DataFrame], spec: WindowSpec) -> _Grid:
+    b_us = round(spec.bucket * 1e6)
+    s_us = round(spec.stride_s * 1e6)
+    m = round(spec.length_s / spec.bucket)
+    span: dict[str, tuple[int, int]] = {}
+    for bk in bks:  # one host per table is the usual case: its extent without a query
+        hs = bk[HOST]
+        if hs.null_count() == 0 and (hs == hs[0]).all():
+            b = bk[_B].to_numpy()
+            ext = [(hs[0], int(b.min()), int(b.max()))]
+        else:
+            ext = bk.group_by(HOST).agg(pl.col(_B).min(), pl.col(_B).max().alias("_last")).rows()
+        for h, lo, hi in ext:
+            old = span.get(h)
+            span[h] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+    # Polars' sort order: nulls first, then by code point (= UTF-8 byte order)
+    hosts = sorted(span, key=lambda h: (h is not None, h or ""))
+    firsts = np.array([span[h][0] for h in hosts], dtype=np.int64)
+    lasts = np.array([span[h][1] for h in hosts], dtype=np.int64)
+    # a host with less than one window of data still gets its grid extended to one window
+    nbs = np.maximum((lasts - firsts) // b_us + 1, m).astype(np.int64)
+    off = np.concatenate([[0], np.cumsum(nbs)])
+    local = np.arange(off[-1], dtype=np.int64) - np.repeat(off[:-1], nbs)
+    first = np.repeat(firsts, nbs)
+    last = np.repeat(lasts, nbs)
+    b = first + local * b_us
+    ws = b - (m - 1) * b_us
+    # full windows aligned to the stride inside the host's data; a host shorter than one
+    # window keeps the one window starting at its first bucket (normalised by coverage)
+    keep = (ws >= first) & (((b <= last) & (ws % s_us == 0)) | ((ws == first) & (last < b)))
+    frame = pl.DataFrame({HOST: pl.Series(np.repeat(np.array(hosts, dtype=object), nbs), dtype=pl.String),
+                          _B: b})
+    dur = (np.minimum(b, last)[keep] + b_us - ws[keep]) / 1e6
+    start = pl.Series(WINDOW_START, ws[keep]).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+    index = pl.DataFrame({HOST: frame[HOST].filter(pl.Series(keep)), WINDOW_START: start}).with_columns(
+        (pl.col(WINDOW_START) + pl.duration(microseconds=round(spec.length_s * 1e6))).alias(WINDOW_END))
+    return _Grid(frame, keep, index, dur, m, pl.Series(HOST, hosts, dtype=pl.String), off, firsts, b_us)
+
+
+
+
+@functools.lru_cache(maxsize=256)
+def _feature_exprs(plan: Plan) -> list[pl.Expr]:
+    """The plan's features as Float64 columns (built once per plan: rebuilding ~350
+    expressions cost a tenth of the features' time; lru_cache is thread-safe)."""
+    return [e.cast(pl.Float64).alias(f) for f, e in plan.features.items()]
+
+
+def _dense_index(bk: pl.DataFrame, grid: _Grid) -> tuple[list[str], np.ndarray | None]:
+    """The table's devices (sorted) and, for each (device x grid) row, device-major, the
+    bucket row that lands there (-1: none); None where the bucket rows already are
+    those rows in that order. Positions are arithmetic: no join."""
+    n_grid = grid.frame.height
+    at, values = kernels.runs(bk[DEV])
+    run = np.repeat(np.arange(at.size), np.diff(np.r_[at, bk.height]))
+    names = sorted(set(values))  # (Polars' string order: by code point)
+    code = {name: i for i, name in enumerate(names)}
+    dev = np.array([code[v] for v in values], dtype=np.int64)[run]
+    b = bk[_B].to_numpy()
+    if grid.hosts.len() == 1:  # then every table's rows are of that host
+        pos = dev * n_grid + (b - grid.first[0]) // grid.b_us
+    else:
+        at, hosts = kernels.runs(bk[HOST])
+        run = np.repeat(np.arange(at.size), np.diff(np.r_[at, bk.height]))
+        h = grid.hosts.search_sorted(pl.Series(hosts, dtype=pl.String)).to_numpy()[run]
+        pos = dev * n_grid + grid.off[h] + (b - grid.first[h]) // grid.b_us
+    if pos.size == len(names) * n_grid and bool((pos == np.arange(pos.size)).all()):
+        return names, None
+    src = np.full(len(names) * n_grid, -1, dtype=np.int64)
+    src[pos] = np.arange(pos.size)
+    return names, src
+
+
+def _all_windows(bks: Mapping[str, tuple[pl.DataFrame, Plan]], grid: _Grid) -> dict[str, tuple[list[str], pl.DataFrame]]:
+    """Every table's devices and feature frame (``len(devices) * n_windows`` rows,
+    device-major, each device's rows in the grid's window order). Tables with equally
+    many devices share one query (their rows have equal heights and order), unless
+    their bucket or feature names collide."""
+    groups: dict[int, list[tuple[str, list[str], np.ndarray | None]]] = {}
+    names_of: dict[str, set[str]] = {}
+    alone: list[tuple[str, list[str], np.ndarray | None]] = []
+    for name, (bk, plan) in bks.items():
+        devs, src = _dense_index(bk, grid)
+        names = names_of[name] = {*plan.buckets, *plan.features}
+        members = groups.setdefault(len(devs), [])
+        if DUR in names or any(names & names_of[other] for other, _, _ in members):
+            alone.append((name, devs, src))
+        else:
+            members.append((name, devs, src))
+    out: dict[str, tuple[list[str], pl.DataFrame]] = {}
+    for n_dev, members in groups.items():
+        feats = _windows([(*bks[name], src) for name, _, src in members], n_dev, grid)
+        for name, devs, _ in members:
+            out[name] = (devs, feats[list(bks[name][1].features)])
+    for name, devs, src in alone:
+        out[name] = (devs, _windows([(*bks[name], src)], len(devs), grid))
+    return out
+
+
+def _windows(parts: Sequence[tuple[pl.DataFrame, Plan, np.ndarray | None]], n_dev: int, grid: _Grid) -> pl.DataFrame:
+    """The features of tables with ``n_dev`` devices each (bucket frame, plan,
+    :func:`_dense_index`): each bucket column the features read rolled over the ``m``
+    buckets of every kept window, then the plan's features in one Polars query;
+    non-finite values (0/0, x/0) are null (missing evidence), or 0 for ``zero_fill``
+    families (sparse tables: no rows in a window means no events)."""
+    sel = grid.keep[grid.m - 1:]  # (the first m-1 rows of a grid are never kept)
+    kept = None if sel.all() else np.flatnonzero(sel)
+    cols: list[pl.Series] = []
+    for bk, plan, src in parts:
+        roots = {r for e in plan.features.values() for r in e.meta.root_names()}
+        for name, (_, agg) in plan.buckets.items():
+            if name not in roots:
+                continue
+            v, valid = kernels.values(bk[name])
+            v = kernels.filled(v, valid, agg)
+            if src is not None:  # (device x grid) rows; none there: missing
+                miss = src < 0
+                at = np.where(miss, 0, src)
+                v, valid = v[at], ~miss if valid is None else valid[at] & ~miss
+                v[miss] = kernels.identity(v.dtype.kind == "f", agg)
+            got, ok = kernels.rolling(v, valid, agg, n_dev, grid.m, kept)
+            cols.append(kernels._masked(name, got, ok))
+    cols.append(pl.Series(DUR, np.tile(grid.dur, n_dev)))
+    raw = pl.DataFrame(cols).select([e for _, p, _ in parts for e in _feature_exprs(p)])
+    zero = {f for _, p, _ in parts for f in p.zero_fill}
+    out = []
+    for col in raw.get_columns():  # (the finite check in numpy: a when/then per feature costs twice as much)
+        x = col.to_numpy()  # (nulls read NaN: not finite either)
+        ok = np.isfinite(x)
+        if ok.all():
+            out.append(col)
+        else:
+            out.append(pl.Series(col.name, np.where(ok, x, 0.0 if col.name in zero else np.nan), nan_to_null=True))
+    return pl.DataFrame(out)
