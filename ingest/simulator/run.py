@@ -63,9 +63,11 @@ class SimResult:
 
 def plan_host(sc: Scenario, index: int, *, keep_raw: bool = False) -> HostRun:
     hp = sc.hosts[index]
-    spec = build_host(hp.name, index, cpus_per_node=hp.cpus_per_node, n_nics=hp.nics)
     # a host's streams depend on the seed and its name, not on its position in the fleet
     seed = np.random.SeedSequence(entropy=[sc.seed, zlib.crc32(hp.name.encode())])
+    spec = build_host(hp.name, index, cpus_per_node=hp.cpus_per_node, n_nics=hp.nics, nic_queues=hp.nic_queues,
+                      gpu_model=hp.gpu_model, baseline_drops=hp.baseline_drops, smooth_throttle=hp.smooth_throttle,
+                      inlet_offsets_c=inlet_offsets(_sub(seed, "thermal_layout"), 8) if hp.gpu_temp_spread else ())
     total = int(round(sc.duration_s * TICKS_PER_S))
     sched = Schedule(hp.workload, total, sc.start.timestamp(), _sub(seed, "workload"), hp.params)
     injs: list[inj_mod.Injection] = []
@@ -84,6 +86,23 @@ def plan_host(sc: Scenario, index: int, *, keep_raw: bool = False) -> HostRun:
             injs.append(inj_mod.validate(i, spec))
     bank = CounterBank(_sub(seed, "counters"), events=events, keep_raw=keep_raw)
     return HostRun(spec, sched, injs, events, seed, bank)
+
+
+#: gpu_temp_spread: the host's rack inlet is drawn from 20-29 C (ASHRAE recommends 18-27 C; the
+#: uniform host sits at 27 C); GPUs in the rear slots of the board (2, 3, 6, 7) breathe air the
+#: front ones heated by ~5 C; each GPU adds +-1.5 C (heatsink contact, ASIC leakage). Assumed
+#: magnitudes: docs/simulator.md.
+RACK_INLET_C = (20.0, 29.0)
+REAR_PREHEAT_C = 5.0
+GPU_SPREAD_C = 1.5
+
+
+def inlet_offsets(seed: np.random.SeedSequence, n_gpus: int) -> tuple[float, ...]:
+    """Per-GPU inlet offsets (C) against the uniform host's 27 C inlet."""
+    rng = np.random.default_rng(seed)
+    rack = rng.uniform(*RACK_INLET_C) - 27.0
+    rear = np.array([REAR_PREHEAT_C if g % 4 >= 2 else 0.0 for g in range(n_gpus)])
+    return tuple(float(x) for x in rack + rear + rng.uniform(-GPU_SPREAD_C, GPU_SPREAD_C, n_gpus))
 
 
 def chunks(sc: Scenario) -> list[tuple[int, int]]:
@@ -175,11 +194,10 @@ class CostMeter:
         self.sums = np.zeros((len(self.injs), 2))  # (injected, healthy) throughput over the span
 
     def done(self, a: int) -> bool:
-        return all(int(round(i.end_s * TICKS_PER_S)) <= a for i in self.injs)
+        return all(i.ticks()[1] <= a for i in self.injs)
 
     def feed(self, ci: int, a: int, tr: Trace) -> None:
-        live = [(k, i) for k, i in enumerate(self.injs)
-                if int(round(i.start_s * TICKS_PER_S)) < a + tr.n and int(round(i.end_s * TICKS_PER_S)) > a]
+        live = [(k, i) for k, i in enumerate(self.injs) if i.ticks()[0] < a + tr.n and i.ticks()[1] > a]
         if not live:
             if not self.done(a):
                 self._derive(ci, tr, [], a, self.healthy)  # keep the healthy state moving
@@ -190,8 +208,7 @@ class CostMeter:
         h = self._derive(ci, tr, [], a, self.healthy)
         for k, i in live:
             x = self._derive(ci, tr, [i], a, self.banks[k])
-            s = int(round(i.start_s * TICKS_PER_S))
-            e = int(round(i.end_s * TICKS_PER_S))
+            s, e = i.ticks()
             sl = slice(max(s, a) - a, min(e, a + tr.n) - a)
             self.sums[k] += (float(x.throughput[sl].sum()), float(h.throughput[sl].sum()))
 
