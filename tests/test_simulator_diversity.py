@@ -183,3 +183,17 @@ def test_profile_realistic_sets_the_options_and_keys_override_it() -> None:
     assert (h.cpus_per_node, h.nic_queues, h.gpu_temp_spread, h.smooth_throttle) == (56, 8, True, True)
     assert h.baseline_drops > 0
     assert from_dict({"hosts": 1}).hosts[0] == HostPlan("sim-00")
+
+
+def test_the_jobs_quota_is_the_jobs_not_the_hosts() -> None:
+    # a quota cut costs the same on a 112-CPU host as on the 32-CPU one: the job's demand
+    # and its quota do not grow with the host
+    def cost(cpn: int) -> float:
+        inj = Injection("cgroup_cpu_throttle", "h0", 30, 60, 0.5)
+        frames, _ = simulate_frames(_sc((inj,), workload="llm_serving", cpus_per_node=cpn), tables=["labels", "cgroup"])
+        q = frames["cgroup"].filter(pl.col("cgroup") == "workload.slice")["cpu_quota_cores"].to_numpy()
+        assert q.max() == 16.0
+        return float(frames["labels"]["cost"][0])
+
+    small, large = cost(16), cost(56)
+    assert small > 0.01 and large == pytest.approx(small, rel=0.2)

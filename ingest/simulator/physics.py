@@ -71,9 +71,15 @@ def cfs_smooth(demand: np.ndarray, quota: np.ndarray) -> tuple[np.ndarray, np.nd
     return p, np.maximum(over, 0.0)
 
 
+#: The job's CFS quota in cores: above its mean demand but not far (half of the default
+#: 32-CPU host). Set for the job, not the host: it stays 16 cores on larger hosts
+#: (cpus_per_node), where the job's demand is the same.
+JOB_QUOTA_CORES = 16.0
+
+
 def healthy_quota(host: HostSpec) -> float:
-    """The job's CFS quota: half the host's CPUs, above its mean demand but not far."""
-    return round(0.5 * host.n_cpus, 1)
+    """The job's CFS quota (:data:`JOB_QUOTA_CORES`)."""
+    return JOB_QUOTA_CORES
 
 
 @dataclass
