@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from ingest.simulator import (
+    INEFFICIENCIES,
     HostPlan,
     Injection,
     Scenario,
@@ -19,6 +20,8 @@ from ingest.simulator import (
     simulate_frames,
 )
 from ingest.simulator.physics import THROTTLE_CV, cfs_smooth
+from ingest.simulator.scenario import PROFILES
+from tests.test_simulator import DUR, check_footprint
 
 
 def _sc(injections: tuple[Injection, ...] = (), duration: float = 120.0, seed: int = 3,
@@ -197,3 +200,22 @@ def test_the_jobs_quota_is_the_jobs_not_the_hosts() -> None:
 
     small, large = cost(16), cost(56)
     assert small > 0.01 and large == pytest.approx(small, rel=0.2)
+
+
+@pytest.fixture(scope="module")
+def realistic_healthy() -> dict[str, dict[str, pl.DataFrame]]:
+    return {wl: simulate_frames(_realistic(wl))[0] for wl in ("llm_serving", "training")}
+
+
+def _realistic(workload: str, injections: tuple[Injection, ...] = ()) -> Scenario:
+    opts = PROFILES["realistic"]
+    return Scenario(name="t", seed=3, duration_s=DUR, hosts=(HostPlan("h0", workload, **opts),),  # type: ignore[arg-type]
+                    injections=injections)
+
+
+@pytest.mark.parametrize("typ", INEFFICIENCIES)
+def test_realistic_profile_keeps_every_footprint(typ: str, realistic_healthy: dict[str, dict[str, pl.DataFrame]]
+                                                 ) -> None:
+    # baseline drops follow the traffic (more packets, more drops) and come in bursts: their
+    # maximum is noise, not a footprint
+    check_footprint(typ, realistic_healthy, _realistic, benign=(("net", "rx_dropped"),))

@@ -532,7 +532,9 @@ ALSO_MOVES: dict[str, tuple[Signal, ...]] = {
     "cpu_governor_powersave": (_s("cgroup", "nr_throttled", cgroup="workload.slice"),),
     "storage_contention": (_s("memory", "dirty"), _s("vmstat", "pgmajfault")),
     "nic_drops": (_s("interrupts", "count"),),
-    "gpu_nic_numa_misplacement": (_s("net", "rx_bytes", -1),),
+    # the misplaced proxy threads add CPU demand to the job: nearer its quota, throttled more
+    # often (visible with the smooth CFS model)
+    "gpu_nic_numa_misplacement": (_s("net", "rx_bytes", -1), _s("cgroup", "nr_throttled", cgroup="workload.slice")),
 }
 
 #: Signals that no type moves except those whose footprint names them: the "unrelated"
