@@ -45,8 +45,10 @@ _PCIE_BPS = np.array([0.0] + [PCIE_X16_BPS[g] for g in range(1, 6)])
 
 
 #: Per-period CPU demand of the job, relative to its mean (coefficient of variation) for the
-#: smooth CFS model: assumed, chosen so that at 80 % mean demand ~2 % of periods throttle,
-#: the rate of the step model's benign throttling (docs/simulator.md)
+#: smooth CFS model. Assumed (no measured per-period distribution for these workloads): a job
+#: at 70 % of its quota on average is almost never throttled (< 0.1 % of periods), at 80 %
+#: in ~2 %, at 90 % in ~18 %: bursty jobs are throttled well below their quota
+#: (docs/simulator.md).
 THROTTLE_CV = 0.12
 
 
