@@ -476,6 +476,9 @@ LABELS = Measurement(
         _f("end", TIME_DTYPE, "time", "state", "host", "end of the inefficiency (exclusive)"),
         _f("severity", F32, "0..1", "state", "host", "severity of the injection"),
         _f("label_id", pl.String(), "", "state", "host", "stable id of the label"),
+        _f("cost", F64, "0..1", "state", "host",
+           "throughput lost by the injection over its span against the same-seed healthy run "
+           "(0.05 = 5 %); null where unknown (user labels, a host doing no work)"),
     ),
     tier="static",
     ground_truth=True,

@@ -3,6 +3,7 @@ scenario files and the CLI. Runs are a few simulated minutes on one host."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -154,8 +155,16 @@ def test_counters_monotone_except_injected_wraps() -> None:
 def test_injection_moves_its_footprint_and_nothing_unrelated(
     typ: str, healthy: dict[str, dict[str, pl.DataFrame]]
 ) -> None:
+    check_footprint(typ, healthy, _sc)
+
+
+def check_footprint(typ: str, healthy: dict[str, dict[str, pl.DataFrame]], make: Callable[..., Scenario],
+                    benign: tuple[tuple[str, str], ...] = ()) -> None:
+    """``typ`` at severity 0.8 moves every signal of its footprint against the same-seed
+    healthy run and keeps the unrelated pool (less ``benign`` (table, field) pairs) within
+    its healthy range. ``make(workload, injections)`` builds the one-host scenario."""
     wl = "training" if typ in TRAINING_TYPES else "llm_serving"
-    sc = _sc(wl, (Injection(typ, "h0", INJ_START, INJ_END - INJ_START, 0.8),))
+    sc = make(wl, (Injection(typ, "h0", INJ_START, INJ_END - INJ_START, 0.8),))
     frames, runs = simulate_frames(sc)
     base = healthy[wl]
     inj = runs[0].injections[0]
@@ -171,7 +180,7 @@ def test_injection_moves_its_footprint_and_nothing_unrelated(
     pre = sc.start + timedelta(seconds=INJ_START)
     for t in ("gpu", "net", "memory", "workload"):
         assert frames[t].filter(pl.col("time") < pre).equals(base[t].filter(pl.col("time") < pre)), t
-    related = {(s.table, s.field.split("&")[0]) for s in FOOTPRINTS[typ] + ALSO_MOVES.get(typ, ())}
+    related = {(s.table, s.field.split("&")[0]) for s in FOOTPRINTS[typ] + ALSO_MOVES.get(typ, ())} | set(benign)
     for sig in UNRELATED_POOL:
         if (sig.table, sig.field.split("&")[0]) in related:
             continue

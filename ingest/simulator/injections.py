@@ -42,7 +42,11 @@ class Injection:
 
     @property
     def end_s(self) -> float:
-        return self.start_s + self.duration_s
+        return self.start_s + self.duration_s  # inf for a fault that lasts the run
+
+    def ticks(self) -> tuple[int, int]:
+        """[start, end) in fast ticks (the end capped so that a run-long fault stays finite)."""
+        return int(round(self.start_s * TICKS_PER_S)), int(round(min(self.end_s, 1e12) * TICKS_PER_S))
 
 
 @dataclass
@@ -54,12 +58,14 @@ class Effects:
     n_nics: int
     n_disks: int
     nodes: int
+    power_default_w: float = GPU_POWER_DEFAULT_W
+    pcie_gen_max: int = GPU_PCIE_GEN
 
     def __post_init__(self) -> None:
         n, g = self.n, self.n_gpus
-        self.power_limit = np.full((g, n), GPU_POWER_DEFAULT_W)
+        self.power_limit = np.full((g, n), self.power_default_w)
         self.cooling = np.zeros((g, n))  # 0..1 loss of cooling
-        self.pcie_gen = np.full((g, n), float(GPU_PCIE_GEN))
+        self.pcie_gen = np.full((g, n), float(self.pcie_gen_max))
         self.pcie_width = np.full((g, n), float(GPU_PCIE_WIDTH))
         self.misplace = np.zeros((g, n))  # share of the GPU's comm staged through far-node memory
         self.irq_far_nic = np.zeros((self.n_nics, n))  # share of the NIC's IRQ lines on the far node
@@ -77,8 +83,7 @@ class Effects:
 def _env(inj: Injection, a: int, n: int, tau_s: float) -> tuple[slice, np.ndarray] | None:
     """Ticks of chunk [a, a+n) inside the injection and its envelope (severity, with an
     exponential onset of time constant ``tau_s``); None when they do not overlap."""
-    s = int(round(inj.start_s * TICKS_PER_S))
-    e = int(round(inj.end_s * TICKS_PER_S))
+    s, e = inj.ticks()
     i, j = max(s, a), min(e, a + n)
     if i >= j:
         return None
@@ -167,13 +172,14 @@ def _max(arr: np.ndarray, rows: list[int] | None, sl: slice, env: np.ndarray) ->
 # ---------------------------------------------------------------- the inefficiencies
 
 
-def power_limit_w(severity: float, params: dict[str, Any]) -> float:
-    """Lowered power limit: severity 1 -> 300 W (of 700 W); ``limit_w`` overrides."""
-    return float(params.get("limit_w", GPU_POWER_DEFAULT_W - 400.0 * severity))
+def power_limit_w(severity: float, params: dict[str, Any], default_w: float = GPU_POWER_DEFAULT_W) -> float:
+    """Lowered power limit: severity 1 -> 3/7 of the default (300 W of an H100's 700 W,
+    171 W of an A100's 400 W); ``limit_w`` overrides."""
+    return float(params.get("limit_w", default_w - 400.0 / 700.0 * default_w * severity))
 
 
-def pcie_gen_of(severity: float, params: dict[str, Any]) -> int:
-    return int(params.get("gen", max(1, GPU_PCIE_GEN - int(round(3 * severity)))))
+def pcie_gen_of(severity: float, params: dict[str, Any], gen_max: int = GPU_PCIE_GEN) -> int:
+    return int(params.get("gen", max(1, gen_max - int(round(3 * severity)))))
 
 
 def pcie_width_of(params: dict[str, Any]) -> int:
@@ -181,18 +187,19 @@ def pcie_width_of(params: dict[str, Any]) -> int:
 
 
 def _apply_power(eff: Effects, inj: Injection, host: HostSpec, sl: slice, env: np.ndarray) -> None:
-    limit = power_limit_w(inj.severity, inj.params)
+    limit = power_limit_w(inj.severity, inj.params, host.gpu_model.power_default_w)
     for g in _gpus(host, inj):
         eff.power_limit[g, sl] = np.minimum(eff.power_limit[g, sl], limit)
 
 
 def _facts_power(st: FactState, inj: Injection, host: HostSpec) -> None:
+    limit = power_limit_w(inj.severity, inj.params, host.gpu_model.power_default_w)
     for g in _gpus(host, inj):
-        st.power_limit_w[g] = min(st.power_limit_w[g], power_limit_w(inj.severity, inj.params))
+        st.power_limit_w[g] = min(st.power_limit_w[g], limit)
 
 
 def _apply_pcie(eff: Effects, inj: Injection, host: HostSpec, sl: slice, env: np.ndarray) -> None:
-    gen, width = pcie_gen_of(inj.severity, inj.params), pcie_width_of(inj.params)
+    gen, width = pcie_gen_of(inj.severity, inj.params, host.gpu_model.pcie_gen), pcie_width_of(inj.params)
     for g in _gpus(host, inj):
         eff.pcie_gen[g, sl] = np.minimum(eff.pcie_gen[g, sl], gen)
         eff.pcie_width[g, sl] = np.minimum(eff.pcie_width[g, sl], width)
@@ -200,7 +207,7 @@ def _apply_pcie(eff: Effects, inj: Injection, host: HostSpec, sl: slice, env: np
 
 def _facts_pcie(st: FactState, inj: Injection, host: HostSpec) -> None:
     for g in _gpus(host, inj):
-        st.pcie_gen[g] = min(st.pcie_gen[g], pcie_gen_of(inj.severity, inj.params))
+        st.pcie_gen[g] = min(st.pcie_gen[g], pcie_gen_of(inj.severity, inj.params, host.gpu_model.pcie_gen))
         st.pcie_width[g] = min(st.pcie_width[g], pcie_width_of(inj.params))
 
 
@@ -354,14 +361,16 @@ def validate(inj: Injection, host: HostSpec) -> Injection:
     if inj.type == "thp_coverage_loss":
         _check_cause(out)
     if inj.type == "gpu_power_throttle":
-        lim = power_limit_w(out.severity, out.params)
-        if not 100.0 <= lim <= GPU_POWER_DEFAULT_W:
-            raise ValueError(f"injection gpu_power_throttle on {inj.host}: limit_w {lim} outside 100..700 W")
+        top = host.gpu_model.power_default_w
+        lim = power_limit_w(out.severity, out.params, top)
+        if not 100.0 <= lim <= top:
+            raise ValueError(f"injection gpu_power_throttle on {inj.host}: limit_w {lim} outside 100..{top:g} W")
     return out
 
 
 def apply_all(injections: list[Injection], host: HostSpec, a: int, n: int) -> Effects:
-    eff = Effects(n, host.n_gpus, len(host.nics), len(host.disks), host.nodes)
+    eff = Effects(n, host.n_gpus, len(host.nics), len(host.disks), host.nodes, host.gpu_model.power_default_w,
+                  host.gpu_model.pcie_gen)
     for inj in injections:
         t = TYPES[inj.type]
         got = _env(inj, a, n, t.tau_s)
@@ -523,7 +532,9 @@ ALSO_MOVES: dict[str, tuple[Signal, ...]] = {
     "cpu_governor_powersave": (_s("cgroup", "nr_throttled", cgroup="workload.slice"),),
     "storage_contention": (_s("memory", "dirty"), _s("vmstat", "pgmajfault")),
     "nic_drops": (_s("interrupts", "count"),),
-    "gpu_nic_numa_misplacement": (_s("net", "rx_bytes", -1),),
+    # the misplaced proxy threads add CPU demand to the job: nearer its quota, throttled more
+    # often (visible with the smooth CFS model)
+    "gpu_nic_numa_misplacement": (_s("net", "rx_bytes", -1), _s("cgroup", "nr_throttled", cgroup="workload.slice")),
 }
 
 #: Signals that no type moves except those whose footprint names them: the "unrelated"

@@ -20,11 +20,7 @@ from ingest.simulator.injections import Effects
 from ingest.simulator.physics import THP_COVERAGE, State
 from ingest.simulator.topology import (
     CPU_TURBO_MHZ,
-    GPU_MEM_MAX_MHZ,
-    GPU_MEM_TOTAL,
-    GPU_POWER_DEFAULT_W,
     GPU_SM_IDLE_MHZ,
-    GPU_SM_MAX_MHZ,
     HOST_MEM_TOTAL,
     HUGEPAGE_SIZE,
     PAGE,
@@ -298,14 +294,15 @@ def render_gpu(ch: Chunk) -> pl.DataFrame:
     util = np.clip(np.round(100 * busy + rng.normal(0, 1.0, (G, n)) * (busy > 0.02)), 0, 100)
     mem_util = np.clip(np.round(100 * av(st.mem_busy) * 0.9), 0, 100)
     ratio = av(st.clock_ratio)
-    sm = np.where(busy > 0.03, np.round(GPU_SM_MAX_MHZ * ratio / 15.0) * 15.0, GPU_SM_IDLE_MHZ)
+    gm = h.gpu_model
+    sm = np.where(busy > 0.03, np.round(gm.sm_max_mhz * ratio / 15.0) * 15.0, GPU_SM_IDLE_MHZ)
     t_s = (ch.a + np.arange(ch.n)) / TICKS_PER_S
     if ch.schedule.kind == "training":
         frac = np.clip(t_s / max(ch.schedule.load_s, 1.0), 0, 1)
         used = 2e9 + 72e9 * frac + 1.5e9 * (tr.phase == PHASES.index("checkpoint"))
     else:
         frac = np.clip(t_s / max(ch.schedule.load_s * 0.8, 1.0), 0, 1)
-        used = 1e9 + 0.9 * GPU_MEM_TOTAL * frac
+        used = 1e9 + 0.9 * gm.mem_total * frac
     mem_used = np.broadcast_to(np.round(av(used) / 2**20) * 2**20, (G, n)) + (np.arange(G)[:, None] * 2**20)
     power = av(st.power)
     cc = Counters(ch, "gpu", [g.name for g in h.gpus])
@@ -324,20 +321,20 @@ def render_gpu(ch: Chunk) -> pl.DataFrame:
         "util_gpu": util,
         "util_mem": mem_util,
         "mem_used": mem_used,
-        "mem_total": np.full((G, n), GPU_MEM_TOTAL),
+        "mem_total": np.full((G, n), gm.mem_total),
         "power_w": np.round(power, 2),
         "power_limit_w": av(st.power_limit),
-        "power_limit_default_w": np.full((G, n), GPU_POWER_DEFAULT_W),
+        "power_limit_default_w": np.full((G, n), gm.power_default_w),
         "sm_clock_mhz": sm,
-        "sm_clock_max_mhz": np.full((G, n), GPU_SM_MAX_MHZ),
-        "mem_clock_mhz": np.full((G, n), GPU_MEM_MAX_MHZ),
-        "mem_clock_max_mhz": np.full((G, n), GPU_MEM_MAX_MHZ),
+        "sm_clock_max_mhz": np.full((G, n), gm.sm_max_mhz),
+        "mem_clock_mhz": np.full((G, n), gm.mem_max_mhz),
+        "mem_clock_max_mhz": np.full((G, n), gm.mem_max_mhz),
         "temperature_c": np.round(av(st.temp)),
         "clock_event_reasons": reasons,
         "pcie_tx": np.round(av(st.pcie_tx) * pj / 1024.0),
         "pcie_rx": np.round(av(st.pcie_rx) / pj / 1024.0),
         "pcie_link_gen": np.round(av(st.pcie_gen)),
-        "pcie_link_gen_max": np.full((G, n), 5.0),
+        "pcie_link_gen_max": np.full((G, n), float(gm.pcie_gen)),
         "pcie_link_width": av(st.pcie_width),
         "pcie_link_width_max": np.full((G, n), 16.0),
         "last_xid": np.zeros((G, n)),
@@ -700,6 +697,13 @@ def render_net(ch: Chunk) -> pl.DataFrame:
     cc.add("rx_errors", np.zeros_like(rx_b))
     benign = np.zeros_like(rx_b)
     benign[-1] = rng.poisson(0.2 * dt, rx_b.shape[1])  # unknown-protocol drops on the mgmt port
+    if h.baseline_drops > 0:
+        # healthy RDMA NICs drop a few packets in micro-bursts (rx_out_of_buffer): a Poisson
+        # count whose rate is gamma-mixed per second (shape 0.2: most seconds none, a few many)
+        brng = ch.rng("net_baseline")
+        nn_r = len(h.nics)
+        burst = brng.gamma(0.2, 5.0, (nn_r, rx_b.shape[1]))
+        benign[:nn_r] = brng.poisson(h.baseline_drops * rx_p[:nn_r] * dt * burst)
     cc.add("rx_dropped", rx_p * dt * drop * 0.4 + benign)
     cc.add("rx_fifo", rx_p * dt * drop * 0.6)
     cc.add("tx_bytes", tx_b * dt)
@@ -791,12 +795,20 @@ def render_cgroup(ch: Chunk) -> pl.DataFrame:
     # bursty threads hit a quota now and then even when the mean demand is below it
     ratio = np.minimum(av(st.demand_cores) / quota, 1.0)
     rng = ch.rng("cgroup")
-    benign = rng.poisson(periods * 0.02 * np.exp(-(1.0 - ratio) / 0.1) * dt).astype(np.float64)
-    forced = thr * periods * dt
-    nr_thr = np.stack([np.zeros(n), np.minimum(forced + benign, periods * dt), np.zeros(n)])
-    over = np.maximum(0.0, 1.0 - quota / np.maximum(av(st.demand_cores), 1e-9))
-    thr_time = np.stack([np.zeros(n), (forced * over * 0.1 + benign * 0.005) * _US, np.zeros(n)])
-    th = np.clip(thr + benign / (periods * dt), 0, 1)
+    if st.throttle_time is None:
+        benign = rng.poisson(periods * 0.02 * np.exp(-(1.0 - ratio) / 0.1) * dt).astype(np.float64)
+        forced = thr * periods * dt
+        nr_thr = np.stack([np.zeros(n), np.minimum(forced + benign, periods * dt), np.zeros(n)])
+        over = np.maximum(0.0, 1.0 - quota / np.maximum(av(st.demand_cores), 1e-9))
+        thr_time = np.stack([np.zeros(n), (forced * over * 0.1 + benign * 0.005) * _US, np.zeros(n)])
+        th = np.clip(thr + benign / (periods * dt), 0, 1)
+    else:
+        # smooth model: each 100 ms period throttles with the physics' probability; the
+        # throttled time follows the expected excess demand (both grow smoothly with demand)
+        k_thr = ch.rng("cgroup_cfs").binomial(int(round(periods * dt)), np.clip(thr, 0.0, 1.0)).astype(np.float64)
+        nr_thr = np.stack([np.zeros(n), k_thr, np.zeros(n)])
+        thr_time = np.stack([np.zeros(n), av(st.throttle_time) * dt * _US, np.zeros(n)])
+        th = np.clip(thr, 0, 1)
     cpu_p = np.stack([np.full(n, 0.002), 0.6 * th + 0.004, 0.05 * av(eff.neighbour.max(axis=0)) + 0.002]) * dt * _US
     mem_p = np.stack([0.05 * mp, 0.4 * mp, 0.5 * mp]) * dt * _US
     cc = Counters(ch, "cgroup", list(CGROUPS))

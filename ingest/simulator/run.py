@@ -10,6 +10,7 @@ of the same seed.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time as _time
 import zlib
@@ -23,11 +24,11 @@ import polars as pl
 from ingest import schema
 from ingest.simulator import injections as inj_mod
 from ingest.simulator.bank import CounterBank, CounterEvent, _sub
-from ingest.simulator.physics import derive
+from ingest.simulator.physics import State, derive
 from ingest.simulator.render import RENDERERS, Chunk
 from ingest.simulator.scenario import Scenario
 from ingest.simulator.topology import HostSpec, build_host, fact_rows, healthy_facts
-from ingest.simulator.workloads import TICKS_PER_S, Schedule
+from ingest.simulator.workloads import TICKS_PER_S, Schedule, Trace
 from ingest.sink import Sink
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,11 @@ class SimResult:
 
 def plan_host(sc: Scenario, index: int, *, keep_raw: bool = False) -> HostRun:
     hp = sc.hosts[index]
-    spec = build_host(hp.name, index, cpus_per_node=hp.cpus_per_node, n_nics=hp.nics)
     # a host's streams depend on the seed and its name, not on its position in the fleet
     seed = np.random.SeedSequence(entropy=[sc.seed, zlib.crc32(hp.name.encode())])
+    spec = build_host(hp.name, index, cpus_per_node=hp.cpus_per_node, n_nics=hp.nics, nic_queues=hp.nic_queues,
+                      gpu_model=hp.gpu_model, baseline_drops=hp.baseline_drops, smooth_throttle=hp.smooth_throttle,
+                      inlet_offsets_c=inlet_offsets(_sub(seed, "thermal_layout"), 8) if hp.gpu_temp_spread else ())
     total = int(round(sc.duration_s * TICKS_PER_S))
     sched = Schedule(hp.workload, total, sc.start.timestamp(), _sub(seed, "workload"), hp.params)
     injs: list[inj_mod.Injection] = []
@@ -85,6 +88,23 @@ def plan_host(sc: Scenario, index: int, *, keep_raw: bool = False) -> HostRun:
     return HostRun(spec, sched, injs, events, seed, bank)
 
 
+#: gpu_temp_spread: the host's rack inlet is drawn from 20-29 C (ASHRAE recommends 18-27 C; the
+#: uniform host sits at 27 C); GPUs in the rear slots of the board (2, 3, 6, 7) breathe air the
+#: front ones heated by ~5 C; each GPU adds +-1.5 C (heatsink contact, ASIC leakage). Assumed
+#: magnitudes: docs/simulator.md.
+RACK_INLET_C = (20.0, 29.0)
+REAR_PREHEAT_C = 5.0
+GPU_SPREAD_C = 1.5
+
+
+def inlet_offsets(seed: np.random.SeedSequence, n_gpus: int) -> tuple[float, ...]:
+    """Per-GPU inlet offsets (C) against the uniform host's 27 C inlet."""
+    rng = np.random.default_rng(seed)
+    rack = rng.uniform(*RACK_INLET_C) - 27.0
+    rear = np.array([REAR_PREHEAT_C if g % 4 >= 2 else 0.0 for g in range(n_gpus)])
+    return tuple(float(x) for x in rack + rear + rng.uniform(-GPU_SPREAD_C, GPU_SPREAD_C, n_gpus))
+
+
 def chunks(sc: Scenario) -> list[tuple[int, int]]:
     """Fast-tick ranges of the chunks: cut at UTC hour boundaries (one lake partition each)."""
     total = int(round(sc.duration_s * TICKS_PER_S))
@@ -102,9 +122,16 @@ def host_frames(sc: Scenario, hr: HostRun, tables: Sequence[str] | None = None) 
     """(table, frame) of one host, chunk by chunk, measurements then facts/labels."""
     want = [t for t in RENDERERS if (tables is None or t in tables) and (t != "perf" or sc.perf)]
     t0_us = int(sc.start.timestamp()) * _US
+    meter = CostMeter(hr) if tables is None or "labels" in tables else None
     for ci, (a, b) in enumerate(chunks(sc)):
+        if not want and (meter is None or meter.done(a)):
+            break
         rng = np.random.default_rng(_sub(hr.seed, "trace", f"chunk{ci}"))
         tr = hr.schedule.trace(a, b, rng)
+        if meter is not None:
+            meter.feed(ci, a, tr)
+        if not want:
+            continue
         eff = inj_mod.apply_all(hr.injections, hr.spec, a, b - a)
         st = derive(hr.spec, tr, eff, np.random.default_rng(_sub(hr.seed, "physics", f"chunk{ci}")), hr.bank)
         ch = Chunk(hr.spec, a, b - a, t0_us, hr.schedule, tr, eff, st, hr.bank, hr.seed, ci)
@@ -112,8 +139,8 @@ def host_frames(sc: Scenario, hr: HostRun, tables: Sequence[str] | None = None) 
             yield t, RENDERERS[t](ch)
     if tables is None or "host_facts" in tables:
         yield "host_facts", facts_frame(sc, hr)
-    if tables is None or "labels" in tables:
-        lab = labels_frame(sc, hr)
+    if meter is not None:
+        lab = labels_frame(sc, hr, meter.costs())
         if lab.height:
             yield "labels", lab
 
@@ -150,7 +177,59 @@ def facts_frame(sc: Scenario, hr: HostRun) -> pl.DataFrame:
     return df.select(list(sch))
 
 
-def labels_frame(sc: Scenario, hr: HostRun) -> pl.DataFrame:
+class CostMeter:
+    """The throughput cost of each labelled injection: the host run with that injection
+    alone against the same-seed healthy run, over the injection's span (clipped to the run).
+
+    Both runs are the physics of the real run (same trace, same noise streams) with other
+    causes; before an injection starts its run *is* the healthy run, so its smoothed state
+    (GPU temperatures) is forked from the healthy one there. Fed chunk by chunk with the
+    trace the real run renders, so the trace is built once."""
+
+    def __init__(self, hr: HostRun) -> None:
+        self.hr = hr
+        self.injs = [i for i in hr.injections if inj_mod.TYPES[i.type].label]
+        self.healthy = CounterBank(_sub(hr.seed, "counters"))
+        self.banks: dict[int, CounterBank] = {}
+        self.sums = np.zeros((len(self.injs), 2))  # (injected, healthy) throughput over the span
+
+    def done(self, a: int) -> bool:
+        return all(i.ticks()[1] <= a for i in self.injs)
+
+    def feed(self, ci: int, a: int, tr: Trace) -> None:
+        live = [(k, i) for k, i in enumerate(self.injs) if i.ticks()[0] < a + tr.n and i.ticks()[1] > a]
+        if not live:
+            if not self.done(a):
+                self._derive(ci, tr, [], a, self.healthy)  # keep the healthy state moving
+            return
+        for k, _ in live:
+            if k not in self.banks:
+                self.banks[k] = copy.deepcopy(self.healthy)
+        h = self._derive(ci, tr, [], a, self.healthy)
+        for k, i in live:
+            x = self._derive(ci, tr, [i], a, self.banks[k])
+            s, e = i.ticks()
+            sl = slice(max(s, a) - a, min(e, a + tr.n) - a)
+            self.sums[k] += (float(x.throughput[sl].sum()), float(h.throughput[sl].sum()))
+
+    def _derive(self, ci: int, tr: Trace, injs: list[inj_mod.Injection], a: int, bank: CounterBank) -> State:
+        eff = inj_mod.apply_all(injs, self.hr.spec, a, tr.n)
+        return derive(self.hr.spec, tr, eff, np.random.default_rng(_sub(self.hr.seed, "physics", f"chunk{ci}")), bank)
+
+    def costs(self) -> dict[int, float | None]:
+        """id(injection) -> fractional throughput lost (None where the healthy run does no work)."""
+        return {id(i): (1.0 - x / h if h > 0 else None) for i, (x, h) in zip(self.injs, self.sums, strict=True)}
+
+
+def labels_frame(sc: Scenario, hr: HostRun, costs: dict[int, float | None] | None = None) -> pl.DataFrame:
+    """One label per injected inefficiency, with its throughput cost (see :class:`CostMeter`)."""
+    if costs is None:
+        meter = CostMeter(hr)
+        for ci, (a, b) in enumerate(chunks(sc)):
+            if meter.done(a):
+                break
+            meter.feed(ci, a, hr.schedule.trace(a, b, np.random.default_rng(_sub(hr.seed, "trace", f"chunk{ci}"))))
+        costs = meter.costs()
     rows = []
     for k, i in enumerate(sorted(hr.injections, key=lambda x: (x.start_s, x.type))):
         if not inj_mod.TYPES[i.type].label:
@@ -164,6 +243,7 @@ def labels_frame(sc: Scenario, hr: HostRun) -> pl.DataFrame:
             "end": sc.start + timedelta(seconds=end),
             "severity": i.severity,
             "label_id": f"{sc.name}/{sc.seed}/{hr.spec.name}/{k:03d}-{i.type}",
+            "cost": costs.get(id(i)),
         })
     return schema.conform("labels", pl.DataFrame(rows, schema={c: d for c, d in
                                                                schema.get("labels").polars_schema().items()}))

@@ -23,7 +23,7 @@
     hosts = ["gpu-a01"]               # or host = "gpu-a01", or hosts = "all"
     devices = ["3"]                   # optional; default per type
     start = "10m"                     # offset from the run start, or an ISO time
-    duration = "20m"
+    duration = "20m"                  # or "run": to the end of the run (with start = 0: from boot)
     severity = 0.6                    # (0, 1]
     params = { limit_w = 450 }        # optional, per type
 
@@ -34,6 +34,7 @@ Every error names the file and the key.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -94,6 +95,27 @@ class HostPlan:
     params: dict[str, float] = field(default_factory=dict, compare=False)
     cpus_per_node: int = 16
     nics: int = 8
+    nic_queues: int = 4
+    gpu_model: str = "h100_sxm"
+    gpu_temp_spread: bool = False
+    baseline_drops: float = 0.0
+    smooth_throttle: bool = False
+
+
+#: Host options a scenario may set at the top level (every host) or per ``[[hosts]]`` table,
+#: with the defaults that keep the uniform host of earlier versions (docs/simulator.md).
+HOST_OPTIONS: dict[str, object] = {
+    "cpus_per_node": 16, "nics": 8, "nic_queues": 4, "gpu_model": "h100_sxm",
+    "gpu_temp_spread": False, "baseline_drops": 0.0, "smooth_throttle": False,
+}
+
+#: ``profile = "realistic"``: benign diversity on (sources in docs/simulator.md); explicit
+#: keys still override it. GPU models stay as given: a mixed fleet is its own choice.
+PROFILES: dict[str, dict[str, object]] = {
+    "uniform": {},
+    "realistic": {"cpus_per_node": 56, "nic_queues": 16, "gpu_temp_spread": True, "baseline_drops": 1e-6,
+                  "smooth_throttle": True},
+}
 
 
 @dataclass(frozen=True)
@@ -107,6 +129,7 @@ class Scenario:
     perf: bool = False
     hosts_counted: bool = True  # hosts came from a count (so --hosts may change it)
     workload: str = "llm_serving"
+    host_options: dict[str, object] = field(default_factory=dict, compare=False)  # top-level host options
 
     def with_overrides(self, *, hosts: int | None = None, duration_s: float | None = None,
                        seed: int | None = None, start: datetime | None = None) -> Scenario:
@@ -116,7 +139,7 @@ class Scenario:
                 raise ScenarioError(f"hosts: must be >= 1, got {hosts}")
             if not self.hosts_counted:
                 raise ScenarioError(f"scenario {self.name!r} lists its hosts by name; --hosts cannot change them")
-            out = replace(out, hosts=counted_hosts(hosts, self.workload))
+            out = replace(out, hosts=counted_hosts(hosts, self.workload, self.host_options))
         if duration_s is not None:
             out = replace(out, duration_s=check_duration(duration_s, "duration"))
         if seed is not None:
@@ -134,15 +157,71 @@ def check_duration(secs: float, where: str) -> float:
     return float(round(secs))
 
 
-def counted_hosts(n: int, workload: str) -> tuple[HostPlan, ...]:
+def counted_hosts(n: int, workload: str, options: dict[str, object] | None = None) -> tuple[HostPlan, ...]:
     kinds = ("llm_serving", "training")
     return tuple(
-        HostPlan(f"sim-{i:02d}", kinds[i % 2] if workload == "mixed" else workload) for i in range(n)
+        HostPlan(f"sim-{i:02d}", kinds[i % 2] if workload == "mixed" else workload, **_host_opts(options or {}, i))
+        for i in range(n)
     )
 
 
-_TOP = {"name", "seed", "start", "duration", "perf", "hosts", "workload", "injections", "description"}
-_HOST_KEYS = {"name", "workload", "params", "cpus_per_node", "nics"}
+def _host_opts(options: dict[str, object], i: int) -> dict[str, Any]:
+    """The host options of the fleet's i-th host: a list value (``gpu_model``) cycles."""
+    return {k: (v[i % len(v)] if isinstance(v, list) else v) for k, v in options.items()}
+
+
+def _check_option(key: str, v: object, where: str) -> object:
+    from ingest.simulator.topology import GPU_MODELS
+
+    def num(lo: float, hi: float, integer: bool) -> object:
+        ok = isinstance(v, int) if integer else isinstance(v, int | float)
+        if isinstance(v, bool) or not ok or not lo <= float(v) <= hi:  # type: ignore[arg-type]
+            kind = "an integer" if integer else "a number"
+            raise ScenarioError(f"{where}: expected {kind} {lo:g}..{hi:g}, got {v!r}")
+        return v
+
+    if key == "cpus_per_node":
+        return num(4, 128, True)
+    if key == "nics":
+        if v not in (4, 8) or isinstance(v, bool):
+            raise ScenarioError(f"{where}: expected 4 or 8, got {v!r}")
+        return v
+    if key == "nic_queues":
+        return num(1, 128, True)
+    if key == "baseline_drops":
+        return float(num(0.0, 1e-3, False))  # type: ignore[arg-type]
+    if key in ("gpu_temp_spread", "smooth_throttle"):
+        if not isinstance(v, bool):
+            raise ScenarioError(f"{where}: expected true or false, got {v!r}")
+        return v
+    if key == "gpu_model":
+        if v not in GPU_MODELS:
+            raise ScenarioError(f"{where}: unknown GPU model {v!r}; known: {', '.join(GPU_MODELS)}")
+        return v
+    raise AssertionError(key)
+
+
+def _top_options(doc: dict[str, Any], w: Any) -> dict[str, object]:
+    prof = doc.get("profile", "uniform")
+    if prof not in PROFILES:
+        raise ScenarioError(f"{w('profile')}: unknown profile {prof!r}; known: {', '.join(PROFILES)}")
+    out: dict[str, object] = dict(PROFILES[prof])
+    for key in HOST_OPTIONS:
+        if key not in doc:
+            continue
+        v = doc[key]
+        if key == "gpu_model" and isinstance(v, list):
+            if not v:
+                raise ScenarioError(f"{w(key)}: expected a model or a non-empty list of models")
+            out[key] = [_check_option(key, x, w(f"{key}[{j}]")) for j, x in enumerate(v)]
+        else:
+            out[key] = _check_option(key, v, w(key))
+    return out
+
+
+_TOP = {"name", "seed", "start", "duration", "perf", "hosts", "workload", "injections", "description", "profile",
+        *HOST_OPTIONS}
+_HOST_KEYS = {"name", "workload", "params", *HOST_OPTIONS}
 _INJ_KEYS = {"type", "host", "hosts", "devices", "start", "duration", "severity", "params"}
 
 
@@ -173,6 +252,7 @@ def from_dict(doc: dict[str, Any], *, source: str = "<scenario>", name: str | No
     if not isinstance(perf, bool):
         raise ScenarioError(f"{w('perf')}: expected true or false, got {perf!r}")
     workload = _workload(doc.get("workload", "llm_serving"), w("workload"), True)
+    options = _top_options(doc, w)
     hosts_v = doc.get("hosts", 1)
     counted = True
     if isinstance(hosts_v, bool):
@@ -180,7 +260,7 @@ def from_dict(doc: dict[str, Any], *, source: str = "<scenario>", name: str | No
     if isinstance(hosts_v, int):
         if hosts_v < 1:
             raise ScenarioError(f"{w('hosts')}: must be >= 1, got {hosts_v}")
-        hosts = counted_hosts(hosts_v, workload)
+        hosts = counted_hosts(hosts_v, workload, options)
     elif isinstance(hosts_v, list) and hosts_v:
         counted = False
         plans = []
@@ -200,14 +280,12 @@ def from_dict(doc: dict[str, Any], *, source: str = "<scenario>", name: str | No
             bad = sorted(set(params) - allowed_p)
             if bad:
                 raise ScenarioError(f"{where}.params: unknown key(s) {', '.join(bad)}; allowed: {', '.join(sorted(allowed_p))}")
-            cpn = hd.get("cpus_per_node", 16)
-            if isinstance(cpn, bool) or not isinstance(cpn, int) or not 4 <= cpn <= 128:
-                raise ScenarioError(f"{where}.cpus_per_node: expected an integer 4..128, got {cpn!r}")
-            nics = hd.get("nics", 8)
-            if nics not in (4, 8) or isinstance(nics, bool):
-                raise ScenarioError(f"{where}.nics: expected 4 or 8, got {nics!r}")
+            opts = _host_opts(options, i)
+            for key in HOST_OPTIONS:
+                if key in hd:
+                    opts[key] = _check_option(key, hd[key], f"{where}.{key}")
             plans.append(HostPlan(hname, _workload(hd.get("workload", workload), f"{where}.workload", False),
-                                  {k: float(v) for k, v in params.items()}, cpn, nics))
+                                  {k: float(v) for k, v in params.items()}, **opts))
         names = [p.name for p in plans]
         dup = sorted({x for x in names if names.count(x) > 1})
         if dup:
@@ -259,8 +337,9 @@ def from_dict(doc: dict[str, Any], *, source: str = "<scenario>", name: str | No
         if start_s >= duration:
             raise ScenarioError(f"{where}.start: {sv!r} is not before the end of the run ({duration:g} s)")
         if "duration" not in d:
-            raise ScenarioError(f"{where}.duration: missing (e.g. '20m')")
-        dur = parse_duration_s(d["duration"], f"{where}.duration")
+            raise ScenarioError(f"{where}.duration: missing (e.g. '20m', or 'run' for the rest of the run)")
+        # "run": until the end of the run, however long (--duration) it is made
+        dur = math.inf if d["duration"] == "run" else parse_duration_s(d["duration"], f"{where}.duration")
         sev = d.get("severity", 0.5)
         if isinstance(sev, bool) or not isinstance(sev, int | float) or not 0 < sev <= 1:
             raise ScenarioError(f"{where}.severity: expected a number in (0, 1], got {sev!r}")
@@ -278,7 +357,8 @@ def from_dict(doc: dict[str, Any], *, source: str = "<scenario>", name: str | No
         for t in targets:
             injections.append(Injection(str(typ), t, float(start_s), float(dur), float(sev),
                                         tuple(str(x) for x in devices), dict(params)))
-    sc = Scenario(name or str(doc.get("name", "scenario")), seed, start, duration, hosts, (), perf, counted, workload)
+    sc = Scenario(name or str(doc.get("name", "scenario")), seed, start, duration, hosts, (), perf, counted, workload,
+                  options)
     sc = replace(sc, injections=tuple(injections))
     return sc
 

@@ -27,6 +27,32 @@ GPU_PCIE_WIDTH = 16
 GPU_SLOWDOWN_C = 87.0  # SW thermal slowdown target
 GPU_HW_SLOWDOWN_C = 92.0
 
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What differs between GPU models as NVML reports it (sources: docs/simulator.md)."""
+
+    key: str  # scenario name
+    name: str  # nvmlDeviceGetName
+    power_default_w: float
+    power_min_w: float
+    idle_w: float
+    sm_max_mhz: float
+    mem_max_mhz: float
+    mem_total: int
+    pcie_gen: int
+    nvlinks: int
+
+
+GPU_MODELS: dict[str, GpuModel] = {m.key: m for m in (
+    GpuModel("h100_sxm", GPU_MODEL, GPU_POWER_DEFAULT_W, GPU_POWER_MIN_W, GPU_POWER_IDLE_W, GPU_SM_MAX_MHZ,
+             GPU_MEM_MAX_MHZ, GPU_MEM_TOTAL, GPU_PCIE_GEN, 18),
+    # H200 SXM 141 GB: same GH100 die and 700 W limit, more and faster HBM3e
+    GpuModel("h200_sxm", "NVIDIA H200", 700.0, 200.0, 75.0, 1980.0, 3201.0, 150_754_820_096, 5, 18),
+    # A100 SXM4 80 GB: 400 W limit, 1410 MHz boost, PCIe gen4, 12 NVLinks (NVLink 3)
+    GpuModel("a100_sxm", "NVIDIA A100-SXM4-80GB", 400.0, 100.0, 55.0, 1410.0, 1593.0, 85_899_345_920, 4, 12),
+)}
+
 # Usable PCIe bandwidth per direction for one x16 link, by generation (bytes/s, ~85 % of raw).
 PCIE_X16_BPS = {1: 3.4e9, 2: 6.8e9, 3: 13.4e9, 4: 26.8e9, 5: 53.6e9}
 NIC_BPS = 50e9  # ConnectX-7 400 Gb/s
@@ -104,6 +130,11 @@ class HostSpec:
     nics: tuple[Nic, ...] = field(default=(), compare=False)
     disks: tuple[Disk, ...] = field(default=(), compare=False)
     irqs: tuple[Irq, ...] = field(default=(), compare=False)
+    gpu_model: GpuModel = field(default_factory=lambda: GPU_MODELS["h100_sxm"], compare=False)
+    # benign diversity (scenario options; zeros keep the uniform host of earlier versions)
+    inlet_offsets_c: tuple[float, ...] = field(default=(), compare=False)  # per GPU: rack inlet + slot preheat
+    baseline_drops: float = 0.0  # share of received packets a healthy RDMA NIC drops (bursty)
+    smooth_throttle: bool = False  # CFS throttling from per-period demand bursts (not a 0/1 step)
 
     @property
     def n_cpus(self) -> int:
@@ -131,12 +162,21 @@ MGMT_NETDEV = "eno1"  # management / frontend (request traffic of serving hosts)
 MGMT_PCI = "0000:03:00.0"
 
 
-def build_host(name: str, index: int, *, cpus_per_node: int = 16, n_nics: int = 8, n_disks: int = 4) -> HostSpec:
-    """The standard simulated host; ``index`` makes UUIDs unique across the fleet."""
+def build_host(name: str, index: int, *, cpus_per_node: int = 16, n_nics: int = 8, n_disks: int = 4,
+               nic_queues: int = 4, gpu_model: str = "h100_sxm", inlet_offsets_c: tuple[float, ...] = (),
+               baseline_drops: float = 0.0, smooth_throttle: bool = False) -> HostSpec:
+    """The standard simulated host; ``index`` makes UUIDs unique across the fleet. The
+    keyword options are the scenario's host options (docs/simulator.md)."""
     if cpus_per_node < 4:
         raise ValueError(f"host {name}: cpus_per_node must be >= 4, got {cpus_per_node}")
     if n_nics not in (4, 8):
         raise ValueError(f"host {name}: nics must be 4 or 8, got {n_nics}")
+    if not 1 <= nic_queues <= 128:
+        raise ValueError(f"host {name}: nic_queues must be 1..128, got {nic_queues}")
+    if gpu_model not in GPU_MODELS:
+        raise ValueError(f"host {name}: unknown gpu_model {gpu_model!r}; known: {', '.join(GPU_MODELS)}")
+    if inlet_offsets_c and len(inlet_offsets_c) != 8:
+        raise ValueError(f"host {name}: inlet_offsets_c needs one value per GPU (8), got {len(inlet_offsets_c)}")
     n_gpus, nodes = 8, 2
     nics = tuple(
         Nic(i, f"mlx5_{i}", f"ens{i + 1}np0", i * nodes // n_nics, f"0000:{0x1A + 0x10 * i:02x}:00.0")
@@ -159,7 +199,7 @@ def build_host(name: str, index: int, *, cpus_per_node: int = 16, n_nics: int = 
     )
     irqs: list[Irq] = []
     number = 120
-    q = 4
+    q = nic_queues
     for nic in nics:
         for k in range(q):
             irqs.append(Irq(number, nic.name, k, nic.node, nic.pci))
@@ -168,7 +208,8 @@ def build_host(name: str, index: int, *, cpus_per_node: int = 16, n_nics: int = 
         for k in range(2):
             irqs.append(Irq(number, d.ctrl, k + 1, d.node, d.pci))
             number += 1
-    return HostSpec(name, index, cpus_per_node, nodes, n_gpus, q, 2, gpus, nics, disks, tuple(irqs))
+    return HostSpec(name, index, cpus_per_node, nodes, n_gpus, q, 2, gpus, nics, disks, tuple(irqs),
+                    GPU_MODELS[gpu_model], tuple(inlet_offsets_c), float(baseline_drops), bool(smooth_throttle))
 
 
 # ------------------------------------------------------------------------ host facts
@@ -188,8 +229,8 @@ class FactState:
 
 def healthy_facts(host: HostSpec) -> FactState:
     return FactState(
-        power_limit_w=[GPU_POWER_DEFAULT_W] * host.n_gpus,
-        pcie_gen=[GPU_PCIE_GEN] * host.n_gpus,
+        power_limit_w=[host.gpu_model.power_default_w] * host.n_gpus,
+        pcie_gen=[host.gpu_model.pcie_gen] * host.n_gpus,
         pcie_width=[GPU_PCIE_WIDTH] * host.n_gpus,
         irq_far={},
     )
@@ -244,7 +285,8 @@ def fact_rows(host: HostSpec, st: FactState) -> list[FactRow]:
     # PCIe link of every PCI function (the real collector lists NICs and disks; GPUs added
     # here because a GPU's trained-down link is exactly what the audit should see)
     links = [(n.pci, 4, 16, 4, 16) for n in host.nics] + [(d.pci, 4, 4, 4, 4) for d in host.disks]
-    links += [(g.pci, st.pcie_gen[g.index], st.pcie_width[g.index], GPU_PCIE_GEN, GPU_PCIE_WIDTH) for g in host.gpus]
+    gm = host.gpu_model
+    links += [(g.pci, st.pcie_gen[g.index], st.pcie_width[g.index], gm.pcie_gen, GPU_PCIE_WIDTH) for g in host.gpus]
     for addr, gen, width, gmax, wmax in links:
         add("pcie", addr, "current_link_speed", link_speed(gen))
         add("pcie", addr, "max_link_speed", link_speed(gmax))
@@ -255,7 +297,8 @@ def fact_rows(host: HostSpec, st: FactState) -> list[FactRow]:
         dev = str(q.number)
         add("irq", dev, "device", q.action)
         add("irq", dev, "smp_affinity_list", host.cpulist(node), False)
-        add("irq", dev, "effective_affinity_list", str(host.node_cpus(node).start + q.queue), False)
+        add("irq", dev, "effective_affinity_list", str(host.node_cpus(node).start + q.queue % host.cpus_per_node),
+            False)
         add("irq", dev, "affinity_nodes", str(node), False)
         add("irq", dev, "pci", q.pci)
         add("irq", dev, "device_node", q.node)
@@ -268,17 +311,17 @@ def fact_rows(host: HostSpec, st: FactState) -> list[FactRow]:
     for g in host.gpus:
         dev = str(g.index)
         add("gpu", dev, "uuid", g.uuid)
-        add("gpu", dev, "name", GPU_MODEL)
+        add("gpu", dev, "name", gm.name)
         add("gpu", dev, "pci_bus_id", g.pci)
         add("gpu", dev, "numa_node", g.node)
-        add("gpu", dev, "power_limit_default_w", GPU_POWER_DEFAULT_W)
+        add("gpu", dev, "power_limit_default_w", gm.power_default_w)
         add("gpu", dev, "power_limit_w", st.power_limit_w[g.index])
-        add("gpu", dev, "power_limit_min_w", GPU_POWER_MIN_W)
-        add("gpu", dev, "power_limit_max_w", GPU_POWER_DEFAULT_W)
-        add("gpu", dev, "pcie_link_gen_max", GPU_PCIE_GEN)
+        add("gpu", dev, "power_limit_min_w", gm.power_min_w)
+        add("gpu", dev, "power_limit_max_w", gm.power_default_w)
+        add("gpu", dev, "pcie_link_gen_max", gm.pcie_gen)
         add("gpu", dev, "pcie_link_width_max", GPU_PCIE_WIDTH)
         add("gpu", dev, "persistence_mode", 1)
-        add("gpu", dev, "nvlinks_active", 18)
+        add("gpu", dev, "nvlinks_active", gm.nvlinks)
     add("gpu", "", "driver_version", "550.90.07", False)
     add("gpu", "", "cuda_driver_version", "12.4", False)
     return rows
