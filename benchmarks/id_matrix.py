@@ -106,8 +106,10 @@ class Cell:
             return 0, self.minutes * 60
         if self.onset == "boot":
             return 0, max(60, (self.minutes // 2) * 60)
-        start = max(3, self.minutes // 2 - 1) * 60  # past the 120 s warm-up and some history
-        return start, max(60, self.minutes * 60 - start - 60)
+        # past the 120 s warm-up and some history; 20 s into a minute, not on the minute: a
+        # cycle then sees only the fault's first 40 s (onsets on whole minutes are the best case)
+        start = max(3, self.minutes // 2 - 1) * 60 + 20
+        return start, max(60, self.minutes * 60 - start - 40)
 
     def doc(self) -> dict[str, Any]:
         """The scenario document (``ingest.simulator.from_dict``)."""
@@ -115,17 +117,21 @@ class Cell:
                   **({"nics": 4 if i % 2 else 8} if self.mixed else {})} for i, n in enumerate(self.host_names())]
         doc: dict[str, Any] = {"seed": self.seed, "duration": f"{self.minutes}m", "hosts": hosts}
         start, dur = self.fault_window()
+
+        def at(offset_s: int) -> str:  # an offset must be positive: "from boot" is the run's start time
+            return f"{offset_s}s" if offset_s > 0 else T0.isoformat()
+
         inj: list[dict[str, Any]] = []
         if self.overlap == "fleetwide":
-            inj = [{"type": self.types[0], "hosts": "all", "start": "0s", "duration": f"{dur}s",
+            inj = [{"type": self.types[0], "hosts": "all", "start": at(0), "duration": f"{dur}s",
                     "severity": self.severity}]
         elif self.overlap == "pair":
             a, b = self.types
-            inj = [{"type": a, "host": "sim-00", "start": f"{start}s", "duration": f"{dur}s", "severity": self.severity},
+            inj = [{"type": a, "host": "sim-00", "start": at(start), "duration": f"{dur}s", "severity": self.severity},
                    {"type": b, "host": "sim-00", "start": f"{start + 60}s", "duration": f"{max(60, dur - 60)}s",
                     "severity": self.severity}]
         elif self.overlap == "alone":
-            inj = [{"type": t, "host": f"sim-{i:02d}", "start": f"{start}s", "duration": f"{dur}s",
+            inj = [{"type": t, "host": f"sim-{i:02d}", "start": at(start), "duration": f"{dur}s",
                     "severity": self.severity} for i, t in enumerate(self.types)]
         if inj:
             doc["injections"] = inj
@@ -134,8 +140,9 @@ class Cell:
 
 def quick_cells(seeds: Sequence[int]) -> list[Cell]:
     """A small matrix (a few minutes per seed on the 2-core VM): four types alone mid-run on
-    a 2-host serving fleet at two severities, one pair on one host, one fault from boot, a
-    fleet-wide THP `never` on a mixed 2-host fleet, and a healthy fleet."""
+    a 2-host serving fleet (one of them at two severities), one pair on one host, one fault
+    from boot, a fleet-wide THP `never` on a mixed 2-host fleet, a healthy fleet, and four
+    other types on an 8-host mixed fleet."""
     out: list[Cell] = []
     for seed in seeds:
         base = Cell(2, False, "llm_serving", "mid", "alone", 0.5, (), 8, seed)
@@ -146,6 +153,9 @@ def quick_cells(seeds: Sequence[int]) -> list[Cell]:
         out.append(replace(base, mixed=True, workload="mixed", overlap="fleetwide", onset="boot",
                            types=("thp_coverage_loss",)))
         out.append(replace(base, overlap="healthy", severity=0.0, minutes=10))
+        # an 8-host mixed fleet: four more types on four hosts (serving and training), four healthy
+        out.append(replace(base, hosts=8, mixed=True, workload="mixed",
+                           types=("nic_drops", "memory_pressure", "irq_locality_miss", "thermal_throttle")))
     return out
 
 
