@@ -49,6 +49,10 @@ TUNING_SEEDS = (1, 2)
 HELD_OUT_SEEDS = (11, 12)
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)  # the simulator's default start
 CYCLE = timedelta(minutes=1)  # `unveil schedule` default --every
+#: cycles swept after a run's data ends: a segment still growing at the last minute stays
+#: open (unmatched incidents are only written when they close), so without these the end
+#: of a run would hide incidents; two cycles pass any segment's end + gap + window
+TAIL_CYCLES = 2
 
 #: cost bands of the issue (fractions of throughput); upper bounds exclusive
 BANDS = ((0.01, "<1 %"), (0.03, "1-3 %"), (0.10, "3-10 %"), (math.inf, ">10 %"))
@@ -205,8 +209,10 @@ def _overlapping(inc: pl.DataFrame, host: str, start: datetime, end: datetime) -
 
 def final_incidents(rows: pl.DataFrame, last_horizon: datetime | None) -> tuple[pl.DataFrame, int]:
     """(each incident's latest row, superseded ones left out; how many were superseded).
-    An open row that no later cycle updated while the sweep went on was superseded (its
-    segment became another incident id, e.g. another entry won): it is not counted twice."""
+    Call it after the sweep has passed the data's end (every segment closed): an incident
+    whose latest row is still open then was dropped without a closing row (its segment
+    became another incident id, e.g. another entry won or it turned unmatched), and is not
+    counted twice."""
     if rows.is_empty():
         return rows, 0
     from knowledge_base import latest_incidents
@@ -433,7 +439,7 @@ def run_cell(cell: Cell, cfg: Any, cache: Path | None, tmp: Path) -> CellResult:
     simulated_lake(cell, root, cache)
     end = T0 + timedelta(minutes=cell.minutes)
     horizons: list[datetime] = []
-    for k in range(1, cell.minutes + 1):
+    for k in range(1, cell.minutes + TAIL_CYCLES + 1):
         summary = run_cycle(root, cfg, now=T0 + k * CYCLE + cfg.lag)
         if summary is None or summary.horizon is None:
             raise RuntimeError(f"{cell.name}: cycle {k} did not run (lake lock held?)")

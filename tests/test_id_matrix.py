@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from benchmarks.id_matrix import (
+    TAIL_CYCLES,
     Cell,
     check_targets,
     cost_band,
@@ -183,7 +184,7 @@ def test_run_cell_sweeps_cycle_by_cycle(tmp_path: Path) -> None:
     cfg = SweepConfig(queue_remediations=False, compact_every=None)
     cell = Cell(2, False, "llm_serving", "mid", "alone", 0.5, ("gpu_power_throttle",), 5, 1)
     res = run_cell(cell, cfg, None, tmp_path)
-    assert res.cycles == 5
+    assert res.cycles == 5 + TAIL_CYCLES
     (r,) = res.labels
     assert (r["host"], r["type"], r["workload"], r["onset"], r["overlap"], r["fleet"], r["seed"]) == (
         "sim-00", "gpu_power_throttle", "llm_serving", "mid", "alone", "2h-homog", 1)
