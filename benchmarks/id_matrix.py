@@ -297,13 +297,15 @@ def healthy_hours(labels: pl.DataFrame, hosts: Iterable[str], start: datetime, e
 
 
 def false_incidents(final: pl.DataFrame, labels: pl.DataFrame) -> list[str]:
-    """Final incidents overlapping no label of their host, as ``host:status:entry:Ns``."""
+    """Final incidents overlapping no label of their host, as ``host:status:entry:@HH:MM:SS:Ns``
+    (start time of day, length)."""
     out = []
     for r in final.iter_rows(named=True):
         if labels.height and labels.filter((pl.col("host") == r["host"]) & (pl.col("time") < r["end"])
                                            & (pl.col("end") > r["start"])).height:
             continue
-        out.append(f"{r['host']}:{r['status']}:{r['entry_id'] or '-'}:{(r['end'] - r['start']).total_seconds():.0f}s")
+        out.append(f"{r['host']}:{r['status']}:{r['entry_id'] or '-'}:@{r['start']:%H:%M:%S}:"
+                   f"{(r['end'] - r['start']).total_seconds():.0f}s")
     return out
 
 

@@ -115,7 +115,7 @@ def test_superseded_open_incident_counts_once() -> None:
     final, stale = final_incidents(rows, m(10))
     assert sorted(final["incident_id"].to_list()) == ["i2", "i3"] and stale == 1
     assert false_incidents(final, labels(("a", 1, 6.5, "cpu_governor_powersave"))) == [
-        "a:matched:cpu_governor_powersave:180s"]
+        "a:matched:cpu_governor_powersave:@08:07:00:180s"]
 
 
 def test_healthy_hours_merges_overlapping_labels() -> None:
