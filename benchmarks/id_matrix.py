@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -557,12 +559,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lag", type=float, default=None, help="scheduler lag in s (default: production's, 90)")
     p.add_argument("--cache", type=Path, help="keep simulated lakes here (keyed by scenario + simulator code)")
     p.add_argument("--json", type=Path, help="write every figure as JSON here")
+    p.add_argument("--jobs", type=int, default=1, help="cells run at once in worker processes (default 1)")
     p.add_argument("--list", action="store_true", help="print the cells and exit")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from ingest.simulator import INEFFICIENCIES
     from jobs.pipeline import SweepConfig
 
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, not {args.jobs}")
     overlap_seeds = set(args.tuning_seeds) & set(args.held_out_seeds)
     if overlap_seeds:
         p.error(f"seed(s) {sorted(overlap_seeds)} are in both the tuning and the held-out set")
@@ -590,12 +595,20 @@ def main(argv: list[str] | None = None) -> int:
                            "cycle_s": CYCLE.total_seconds(), "sets": {}}
     with tempfile.TemporaryDirectory(prefix="id_matrix-") as tmp:
         for name, seeds, cells in plan:
-            results = []
-            for i, cell in enumerate(cells, 1):
-                results.append(run_cell(cell, cfg, args.cache, Path(tmp)))
-                print(f"[{name} {i}/{len(cells)}] {cell.name}: {results[-1].seconds:.0f} s, "
-                      f"{len(results[-1].labels)} label(s), {len(results[-1].false)} false "
-                      f"[{time.perf_counter() - t0:.0f} s total]", file=sys.stderr, flush=True)
+            # cells are independent (own lake, own copy): --jobs N runs N at once; the
+            # results are the same in any order
+            with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
+                if pool is not None:
+                    futures = [pool.submit(run_cell, cell, cfg, args.cache, Path(tmp)) for cell in cells]
+                    done: Iterable[CellResult] = (f.result() for f in futures)
+                else:
+                    done = (run_cell(cell, cfg, args.cache, Path(tmp)) for cell in cells)
+                results = []
+                for i, res in enumerate(done, 1):
+                    results.append(res)
+                    print(f"[{name} {i}/{len(cells)}] {res.cell.name}: {res.seconds:.0f} s, "
+                          f"{len(res.labels)} label(s), {len(res.false)} false "
+                          f"[{time.perf_counter() - t0:.0f} s total]", file=sys.stderr, flush=True)
             s = summarise(name, seeds, results)
             out["sets"][name] = s
             print(render(s), flush=True)
