@@ -2,7 +2,7 @@
 
 Every cell is a simulated fleet written into a fresh lake (``ingest.simulator.simulate``
 through the real ``LakeSink``) and swept by the scheduler's own cycle,
-:func:`jobs.pipeline.run_cycle`, once per simulated minute - exactly what ``unveil
+:func:`jobs.cycle.run_cycle`, once per simulated minute - exactly what ``unveil
 schedule --every 60s`` does on a live lake: the committed watermarks, the one-minute
 analysis steps judged on the past only, open incidents carried from cycle to cycle. A
 one-shot backfill (``unveil schedule --once``) would give the same windows (the analysis
@@ -435,7 +435,7 @@ class CellResult:
 def run_cell(cell: Cell, cfg: Any, cache: Path | None, tmp: Path) -> CellResult:
     """Simulate, sweep cycle by cycle as the scheduler does, score."""
     from ingest import lake
-    from jobs.pipeline import run_cycle
+    from jobs.cycle import run_cycle
 
     t0 = time.perf_counter()
     root = tmp / cell.name
@@ -564,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from ingest.simulator import INEFFICIENCIES
-    from jobs.pipeline import SweepConfig
+    from jobs.config import SweepConfig
 
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, not {args.jobs}")

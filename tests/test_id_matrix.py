@@ -24,7 +24,7 @@ from benchmarks.id_matrix import (
     score_labels,
 )
 from ingest.simulator import from_dict
-from jobs.pipeline import SweepConfig
+from jobs.config import SweepConfig
 
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
 TS = pl.Datetime("us", "UTC")
