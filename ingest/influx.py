@@ -35,14 +35,16 @@ import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
-import urllib3
 
 from ingest import schema
 from ingest.atomic import TMP_PREFIX, write_atomic
 from ingest.sink import SinkError
+
+if TYPE_CHECKING:  # urllib3 maps OpenSSL: imported only where a client talks to a server
+    import urllib3
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +392,8 @@ class _Transport:
     """HTTP to one InfluxDB; classifies every answer as ok / transient / rejected."""
 
     def __init__(self, config: InfluxConfig) -> None:
+        import urllib3
+
         self.config = config
         self.url = config.base_url
         self.api: Literal["v1", "v2"] | None = None if config.api == "auto" else config.api
@@ -459,6 +463,8 @@ class _Transport:
 
     def send(self, payload: bytes, precision: Precision) -> tuple[Outcome, str]:
         """Send one batch. Network errors, timeouts, 5xx, 429 and auth errors are transient."""
+        import urllib3
+
         try:
             api = self.detect()
             if api == "v1":
@@ -856,6 +862,8 @@ class InfluxSource:
         if c.retention:
             params["rp"] = c.retention
         url = c.base_url + "/query"
+        import urllib3
+
         try:
             r = self._transport.request("POST", "/query", fields=params, encode_multipart=False)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
