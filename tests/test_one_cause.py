@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from jobs.pipeline import influx_frame
-from knowledge_base import INCIDENT_SCHEMA, build_incidents, incident_id, load_kb
+from knowledge_base import INCIDENT_SCHEMA, build_incidents, incident_id, latest_incidents, load_kb
 from knowledge_base.incidents import CONSEQUENCE_LAG_S, separate_causes
 from knowledge_base.loader import KnowledgeBase, parse_entry
 from knowledge_base.matcher import MATCH_SCHEMA
@@ -222,3 +222,30 @@ def test_influx_keeps_one_point_per_incident_when_its_entry_changes(tmp_path: Pa
     assert back.height == 1, back.select("entry_id", "state")
     assert back.row(0, named=True)["entry_id"] == "thp_coverage_loss"
     assert back.row(0, named=True)["state"] == "closed"
+
+
+def test_two_readings_of_one_host_are_one_incident_through_the_scheduler(tmp_path: Path) -> None:
+    """A simulated lake swept cycle by cycle as `unveil schedule` does: THP off on sim-01
+    with memory-bandwidth contention over the same minutes (memory is the subsystem of
+    both): one incident carrying THP (its fact held), memory bandwidth its alternative;
+    the id stays the same from the first open row to the closed one."""
+    from ingest import lake
+    from ingest.simulator import from_dict, simulate
+    from jobs.pipeline import SweepConfig, run_cycle
+
+    root = tmp_path / "lake"
+    sink = lake.LakeSink(root)
+    simulate(from_dict({"seed": 1, "duration": "10m", "hosts": 3, "workload": "mixed", "injections": [
+        {"type": "thp_coverage_loss", "host": "sim-01", "start": "200s", "duration": "5m", "severity": 0.5},
+        {"type": "memory_bandwidth_contention", "host": "sim-01", "start": "260s", "duration": "3m",
+         "severity": 0.5}]}), [sink])
+    sink.close()
+    cfg = SweepConfig(lag=timedelta(0), compact_every=None, queue_remediations=False)
+    for k in range(1, 11):
+        run_cycle(root, cfg, now=T0 + timedelta(minutes=k))
+    rows = lake.read(root, "incidents").filter((pl.col("host") == "sim-01") & (pl.col("status") == "matched"))
+    [inc] = latest_incidents(rows).iter_rows(named=True)
+    assert inc["entry_id"] == "thp_coverage_loss" and inc["state"] == "closed"
+    assert [a.split(":")[0] for a in inc["alternatives"]] == ["memory_bandwidth_contention"]
+    assert "fact thp.enabled == 'never' held in" in inc["explanation"]
+    assert rows["incident_id"].n_unique() == 1 and rows.height >= 3  # open rows, then closed, one id
