@@ -178,12 +178,13 @@ class _Run:
     @classmethod
     def of(cls, host: str, entry_id: str, entry: Entry | None, rows: pl.DataFrame) -> _Run:
         _, held = _fact_keys(entry)
-        expl = rows["explanation"].fill_null("")
-        hit = [expl.str.contains(k, literal=True) for k in held]
-        any_hit = pl.DataFrame(hit).select(pl.any_horizontal(pl.all())).to_series() if hit else None
-        fw = int(any_hit.sum()) if any_hit is not None else 0
-        return cls(host, entry_id, entry, rows, rows[WS].min(), rows[WE].max(), fw,
-                   [k.removesuffix(" (holds)") for k, h in zip(held, hit, strict=True) if h.any()])
+        fw, facts_held = 0, []
+        if held:
+            hits = rows.select(pl.col("explanation").fill_null("").str.contains(k, literal=True).alias(f"_{i}")
+                               for i, k in enumerate(held))
+            fw = int(hits.select(pl.any_horizontal(pl.all())).to_series().sum())
+            facts_held = [k.removesuffix(" (holds)") for k, c in zip(held, hits.columns, strict=True) if hits[c].any()]
+        return cls(host, entry_id, entry, rows, rows[WS].min(), rows[WE].max(), fw, facts_held)
 
     @property
     def reads_facts(self) -> bool:

@@ -152,6 +152,25 @@ def test_separate_causes_rule() -> None:
         "governor_fact", "thp_coverage_loss"]
 
 
+def test_an_entry_reading_two_facts_is_ranked_on_whichever_held() -> None:
+    two = parse_entry({"id": "two_facts", "title": "t", "explanation": "x", "impact": "x", "subsystems": ["cpu"],
+                       "signals": [{"fact": f, "op": "==", "value": "x", "role": "required", "group": "g"}
+                                   for f in ("cpu.governor", "cpu.boost")]}, "<two_facts>")
+    kb = KnowledgeBase((*KB.entries, two))
+    held = next(f"{s.key} (holds)" for s in two.signals if s.fact == "cpu.boost")
+    wins = [(s, "two_facts", 0.3, f"t: matched {held}") if s % 4 == 0 else (s, "cpu_noisy_neighbour", 0.9, "x")
+            for s in range(40)]
+    m, f = _frames({"h1": [w for w in wins if w[1] != "two_facts"]})
+    tm = pl.DataFrame([{"host": "h1", "window_start": T0 + timedelta(seconds=s), "window_end": T0 + timedelta(
+        seconds=s + 3), "rank": 1, "entry_id": e, "label_type": e, "confidence": c, "matched": True, "devices": [],
+        "matched_signals": [], "missing_signals": [], "contradicted_signals": [], "explanation": x}
+        for s, e, c, x in wins if e == "two_facts"], schema=MATCH_SCHEMA)
+    f = pl.concat([f, tm.select("host", "window_start", "window_end", pl.lit(5.0).alias("score"))])
+    [r] = build_incidents(pl.concat([m, tm]), f, kb).iter_rows(named=True)
+    assert r["entry_id"] == "two_facts"
+    assert "fact cpu.boost == 'x' held in 10 of them" in r["explanation"]
+
+
 def test_a_neighbour_running_before_thp_went_off_stays_its_own_incident() -> None:
     wins = [(s, "cpu_noisy_neighbour", 0.8, "x") for s in range(0, 300, 2)]
     wins += [(s, "thp_coverage_loss", 0.7, THP_FACT_HELD) for s in range(121, 300, 2)]
