@@ -5,6 +5,7 @@ one host overlap only for separate causes (knowledge_base.incidents)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from jobs.pipeline import influx_frame
 from knowledge_base import INCIDENT_SCHEMA, build_incidents, incident_id, latest_incidents, load_kb
 from knowledge_base.incidents import CONSEQUENCE_LAG_S, separate_causes
-from knowledge_base.loader import KnowledgeBase, parse_entry
+from knowledge_base.loader import Entry, KnowledgeBase, parse_entry
 from knowledge_base.matcher import MATCH_SCHEMA
 from tests.servers import InfluxdServer
 
@@ -25,7 +26,7 @@ THP = KB.by_id["thp_coverage_loss"]
 THP_FACT_HELD = next(f"{s.key} (holds)" for s in THP.signals if s.fact == "thp.enabled")
 
 
-def _frames(host_windows: dict[str, list[tuple[int, str | None, float, str]]]
+def _frames(host_windows: Mapping[str, Sequence[tuple[int, str | None, float, str]]]
             ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(matches, findings) of 1-s windows (3 s long): per host, (second, entry or None,
     confidence, explanation) of each flagged window."""
@@ -121,7 +122,7 @@ def test_separate_causes_overlap_as_two_incidents() -> None:
     assert all(a == [] for a in inc["alternatives"].to_list())
 
 
-def _fact_entry(eid: str, fact: str, subsystems: list[str]) -> object:
+def _fact_entry(eid: str, fact: str, subsystems: list[str]) -> Entry:
     return parse_entry({"id": eid, "title": eid, "explanation": "x", "impact": "x", "subsystems": subsystems,
                         "signals": [{"fact": fact, "op": "==", "value": "x", "role": "required"}]}, f"<{eid}>")
 
@@ -142,7 +143,7 @@ def test_separate_causes_rule() -> None:
     assert separate_causes(e["storage_contention"], e["gpu_power_throttle"])
     assert not separate_causes(THP, THP)
     # two fact-backed causes overlapping on one host stay two incidents
-    kb = KnowledgeBase((*KB.entries, gov))  # type: ignore[arg-type]
+    kb = KnowledgeBase((*KB.entries, gov))
     wins = [(s, "thp_coverage_loss", 0.7, THP_FACT_HELD) if s % 2 else (s, None, 0.0, "") for s in range(40)]
     m, f = _frames({"h1": wins})
     gm = m.head(20).with_columns(pl.col("window_start") + timedelta(seconds=5), pl.col("window_end")
