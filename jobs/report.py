@@ -649,12 +649,16 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
             st = r["status"]
             rows.append({**r, "status": _Raw(f'<span class="{"ok" if st == "matched" else "warn"}">{_e(st)}</span>'),
                          "what": r["title"] or "—", "factors": _factors(r.get("top_factors")),
+                         # one cause, one incident: the other entries that matched its windows,
+                         # each with the evidence it was ranked lower on (one a line)
+                         "alternatives": _Raw("<br>".join(_e(a) for a in r.get("alternatives") or [])),
                          "duration": _duration((r["end"] - r["start"]).total_seconds()
                                                if r["end"] and r["start"] else None)})
         cap = _cap_note(incidents.height, "incidents", "highest peak score")
         sections.append('<section id="incidents"><h2>Incidents</h2>' + cap + _table(rows, [
             ("host", "host"), ("start", "start"), ("duration", "duration"), ("n_windows", "windows"), ("status", "status"),
-            ("what", "knowledge-base entry"), ("confidence", "confidence"), ("peak_score", "peak"),
+            ("what", "knowledge-base entry"), ("confidence", "confidence"), ("alternatives", "alternatives"),
+            ("peak_score", "peak"),
             ("devices", "devices"), ("factors", "top factors"), ("explanation", "explanation")], "incidents",
             nowrap=("host", "duration", "status"))
             + "</section>")

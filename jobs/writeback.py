@@ -19,7 +19,10 @@ log = logging.getLogger(__name__)
 HOST = schema.HOST
 INFLUX_MEASUREMENTS = {"findings": "unveil_findings", "incidents": "unveil_incidents",
                        "remediations": "unveil_remediations"}
-INFLUX_TAGS = {"findings": ("host", "reference", "entry_id"), "incidents": ("host", "status", "entry_id"),
+# an incident's entry is a field: an open incident's best-ranked entry can change (a better
+# reading joins it), and its rows must share one series to replace each other (host, status
+# and start are its key: one window has one rank-1 entry, so no two incidents share them)
+INFLUX_TAGS = {"findings": ("host", "reference", "entry_id"), "incidents": ("host", "status"),
                "remediations": ("host", "entry_id", "script_id", "mode")}
 
 

@@ -2,15 +2,22 @@
 
 Windows whose best candidate matched entry E on host H form runs (a gap of at most
 ``max_gap_s`` between consecutive E windows; unmatched windows in between belong to the
-run): each run is a **matched** incident with ``confidence`` = the mean confidence of E
-over its windows and ``match_share`` = matched windows / all windows of the span. Two
-entries may overlap in time (simultaneous inefficiencies). Windows outside every matched
-incident form **unmatched** incidents, kept with their fingerprint (mean subsystem shares
-and the features that carried most of the attribution) so ``unveil kb draft`` can turn one
-into a new entry.
+run). **One cause, one incident**: overlapping runs of one host are one **matched**
+incident unless their entries are separate causes (:func:`separate_causes`: both read host
+facts, different ones; or their subsystems are disjoint and neither reads a fact, or the
+symptom began over a minute before the fact-reading entry). The incident
+carries its best-ranked entry — a host fact that held (a ``fact`` signal, e.g.
+``thp.enabled == 'never'``) outranks symptoms only; then mean confidence x the share of the
+incident's windows the entry matched — and lists the others in ``alternatives`` with the
+evidence that ranked them lower. ``confidence`` = the mean confidence of the chosen entry
+over its windows, ``match_share`` = its windows / all windows of the span. Windows outside
+every matched incident form **unmatched** incidents, kept with their fingerprint (mean
+subsystem shares and the features that carried most of the attribution) so ``unveil kb
+draft`` can turn one into a new entry.
 
-``incident_id`` is deterministic: a hash of host, start and entry, so re-running a sweep
-over the same data gives the same ids (the remediation queue's idempotency key relies on it).
+``incident_id`` is deterministic: a hash of host, start and the entry of the incident's
+first run (stable while later runs join an open incident, even if one of them outranks
+it), so re-running a sweep over the same data gives the same ids (the remediation queue's idempotency key relies on it).
 
 The lake's ``incidents`` table is append-only: a sweep writes a row with ``state = 'open'``
 while an incident may still grow (updated each sweep, same id) and one with ``state =
@@ -21,12 +28,14 @@ horizon) of the row. Readers take each incident's latest row (:func:`latest_inci
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import polars as pl
 
 from analytics.attribution import FACTOR_DTYPE, SHARE_COLUMNS
-from knowledge_base.loader import KnowledgeBase, load_kb
+from knowledge_base.loader import Entry, KnowledgeBase, load_kb
 from knowledge_base.matcher import HOST, MATCH_SCHEMA, TS, WE, WS
 
 INCIDENT_SCHEMA: dict[str, pl.DataType] = {
@@ -108,6 +117,122 @@ def _fingerprint(rows: pl.DataFrame, k: int = 5) -> tuple[list[dict[str, Any]], 
     return agg.select(list(FACTOR_DTYPE.to_schema())).to_dicts(), shares
 
 
+def _fact_keys(entry: Entry | None) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The host facts an entry reads as evidence of its cause (its ``fact`` signals; not its
+    preconditions, which say whether the entry can apply at all, e.g. ``numa.nodes >= 1``),
+    and how the matcher writes each such signal when it held (``<key> (holds)``)."""
+    if entry is None:
+        return frozenset(), ()
+    sigs = [s for s in entry.signals if s.fact is not None and s.role != "excludes"]
+    return frozenset(str(s.fact) for s in sigs), tuple(f"{s.key} (holds)" for s in sigs)
+
+
+#: a symptom that began at most this long before a fact-reading entry's first window can
+#: still be the fact's consequence: host facts are re-read once a minute (the agent's fact
+#: poll), so a configuration change can be seen up to a minute after its effects
+CONSEQUENCE_LAG_S = 60.0
+
+
+def separate_causes(first: Entry | None, later: Entry | None, lead_s: float = 0.0) -> bool:
+    """Whether matches of ``first`` and ``later`` (whose run began ``lead_s`` seconds after
+    ``first``'s) overlapping on one host are two causes (two incidents) rather than one
+    cause with alternative readings (one incident). Separate when:
+
+    * both read host facts as their cause (``fact`` signals), and not the same facts: two
+      configuration faults, each with its own fix (THP ``never`` and a governor);
+    * neither reads a fact and their subsystems are disjoint: independent evidence
+      (storage contention beside a GPU power cap);
+    * a symptom-only entry began more than :data:`CONSEQUENCE_LAG_S` before a fact-reading
+      one with disjoint subsystems: it was there before the configuration changed, so it
+      is not its consequence.
+
+    Otherwise one cause: a symptom-only entry after a fact-reading one is read as its
+    consequence whatever its subsystem (THP off raises page-fault CPU time and memory
+    traffic; the fact is the stronger evidence), and entries sharing a subsystem are
+    competing readings of the same evidence. Depends on entry definitions and the order of
+    first windows only, so later windows cannot regroup an open incident."""
+    if first is None or later is None or first.id == later.id:
+        return False
+    fa, fb = _fact_keys(first)[0], _fact_keys(later)[0]
+    if fa and fb:
+        return fa.isdisjoint(fb)
+    disjoint = set(first.subsystems).isdisjoint(later.subsystems)
+    if not fa and not fb:
+        return disjoint
+    return disjoint and not fa and lead_s > CONSEQUENCE_LAG_S
+
+
+@dataclass
+class _Run:
+    """One run of windows of one host whose best candidate matched one entry."""
+
+    host: str
+    entry_id: str
+    entry: Entry | None
+    rows: pl.DataFrame  # the run's matched windows
+    start: Any
+    end: Any
+    fact_windows: int  # windows in which one of the entry's fact signals held
+    facts_held: list[str]
+
+    @classmethod
+    def of(cls, host: str, entry_id: str, entry: Entry | None, rows: pl.DataFrame) -> _Run:
+        _, held = _fact_keys(entry)
+        fw, facts_held = 0, []
+        if held:
+            hits = rows.select(pl.col("explanation").fill_null("").str.contains(k, literal=True).alias(f"_{i}")
+                               for i, k in enumerate(held))
+            fw = int(hits.select(pl.any_horizontal(pl.all())).to_series().sum())
+            facts_held = [k.removesuffix(" (holds)") for k, c in zip(held, hits.columns, strict=True) if hits[c].any()]
+        return cls(host, entry_id, entry, rows, rows[WS].min(), rows[WE].max(), fw, facts_held)
+
+    @property
+    def reads_facts(self) -> bool:
+        return bool(_fact_keys(self.entry)[0])
+
+    def confidence(self) -> float:
+        return float(self.rows["confidence"].mean() or 0.0)  # type: ignore[arg-type]
+
+    def rank_key(self, n: int) -> tuple[int, float, str]:
+        """Best first when sorted: a fact that held outranks symptoms only; then the mean
+        confidence x the share of the incident's windows the entry matched; then entry id."""
+        return (-int(self.fact_windows > 0), -round(self.confidence() * self.rows.height / max(n, 1), 9),
+                self.entry_id)
+
+    def basis(self, n: int) -> str:
+        """The evidence that sets this reading apart from the others of its incident."""
+        k = self.rows.height
+        head = f"{self.entry_id}: {k}/{n} windows, confidence {self.confidence():.2f}"
+        if self.fact_windows:
+            return f"{head}, {' and '.join(self.facts_held)} held in {self.fact_windows} of them"
+        if self.reads_facts:
+            return f"{head}, its fact did not hold (matched on symptoms only)"
+        return f"{head}, symptoms only (no host fact)"
+
+
+def _group_runs(runs: list[_Run], max_gap_s: float) -> list[list[_Run]]:
+    """Runs of one host grouped into causes, in order of their first window: a run joins the
+    earliest group that it overlaps (within ``max_gap_s``) and holds no separate cause of it
+    (:func:`separate_causes`), else founds a new group. Groups never merge and a run's group
+    depends only on earlier runs, so the windows a later sweep adds cannot regroup an open
+    incident (its id, from its founder, stays)."""
+    gap = timedelta(seconds=max_gap_s)
+    groups: list[list[_Run]] = []
+    ends: list[Any] = []
+    for r in sorted(runs, key=lambda r: (r.start, r.entry_id)):
+        for g, members in enumerate(groups):
+            lead = [(r.start - m.start).total_seconds() for m in members]
+            if r.start <= ends[g] + gap and not any(
+                    separate_causes(m.entry, r.entry, d) for m, d in zip(members, lead, strict=True)):
+                members.append(r)
+                ends[g] = max(ends[g], r.end)
+                break
+        else:
+            groups.append([r])
+            ends.append(r.end)
+    return groups
+
+
 def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: KnowledgeBase | None = None,
                     *, max_gap_s: float = 30.0) -> pl.DataFrame:
     """The ``incidents`` table (schema :data:`INCIDENT_SCHEMA`) from the matcher's candidates
@@ -115,9 +240,13 @@ def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: Knowledge
 
     1. windows whose best candidate matched entry E form runs per (host, E), a gap of at most
        ``max_gap_s`` between consecutive E windows (unmatched windows in between belong to
-       the run): each run is a *matched* incident. Two entries can overlap in time
-       (simultaneous inefficiencies).
-    2. the remaining windows — not inside any matched incident of their host — form runs
+       the run);
+    2. the runs of a host that overlap are one cause unless their entries are separate
+       causes (:func:`separate_causes`; grouping: :func:`_group_runs`): each group is one
+       *matched* incident carrying its best-ranked entry (:meth:`_Run.rank_key`: a host
+       fact that held outranks symptoms only, then mean confidence x share of the
+       incident's windows), the others listed in ``alternatives`` with their evidence;
+    3. the remaining windows — not inside any matched incident of their host — form runs
        per host the same way: *unmatched* incidents, with their fingerprint."""
     if findings is None or findings.is_empty():
         return pl.DataFrame(schema=INCIDENT_SCHEMA)
@@ -133,28 +262,37 @@ def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: Knowledge
     recs: list[dict[str, Any]] = []
     spans: dict[str, list[tuple[Any, Any]]] = {}
     matched = _runs(f.filter(pl.col("entry_id").is_not_null()), [HOST, "entry_id"], max_gap_s)
+    runs: dict[str, list[_Run]] = {}
     for (host, entry_id, _seg), mine in matched.group_by([HOST, "entry_id", "_seg"], maintain_order=True):
-        start, end = mine[WS].min(), mine[WE].max()
-        spans.setdefault(str(host), []).append((start, end))
-        # every finding of the host inside the span belongs to the incident
-        rows = f.filter((pl.col(HOST) == host) & (pl.col(WS) >= start) & (pl.col(WE) <= end))
-        n = rows.height
-        entry = kb.by_id.get(str(entry_id))
-        others = rows.filter(pl.col("entry_id").is_not_null() & (pl.col("entry_id") != entry_id))
-        alt = others.group_by("entry_id").len().sort(["len", "entry_id"], descending=[True, False])
-        devs = sorted({d for ds in mine["devices"].to_list() if ds for d in ds})
-        peak_row = mine.sort(["confidence", WS], descending=[True, False]).row(0, named=True)
-        top, shares = _fingerprint(rows)
-        recs.append({
-            "incident_id": incident_id(str(host), start, str(entry_id)), HOST: host, "start": start, "end": end,
-            "n_windows": n, "status": "matched", "entry_id": entry_id,
-            "label_type": entry.label_type if entry else entry_id, "title": entry.title if entry else entry_id,
-            "confidence": round(float(mine["confidence"].mean() or 0.0), 6),  # type: ignore[arg-type]
-            "match_share": mine.height / n, "peak_score": _peak(rows), "devices": devs,
-            "alternatives": [f"{e} ({k}/{n} windows)" for e, k in alt.iter_rows()],
-            "explanation": f"{mine.height}/{n} windows matched. {peak_row['explanation']}",
-            "top_factors": top, **shares, "state": "closed", "updated": end,
-        })
+        runs.setdefault(str(host), []).append(_Run.of(str(host), str(entry_id), kb.by_id.get(str(entry_id)), mine))
+    for host, host_runs in runs.items():
+        for group in _group_runs(host_runs, max_gap_s):
+            start, end = min(r.start for r in group), max(r.end for r in group)
+            spans.setdefault(host, []).append((start, end))
+            # every finding of the host inside the span belongs to the incident
+            rows = f.filter((pl.col(HOST) == host) & (pl.col(WS) >= start) & (pl.col(WE) <= end))
+            n = rows.height
+            ranked = sorted(group, key=lambda r: r.rank_key(n))
+            chosen, others = ranked[0], ranked[1:]
+            mine, entry = chosen.rows, chosen.entry
+            devs = sorted({d for ds in mine["devices"].to_list() if ds for d in ds})
+            peak_row = mine.sort(["confidence", WS], descending=[True, False]).row(0, named=True)
+            top, shares = _fingerprint(rows)
+            why = f"Chosen: {chosen.basis(n)}"
+            if others:
+                why += " (ranked over " + "; ".join(o.basis(n) for o in others) + ")"
+            recs.append({
+                # the founder (earliest run) names the incident: stable while later runs join it
+                "incident_id": incident_id(host, start, group[0].entry_id), HOST: host, "start": start,
+                "end": end, "n_windows": n, "status": "matched", "entry_id": chosen.entry_id,
+                "label_type": entry.label_type if entry else chosen.entry_id,
+                "title": entry.title if entry else chosen.entry_id,
+                "confidence": round(chosen.confidence(), 6),
+                "match_share": mine.height / n, "peak_score": _peak(rows), "devices": devs,
+                "alternatives": [o.basis(n) for o in others],
+                "explanation": f"{mine.height}/{n} windows matched. {why}. {peak_row['explanation']}",
+                "top_factors": top, **shares, "state": "closed", "updated": end,
+            })
     rest = f.filter(pl.col("entry_id").is_null())
     if spans and rest.height:
         inside = pl.lit(False)

@@ -2,7 +2,9 @@
 --
 -- One row per incident (consecutive anomalous windows of one host) with its
 -- knowledge-base match, or status 'unmatched' with the fingerprint it left; an incident
--- still under way has state 'open' and is shown as of its latest update.
+-- still under way has state 'open' and is shown as of its latest update. One cause is
+-- one incident: the other entries that matched its windows are its alternatives, each
+-- with the evidence it was ranked lower on ('; ' between them).
 -- Prune with --since/--until/--hosts (incidents are stored at their start time).
 --
 -- @param limit int = 20        how many incidents to return
@@ -22,6 +24,7 @@ SELECT
     round(confidence, 3) AS confidence,
     round(peak_score, 2) AS peak_score,
     array_to_string(devices, ',') AS devices,
+    array_to_string(alternatives, '; ') AS alternatives,
     explanation
 FROM incidents
 WHERE :status = '' OR status = :status

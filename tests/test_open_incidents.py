@@ -98,6 +98,8 @@ def test_incident_is_open_after_persistence_updated_then_closed_with_one_proposa
     assert closed["updated"] > opens["updated"].max()
     assert abs((closed["start"] - ONSET).total_seconds()) < 30
     assert abs((closed["end"] - FAULT_END).total_seconds()) < 30
+    # ranked on the host fact (one cause, one incident: knowledge_base.incidents)
+    assert "fact thp.enabled == 'never' held in" in closed["explanation"]
     latest = latest_incidents(lake.read(thp_lake, "incidents"))
     assert latest["incident_id"].is_unique().all()
     assert latest.filter(pl.col("entry_id") == "thp_coverage_loss")["state"].to_list() == ["closed"]
