@@ -1,3 +1,3 @@
-"""Shared fixtures: real server processes live in tests/servers.py."""
+"""Shared fixtures: real server processes live in tests/servers.py, a real tmpfs in tests/fs.py."""
 
-pytest_plugins = ["tests.servers"]
+pytest_plugins = ["tests.servers", "tests.fs"]

@@ -4,7 +4,6 @@ journal write, partial writes, torn and garbage journals, file modes and journal
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import signal
@@ -13,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,43 +20,10 @@ from ingest import journal, lake
 from ingest.agent import Agent, AgentConfig
 from ingest.collectors.base import Reading
 from ingest.lake import LakeSink
+from tests.fs import fill, needs_root
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_780_000_000_000_000  # µs, 2026-05-28
-
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A real 8 MiB tmpfs, unmounted at teardown."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
-def fill(fs: Path) -> Path:
-    """Fill the file system with one file to the last byte; returns it (unlink to free)."""
-    filler = fs / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (1 << 20, 1 << 16, 4096, 512, 1):
-            block = b"\0" * chunk
-            while True:
-                try:
-                    if os.write(fd, block) < chunk:
-                        break
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC
-                    break
-    finally:
-        os.close(fd)
-    return filler
-
 
 class _Counting:
     """One system row per tick, procs_running = 1, 2, 3 ...: every row is identifiable."""

@@ -7,8 +7,6 @@ import errno
 import json
 import os
 import stat
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -16,39 +14,8 @@ import pytest
 
 from ingest import lake as lake_mod
 from ingest.atomic import FILE_MODE, TMP_PREFIX, write_atomic
-
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A real 8 MiB tmpfs, unmounted at teardown."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
-def _fill(fs: Path) -> Path:
-    """Fill the file system to the last byte with one file."""
-    filler = fs / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (1 << 20, 1 << 16, 4096, 512, 1):
-            block = b"\0" * chunk
-            while True:
-                try:
-                    if os.write(fd, block) < chunk:
-                        break
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC
-                    break
-    finally:
-        os.close(fd)
-    return filler
+from tests.fs import fill as _fill
+from tests.fs import needs_root
 
 
 def _frame(n: int) -> pl.DataFrame:
