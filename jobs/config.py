@@ -114,8 +114,6 @@ def duration(v: Any, where: str, *, zero: bool = False) -> timedelta:
     raise ValueError(f"{where}: expected a duration like '1h' or a number of seconds, got {v!r}")
 
 
-_duration = duration  # the name jobs.commands used
-
 
 # --------------------------------------------------------------- [analytics]
 
