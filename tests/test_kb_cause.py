@@ -33,6 +33,18 @@ from knowledge_base.loader import KBError, parse_entry
 T0 = datetime(2026, 12, 2, 14, 0, tzinfo=UTC)
 
 
+def _rmdir_cgroup(cg: Path) -> None:
+    """Remove a test cgroup, waiting (up to 5 s) for its killed processes to leave it."""
+    for _ in range(100):
+        try:
+            cg.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
 def _frame(n: int, cols: dict[str, list[float | None]]) -> pl.DataFrame:
     starts = [T0 + timedelta(seconds=3 * i) for i in range(n)]
     return pl.DataFrame({"host": ["vm"] * n, "window_start": starts,
@@ -142,14 +154,7 @@ def _quota_group(name: str, delay_s: float) -> Iterator[dict[str, object]]:
         if isinstance(p, subprocess.Popen):
             p.kill()
             p.wait()
-        for _ in range(100):
-            try:
-                cg.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.05)
+        _rmdir_cgroup(cg)
         assert not cg.exists(), f"test cgroup {cg} left behind"
 
 
@@ -263,14 +268,7 @@ def test_real_own_slice_cpu_is_set_apart_from_the_detectors(tmp_path: Path) -> N
             p.kill()
             p.wait()
         for cg in made:
-            for _ in range(100):
-                try:
-                    cg.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.05)
+            _rmdir_cgroup(cg)
     assert not any(cg.exists() for cg in made)
     feats = compute_features({t: lake.read(tmp_path / "lake", t).lazy() for t in ("cgroup", "cpu")})
     assert "cpu.own_cores" in feats.columns
