@@ -1122,10 +1122,19 @@ def _remove_stale_temps(part: _Partition, now_s: float) -> int:
 
 def compact(root: str | os.PathLike[str], table: str | None = None, *,
             older_than: timedelta = timedelta(minutes=5), target_rows: int = 1_000_000,
-            now: datetime | None = None) -> CompactionStats:
+            now: datetime | None = None, hosts: Sequence[str] | None = None,
+            grace: timedelta = timedelta(minutes=5)) -> CompactionStats:
     """Merge the small files of every partition that ended more than ``older_than`` ago
     into files of up to ``target_rows`` rows, crash-safely (see docs/lake.md). Tables whose
-    compaction lock is held by another process are skipped (listed in the stats)."""
+    compaction lock is held by another process are skipped (listed in the stats).
+    ``hosts``: only their partitions (required on object storage, which has no lock: each
+    host's partitions are compacted by their one writer). ``grace`` (object storage only):
+    merged inputs stay, hidden by their journal, this long before a later compaction
+    deletes them, so lazy scans listed before the merge still find them."""
+    st = _remote(root)
+    if st is not None:
+        return _compact_remote(root, st, table, older_than=older_than, target_rows=target_rows,
+                               now=now, hosts=hosts, grace=grace)
     r = _root(root)
     now_u = _utc(now) if now is not None else _now()
     cutoff = now_u - older_than
@@ -1139,7 +1148,7 @@ def compact(root: str | os.PathLike[str], table: str | None = None, *,
                 continue
             stats.tables += 1
             stats.recovered += _recover_table(tdir)
-            for part in _iter_partitions(tdir, end=cutoff):
+            for part in _iter_partitions(tdir, hosts=hosts, end=cutoff):
                 stats.stale_temps_removed += _remove_stale_temps(part, _time.time())
                 if part.end > cutoff or len(part.files) < 2:
                     continue
@@ -1171,16 +1180,137 @@ def compact(root: str | os.PathLike[str], table: str | None = None, *,
     return stats
 
 
+# ----------------------------------------------- compaction on object storage
+#
+# The local protocol without its two local tools, rename and flock: the output is written
+# with one PUT (it appears whole or not at all: the commit point, as the rename is locally),
+# and one writer per host partition replaces the lock. Readers are the same code
+# (_visible_files): a journal whose output is listed hides its inputs.
+
+
+def _journal_age(j: _Journal, now: datetime) -> timedelta:
+    try:
+        return now - datetime.strptime(j.path.name[:15], "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
+    except ValueError:
+        return timedelta.max  # not one of ours: old enough
+
+
+def _host_journals(st: objstore.ObjectStore, tdir: Path,
+                   hosts: Collection[str]) -> list[_Journal]:
+    journals, bad = _journals(tdir, st)
+    for err in bad:
+        log.error("lake: %s; leaving it for an operator", err)
+    return [j for j in journals if j.partition.relative_to(tdir).parts[0][5:] in hosts]
+
+
+def _recover_remote(st: objstore.ObjectStore, tdir: Path, hosts: Collection[str], now: datetime,
+                    grace: timedelta) -> int:
+    """Finish the journals of ``hosts``: output present and older than ``grace`` → delete the
+    inputs, then the journal; output absent → the compactor died before its commit: delete
+    the journal (the inputs are intact). Returns the journals resolved."""
+    n = 0
+    for j in _host_journals(st, tdir, hosts):
+        if st.exists(j.partition / j.output):
+            if _journal_age(j, now) < grace:
+                continue
+            for name in j.inputs:
+                st.delete(j.partition / name)
+            log.info("lake: deleted the merged inputs of %s", st.uri(j.path))
+        else:
+            log.info("lake: undid interrupted compaction %s", st.uri(j.path))
+        st.delete(j.path)
+        n += 1
+    return n
+
+
+def _compact_group_remote(st: objstore.ObjectStore, table: str, tdir: Path, part_dir: Path,
+                          inputs: list[str], expected_rows: int, stats: CompactionStats, now: datetime,
+                          grace: timedelta) -> None:
+    token = secrets.token_hex(4)
+    output = f"part-{_stamp()}-{token}.parquet"
+    jpath = tdir / JOURNAL_DIR / f"{_stamp(now)}-{token}.json"
+    frames = []
+    for name in inputs:  # read (and so check) every input before anything is written
+        try:
+            frames.append(pl.read_parquet(st.uri(part_dir / name), storage_options=st.storage_options))
+        except pl.exceptions.PolarsError as exc:
+            raise CorruptFileError(part_dir / name, str(exc)) from exc
+    df = pl.concat(frames, how="diagonal_relaxed")
+    if df.height != expected_rows:
+        raise LakeError(f"compaction of {st.uri(part_dir)}: read {df.height} rows, footers say {expected_rows}")
+    df = df.sort(_sort_keys(table, df.columns), maintain_order=True)
+    st.put(jpath, json.dumps({"version": 1, "table": table, "partition": part_dir.relative_to(tdir).as_posix(),
+                              "inputs": inputs, "output": output,
+                              "temp": f"{TMP_PREFIX}compact-{token}.parquet"}).encode())
+    data = objstore.parquet_bytes(df, compression="zstd", compression_level=3)
+    try:
+        st.put(part_dir / output, data)  # commit point
+    except BaseException:
+        if not st.exists(part_dir / output):
+            st.delete(jpath)  # not committed: the inputs are intact
+        raise
+    if grace <= timedelta(0):
+        for name in inputs:
+            st.delete(part_dir / name)
+        st.delete(jpath)
+    stats.merges += 1
+    stats.files_before += len(inputs)
+    stats.files_after += 1
+    stats.rows += df.height
+    stats.bytes_after += len(data)
+
+
+def _compact_remote(root: str | os.PathLike[str], st: objstore.ObjectStore, table: str | None, *,
+                    older_than: timedelta, target_rows: int, now: datetime | None,
+                    hosts: Sequence[str] | None, grace: timedelta) -> CompactionStats:
+    if hosts is None or isinstance(hosts, str):
+        raise LakeError(f"compaction of {root}: object storage has no lock, so each host's partitions are "
+                        "compacted by their one writer: pass hosts=[...] (the hosts this process writes)")
+    now_u = _utc(now) if now is not None else _now()
+    cutoff = now_u - older_than
+    stats = CompactionStats()
+    for t in [table] if table else tables(root):
+        tdir = _table_dir(root, t)
+        stats.tables += 1
+        stats.recovered += _recover_remote(st, tdir, hosts, now_u, grace)
+        # a partition with a journal still waiting for its grace is left alone until then:
+        # merging its output again would leave that journal's inputs unhidden
+        pending = {j.partition for j in _host_journals(st, tdir, hosts)}
+        for part in _iter_partitions(tdir, hosts=hosts, end=cutoff, fs=st):
+            if part.end > cutoff or len(part.files) < 2 or part.path in pending:
+                continue
+            sized: list[tuple[str, int]] = []
+            for name in part.files:
+                try:
+                    sized.append((name, st.read_metadata(part.path / name).num_rows))
+                except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+                    log.warning("lake: not compacting corrupt file %s: %s", st.uri(part.path / name), exc)
+                    stats.corrupt.append(part.path / name)
+            rows = dict(sized)
+            for group in _groups(sized, target_rows):
+                try:
+                    _compact_group_remote(st, t, tdir, part.path, group, sum(rows[n] for n in group), stats,
+                                          now_u, grace)
+                except CorruptFileError as exc:
+                    log.warning("lake: not compacting %s", exc)
+                    stats.corrupt.append(exc.path)
+                except OSError as exc:
+                    raise LakeError(f"compaction of {st.uri(part.path)} failed (inputs kept): {exc}") from exc
+                except (pl.exceptions.PolarsError, LakeError) as exc:
+                    log.error("lake: compaction of %s failed (inputs kept): %s", st.uri(part.path), exc)
+                    stats.failed_partitions.append(part.path)
+    return stats
+
+
 def compaction_candidates(root: str | os.PathLike[str], *, older_than: timedelta = timedelta(minutes=5),
                           now: datetime | None = None) -> dict[Path, frozenset[str]]:
     """The partitions :func:`compact` would look into (closed ``older_than`` ago, two files
     or more), with their files: a listing, no file opened. Lets a caller skip a compaction
     that would find nothing new, without loading the Parquet reader."""
-    r = _root(root)
     cutoff = (_utc(now) if now is not None else _now()) - older_than
     out: dict[Path, frozenset[str]] = {}
-    for t in tables(r):
-        for part in _iter_partitions(_table_dir(r, t), end=cutoff):
+    for t in tables(root):
+        for part in _iter_partitions(_table_dir(root, t), end=cutoff, fs=_fs_of(root)):
             if part.end <= cutoff and len(part.files) >= 2:
                 out[part.path] = frozenset(part.files)
     return out
@@ -1191,6 +1321,9 @@ def retention(root: str | os.PathLike[str], table: str, *, keep: timedelta,
     """Delete the partitions of ``table`` that ended more than ``keep`` ago; returns how many.
     An hour partition is first moved out of the table (to ``<root>/.trash``, one atomic
     rename: readers see all of it or none of it), then removed."""
+    if objstore.is_url(root):
+        raise LakeError(f"retention of {root}: not supported on object storage yet (no atomic partition "
+                        "delete); use a bucket lifecycle rule on the table prefixes, or a local lake")
     tdir = _table_dir(root, table)
     trash = Path(root) / TRASH_DIR
     cutoff = (_utc(now) if now is not None else _now()) - keep

@@ -3,15 +3,21 @@ server mode, a separate process: tests/s3server.py). Each test has its own bucke
 
 from __future__ import annotations
 
+import contextlib
+import random
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
+import pyarrow.fs as pafs
 import pytest
 from polars.testing import assert_frame_equal
 
-from ingest import lake
+from ingest import lake, objstore
 from tests.s3server import S3Server, s3_server  # noqa: F401  (the session fixture)
 from tests.test_lake import T0, cpu_rows, sample
 
@@ -75,3 +81,128 @@ def test_sink_commit_is_idempotent_per_token(s3_lake: str) -> None:
     sink.write("cpu", cpu_rows(1).with_columns(pl.col("user") + 1000))
     sink.close()
     assert lake.read(s3_lake, "cpu").height == rows.height + 10
+
+
+# ------------------------------------------------------------------ compaction
+
+
+def _objects(s3_lake: str, table: str, host: str) -> list[str]:
+    st = objstore.store(s3_lake)
+    sel = pafs.FileSelector((st.root / table / f"host={host}").as_posix(), recursive=True)
+    return sorted(i.path for i in st.fs.get_file_info(sel) if i.path.endswith(".parquet"))
+
+
+def _write_small_files(root: str, host: str, n: int = 6) -> pl.DataFrame:
+    rows = cpu_rows(1, hosts=(host,), per_hour=n * 3)
+    for k in range(n):
+        lake.write_table(root, "cpu", rows.slice(3 * k, 3))
+    return rows
+
+
+LATER = T0 + timedelta(days=1)
+
+
+def test_compaction_merges_one_hosts_files_and_deletes_inputs_after_the_grace(s3_lake: str) -> None:
+    a = _write_small_files(s3_lake, "a")
+    _write_small_files(s3_lake, "b")
+    before = lake.read(s3_lake, "cpu")
+    with pytest.raises(lake.LakeError, match="pass hosts="):
+        lake.compact(s3_lake, "cpu", now=LATER)
+    stats = lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER, grace=timedelta(minutes=5))
+    assert (stats.merges, stats.files_before, stats.rows) == (1, 6, a.height)
+    # the inputs are still there (a scan listed before the merge can read them) but hidden
+    assert len(_objects(s3_lake, "cpu", "a")) == 7
+    assert len(lake.files(s3_lake, "cpu", hosts=["a"])) == 1
+    assert len(lake.files(s3_lake, "cpu", hosts=["b"])) == 6  # not this writer's host
+    assert_frame_equal(_sorted(lake.read(s3_lake, "cpu")), _sorted(before))
+    # within the grace nothing changes; after it the inputs go
+    assert lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER + timedelta(minutes=1)).merges == 0
+    assert len(_objects(s3_lake, "cpu", "a")) == 7
+    stats = lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER + timedelta(minutes=6))
+    assert stats.recovered == 1
+    assert len(_objects(s3_lake, "cpu", "a")) == 1
+    assert_frame_equal(_sorted(lake.read(s3_lake, "cpu")), _sorted(before))
+
+
+_CRASHING_COMPACTOR = """
+import os, sys
+from datetime import datetime, timedelta
+from ingest import lake, objstore
+url, point, now = sys.argv[1], sys.argv[2], datetime.fromisoformat(sys.argv[3])
+put = objstore.ObjectStore.put
+def crashing_put(self, path, data):
+    if path.name.startswith("part-") and point == "before-output":
+        os._exit(9)  # the process dies: no cleanup, like a kill -9
+    put(self, path, data)
+    if path.name.startswith("part-") and point == "after-output":
+        os._exit(9)
+objstore.ObjectStore.put = crashing_put
+lake.compact(url, "cpu", hosts=["a"], now=now, grace=timedelta(0))
+"""
+
+
+@pytest.mark.parametrize("point", ["before-output", "after-output"])
+def test_a_compactor_killed_at_either_side_of_its_commit(s3_lake: str, point: str) -> None:
+    """Killed after its journal but before the output's PUT, or after the PUT but before the
+    inputs' deletion: readers see every row exactly once, and the next compaction of the
+    host finishes (or undoes) the merge."""
+    _write_small_files(s3_lake, "a")
+    before = lake.read(s3_lake, "cpu")
+    proc = subprocess.run([sys.executable, "-c", _CRASHING_COMPACTOR, s3_lake, point, LATER.isoformat()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr
+    objects = _objects(s3_lake, "cpu", "a")
+    assert len(objects) == (7 if point == "after-output" else 6)
+    assert_frame_equal(_sorted(lake.read(s3_lake, "cpu")), _sorted(before))  # no duplicates, nothing lost
+    stats = lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER, grace=timedelta(0))
+    assert stats.recovered == 1
+    assert stats.merges == (0 if point == "after-output" else 1)  # rolled forward, or undone and redone
+    assert len(_objects(s3_lake, "cpu", "a")) == 1
+    assert_frame_equal(_sorted(lake.read(s3_lake, "cpu")), _sorted(before))
+
+
+# ------------------------------------------------------- readers during writes
+
+_WRITER = """
+import sys
+from datetime import datetime, timedelta, timezone
+import numpy as np, polars as pl
+from ingest import lake, objstore
+url, rows = sys.argv[1], int(sys.argv[2])
+t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+rng = np.random.default_rng(0)
+for k in range(1000):
+    df = pl.DataFrame({"time": [t0 + timedelta(hours=k % 3)] * rows, "host": "w", "commit": k,
+                       "v": rng.random(rows)})  # random floats: a file of several MB, uploaded in parts
+    lake.write_table(url, "blobs", df)
+    print(k, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_readers_never_see_half_a_commit_and_a_killed_writer_loses_nothing_committed(s3_lake: str) -> None:
+    """A writer process uploads multi-megabyte files (multipart uploads) and is SIGKILLed at
+    a random moment; a reader reading all the while sees only whole commits, and afterwards
+    every commit the writer reported is there, whole."""
+    rows = 1_400_000  # ~10.5 MB of random float64 per file: two parts of a multipart upload
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, s3_lake, str(rows)], stdout=subprocess.PIPE, text=True)
+    try:
+        seen, reads = 0, 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (reads < 5 or seen < 3):
+            with contextlib.suppress(lake.LakeError):  # the table's first object is not there yet
+                df = lake.read(s3_lake, "blobs", columns=["commit"])
+                counts = df.group_by("commit").len()
+                assert (counts["len"] == rows).all(), counts.filter(pl.col("len") != rows)
+                seen = max(seen, counts.height)
+                reads += 1
+        time.sleep(random.uniform(0.0, 0.5))
+    finally:
+        proc.kill()
+        out, _ = proc.communicate()
+    reported = [int(x) for x in out.split()]
+    assert reads >= 5 and len(reported) >= 3
+    counts = lake.read(s3_lake, "blobs", columns=["commit"]).group_by("commit").len()
+    assert (counts["len"] == rows).all()
+    assert set(reported) <= set(counts["commit"].to_list())  # + at most the one whose PUT ended unreported
+    assert counts.height <= len(reported) + 1
