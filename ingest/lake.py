@@ -974,6 +974,12 @@ def probe(paths: Sequence[Path], *, root: str | os.PathLike[str] | None = None) 
     return bad
 
 
+def scan_file(root: str | os.PathLike[str], path: Path) -> pl.LazyFrame:
+    """One file of :func:`files` as stored (no partition columns), wherever the lake lives."""
+    fs = _fs_of(root)
+    return pl.scan_parquet(fs.uri(path), storage_options=fs.storage_options)
+
+
 def read(root: str | os.PathLike[str], table: str, *, start: datetime | None = None,
          end: datetime | None = None, hosts: Sequence[str] | None = None,
          columns: Sequence[str] | None = None, on_corrupt: Literal["raise", "skip"] = "raise",
