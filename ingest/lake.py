@@ -1,4 +1,5 @@
-"""The Parquet lake: hive-partitioned telemetry and downstream tables on a local directory.
+"""The Parquet lake: hive-partitioned telemetry and downstream tables on a local directory
+(or on S3-compatible object storage: ingest/objstore.py, docs/lake.md "Object storage").
 
 Layout (readable by Polars, DuckDB, Spark, Trino without this project)::
 
