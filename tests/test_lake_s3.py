@@ -285,3 +285,62 @@ def test_commands_that_need_a_lake_directory_refuse_an_s3_lake_clearly(
     with pytest.raises(ValueError, match="sweeps need a lake directory"):
         run_cycle(s3_lake)
     assert not Path("s3:").exists()
+
+
+def test_the_grace_keeps_inputs_for_scans_listed_before_a_merge(s3_lake: str) -> None:
+    """Why merged inputs are deleted late on object storage: a lazy scan listed before the
+    merge reads them at collect. Without the grace it fails (the local behaviour, which
+    read() absorbs by listing again)."""
+    _write_small_files(s3_lake, "a")
+    want = _sorted(lake.read(s3_lake, "cpu"))
+    listed_before = lake.scan(s3_lake, "cpu")
+    assert lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER).merges == 1  # default grace
+    assert_frame_equal(_sorted(listed_before.collect()), want)
+    assert lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER + timedelta(minutes=6)).recovered == 1
+    with pytest.raises((FileNotFoundError, pl.exceptions.ComputeError)):
+        listed_before.collect()  # its inputs are gone now
+    assert_frame_equal(_sorted(lake.read(s3_lake, "cpu")), want)
+
+
+def test_a_sink_keeps_its_rows_while_the_server_is_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local sink's failure contract on S3: a failed PUT keeps the rows, a later flush
+    writes them, close() raises if they are still unwritten."""
+    from tests.servers import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = S3Server(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1",
+                                       endpoint_override=server.endpoint, allow_bucket_creation=True)
+                fs.create_dir("down-test")
+                return proc
+            except OSError:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise
+                time.sleep(0.2)
+
+    for k, v in S3Server(f"http://127.0.0.1:{port}").env().items():
+        monkeypatch.setenv(k, v)
+    proc = start()
+    try:
+        url = "s3://down-test/lake"
+        sink = lake.LakeSink(url, max_buffer_rows=1000)
+        proc.kill()
+        proc.wait()
+        sink.write("cpu", cpu_rows(1))
+        sink.flush()  # fails: logged, rows kept
+        assert sink._rows["cpu"] == 10
+        proc = start()  # a new (empty) server on the same port: the bucket is back
+        sink.flush()
+        sink.close()
+        assert lake.read(url, "cpu").height == 10
+    finally:
+        proc.kill()
+        proc.wait()
