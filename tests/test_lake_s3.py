@@ -60,6 +60,9 @@ def test_pruning_lists_only_the_asked_host_and_hour(s3_lake: str) -> None:
     files = lake.files(s3_lake, "cpu", start=T0 + timedelta(hours=2), end=T0 + timedelta(hours=3), hosts=["b"])
     assert len(files) == 1
     assert files[0].parent.as_posix().endswith("cpu/host=b/date=2024-01-01/hour=02")
+    # on the server, not in a local directory named "s3:" (what a Path of the URL would make)
+    assert len(_objects(s3_lake, "cpu", "b")) == 5
+    assert not Path("s3:").exists()
 
 
 def test_missing_table_and_bucket_errors_name_them(s3_lake: str, s3_server: S3Server) -> None:  # noqa: F811
