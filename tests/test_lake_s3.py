@@ -109,6 +109,7 @@ def test_compaction_merges_one_hosts_files_and_deletes_inputs_after_the_grace(s3
     a = _write_small_files(s3_lake, "a")
     _write_small_files(s3_lake, "b")
     before = lake.read(s3_lake, "cpu")
+    assert len(lake.compaction_candidates(s3_lake, now=LATER)) == 2  # a listing: one per host
     with pytest.raises(lake.LakeError, match="pass hosts="):
         lake.compact(s3_lake, "cpu", now=LATER)
     stats = lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER, grace=timedelta(minutes=5))
@@ -347,3 +348,14 @@ def test_a_sink_keeps_its_rows_while_the_server_is_down(tmp_path: Path, monkeypa
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_unveil_simulate_writes_a_fleet_into_an_s3_lake(s3_lake: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import main
+
+    assert main(["simulate", "--lake", s3_lake, "--hosts", "2", "--duration", "2m", "--seed", "3"]) == 0
+    capsys.readouterr()
+    assert lake.hosts(s3_lake, "cpu") == ["sim-00", "sim-01"]
+    assert main(["query", "--lake", s3_lake, "--format", "csv", "SELECT count(*) AS n FROM gpu"]) == 0
+    n = int(capsys.readouterr().out.splitlines()[1])
+    assert n == 2 * 8 * 1200  # 2 hosts x 8 GPUs x 2 min of 100 ms samples
