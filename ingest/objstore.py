@@ -123,9 +123,12 @@ class ObjectStore:
             kw |= {"access_key": env["AWS_ACCESS_KEY_ID"], "secret_key": env["AWS_SECRET_ACCESS_KEY"]}
             if env.get("AWS_SESSION_TOKEN"):
                 kw["session_token"] = env["AWS_SESSION_TOKEN"]
-        # Never create or delete buckets: the lake lives in one an operator made.
-        self.fs: pafs.S3FileSystem = pafs.S3FileSystem(allow_bucket_creation=False,
-                                                       allow_bucket_deletion=False, **kw)
+        # Never create or delete buckets: the lake lives in one an operator made. Delayed
+        # open: an object under the part size (10 MB) is one PutObject, not the three
+        # requests of a multipart upload (larger ones still go in parts); errors then show
+        # at close, which put() waits for.
+        self.fs: pafs.S3FileSystem = pafs.S3FileSystem(allow_bucket_creation=False, allow_bucket_deletion=False,
+                                                       allow_delayed_open=True, **kw)
         opts: dict[str, str] = {}
         if settings.endpoint:
             opts["aws_endpoint_url"] = settings.endpoint
