@@ -119,7 +119,6 @@ class LakeFS(Protocol):
     """What the read path and the object-storage writes need of where the lake lives: the
     local side below (today's os calls, unchanged) or ingest.objstore.ObjectStore."""
 
-    remote: bool
     storage_options: dict[str, str] | None
 
     def uri(self, path: Path) -> str: ...
@@ -131,7 +130,6 @@ class LakeFS(Protocol):
 
 
 class _LocalFS:
-    remote = False
     storage_options: dict[str, str] | None = None
 
     @staticmethod

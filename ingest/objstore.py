@@ -103,8 +103,6 @@ class ObjectStore:
     """One bucket/prefix. Paths handed in and out are ``Path("bucket/prefix/...")`` keys, as
     ingest.lake builds them from the root; :meth:`uri` turns one back into a URL."""
 
-    remote = True
-
     def __init__(self, url: str, settings: Settings) -> None:
         import pyarrow.fs as pafs
 
@@ -165,13 +163,6 @@ class ObjectStore:
             if name and not name.startswith((".", "_")):
                 out.append(_Entry(name, info.path, info.type == pafs.FileType.Directory))
         return out
-
-    def listdir_all(self, path: Path) -> list[str]:
-        """Every child name, hidden ones too."""
-        import pyarrow.fs as pafs
-
-        infos = self.fs.get_file_info(pafs.FileSelector(path.as_posix(), allow_not_found=True))
-        return [i.base_name for i in infos]
 
     def exists(self, path: Path) -> bool:
         import pyarrow.fs as pafs
