@@ -624,7 +624,9 @@ class LakeSink:
     def __init__(self, root: str | os.PathLike[str], *, compression: str = "zstd",
                  compression_level: int = 3, max_buffer_rows: int = 100_000,
                  max_buffer_age_s: float = 10.0, durable: bool = True) -> None:
-        self._where: str | os.PathLike[str] = root  # the URL of an object-storage lake
+        self._where: str | os.PathLike[str] = root
+        #: the ``s3://`` URL of a lake on object storage, else None (``root`` is then the directory)
+        self.url: str | None = str(root) if objstore.is_url(root) else None
         self.root = _lake_base(root)
         self.durable = durable
         self.compression = compression

@@ -288,6 +288,11 @@ def test_commands_that_need_a_lake_directory_refuse_an_s3_lake_clearly(
         assert "is on object storage: this command needs a lake directory" in err, (cmd, err)
     with pytest.raises(ValueError, match="sweeps need a lake directory"):
         run_cycle(s3_lake)
+    from ingest.agent import Agent, AgentConfig
+    from ingest.sink import SinkError
+
+    with pytest.raises(SinkError, match="is on object storage; the agent's journal"):
+        Agent(AgentConfig(host="h1", duration_s=0.1), [lake.LakeSink(s3_lake)], [])
     assert not Path("s3:").exists()
 
 
