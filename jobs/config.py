@@ -52,6 +52,10 @@ ANALYSIS = ("analytics", "scheduler")
 @dataclass
 class Config:
     lake: str | None = None
+    #: ``[lake] endpoint`` / ``region``: the S3-compatible server of an ``s3://`` lake (else
+    #: the AWS variables); credentials come from the AWS variables only, never from this file
+    lake_endpoint: str | None = None
+    lake_region: str | None = None
     agent: AgentConfig = field(default_factory=AgentConfig)
     influx: InfluxConfig = field(default_factory=InfluxConfig)  # url None: no InfluxDB
     drill: DrillSection = field(default_factory=DrillSection)
@@ -411,6 +415,7 @@ def load(path: str | os.PathLike[str] | None = None, *, analysis: bool = True) -
                 raise ConfigError(f"{p}: unknown top-level key {key!r} (known: {', '.join(sorted(SECTIONS))})")
         cfg.source = p
     cfg.lake = _lake_path(p, raw.get("lake", {}))
+    cfg.lake_endpoint, cfg.lake_region = _lake_storage(p, raw.get("lake", {}))
     tables = {name: _table(p, raw, name) for name in SECTIONS if name != "lake"}
     cfg.agent = _agent(p, tables["agent"])
     influx = _checked(p, "influx", tables["influx"])
@@ -464,8 +469,8 @@ def _lake_path(p: Path, lake: Any) -> str | None:
     if not isinstance(lake, dict):
         raise ConfigError(f"{p}: [lake] must be a table with path = \"...\", got {lake!r}")
     for key in lake:
-        if key != "path":
-            raise ConfigError(f"{p}: unknown key [lake].{key} (known: path)")
+        if key not in LAKE_KEYS:
+            raise ConfigError(f"{p}: unknown key [lake].{key} (known: {', '.join(LAKE_KEYS)})")
     path = lake.get("path")
     if path is None:
         return None
@@ -474,9 +479,42 @@ def _lake_path(p: Path, lake: Any) -> str | None:
     return path
 
 
+LAKE_KEYS = ("path", "endpoint", "region")
+
+
+def _lake_storage(p: Path, lake: Any) -> tuple[str | None, str | None]:
+    """``[lake] endpoint`` (http(s)://host:port) and ``region``, for a lake on object storage."""
+    if not isinstance(lake, dict):
+        return None, None
+    out: list[str | None] = []
+    for key in ("endpoint", "region"):
+        v = lake.get(key)
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            raise ConfigError(f"{p}: [lake].{key} must be a non-empty string, got {v!r}")
+        out.append(v)
+    endpoint, region = out
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"{p}: [lake].endpoint must start with http:// or https://, got {endpoint!r}")
+    return endpoint, region
+
+
+def use_lake_storage(cfg: Config) -> None:
+    """Point ``s3://`` lakes at the config's ``[lake] endpoint`` / ``region`` (the AWS
+    variables fill in the rest)."""
+    from ingest import objstore
+
+    objstore.configure(endpoint=cfg.lake_endpoint, region=cfg.lake_region)
+
+
 def resolve_lake(flag: str | None, cfg: Config) -> Path:
-    """The lake path from the flag, else $UNVEIL_LAKE / the config file; an error when none."""
+    """The lake path from the flag, else $UNVEIL_LAKE / the config file; an error when none,
+    and for a lake on object storage, which only ``unveil query`` reads so far."""
     value = flag or cfg.lake
     if not value:
         raise ConfigError("no lake path: pass --lake PATH, set UNVEIL_LAKE, or set [lake] path in the config")
+    if value.startswith("s3://"):
+        raise ConfigError(f"lake {value} is on object storage: this command needs a lake directory (local or "
+                          "shared disk). Sweeps stage their outputs and publish them by rename, and the agent "
+                          "journals next to its lake; `unveil query` and the ingest.lake API read and write "
+                          "s3:// lakes (docs/lake.md, \"Object storage\")")
     return Path(value)
