@@ -95,11 +95,11 @@ def ray_env() -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def ray_address(ray_env: Path) -> Iterator[str]:
-    """``ray://127.0.0.1:PORT`` of a real 2-CPU Ray head started for this module, first:
-    a head started while this process holds a spawn pool could not start client servers
-    (seen here; the pool's resource tracker is inherited by the head, is our guess)."""
+    """``ray://127.0.0.1:PORT`` of a real 2-CPU Ray head started for this module. Tests ask
+    for it before they open a process pool: a head started while this process held a spawn
+    pool could not start its client servers (seen here, cause not found)."""
     ray_bin = Path(sys.executable).parent / "ray"
     if not ray_bin.exists():
         pytest.fail(f"{ray_bin} is missing: pip install 'ray[client]' (a dependency of unveil)", pytrace=False)
@@ -158,12 +158,12 @@ ENGINES = ["serial", "processes:2", "ray"]
 
 
 @pytest.fixture
-def engine_of(request: pytest.FixtureRequest) -> Iterator[Callable[[str], object]]:
+def engine_of(ray_address: str) -> Iterator[Callable[[str], object]]:
     """spec -> an open engine ('ray': the module's cluster), closed after the test."""
     opened = []
 
     def make(spec: str) -> object:
-        eng = make_engine(request.getfixturevalue("ray_address") if spec == "ray" else spec)
+        eng = make_engine(ray_address if spec == "ray" else spec)
         opened.append(eng)
         return eng
 
@@ -331,3 +331,30 @@ def test_a_failing_host_is_named_by_the_cli(tmp_path: Path, capsys: pytest.Captu
                  "--engine", "processes:2"]) == 2
     err = capsys.readouterr().err
     assert "not a writable directory" in err and "<host sim-00 of scenario 'healthy'>" in err, err
+
+
+def test_the_engine_key_and_flags_arrive_in_the_sweep_config(tmp_path: Path) -> None:
+    from jobs import config
+    from jobs.cli import build_parser
+    from jobs.commands.schedule import sweep_config
+    from jobs.commands.sweep import _settings
+
+    p = tmp_path / "c.toml"
+    p.write_text('[scheduler]\nengine = "processes:3"\n')
+    cfg = config.load(p)
+    assert cfg.sweep.engine == "processes:3"
+
+    def schedule(*flags: str) -> str:
+        argv = ["schedule", "--once", "--lake", str(tmp_path), *flags]
+        return sweep_config(build_parser(argv).parse_args(argv), cfg, tmp_path).engine
+
+    def sweep(*flags: str) -> str:
+        argv = ["--config", str(p), "sweep", "--lake", str(tmp_path), *flags]
+        return _settings(build_parser(argv).parse_args(argv))[3]
+
+    assert schedule() == sweep() == "processes:3"  # the config's
+    assert schedule("--engine", "ray://10.1.2.3:10001") == sweep("--engine", "ray://10.1.2.3:10001") \
+        == "ray://10.1.2.3:10001"
+    for run in (schedule, sweep):
+        with pytest.raises(ValueError, match="--engine: unknown engine 'fast'"):
+            run("--engine", "fast")
