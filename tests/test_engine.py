@@ -358,3 +358,14 @@ def test_the_engine_key_and_flags_arrive_in_the_sweep_config(tmp_path: Path) -> 
     for run in (schedule, sweep):
         with pytest.raises(ValueError, match="--engine: unknown engine 'fast'"):
             run("--engine", "fast")
+
+
+def test_simulate_on_a_mapper_wants_sinks_each_worker_opens(tmp_path: Path) -> None:
+    from ingest.simulator import from_dict, simulate
+
+    sink = lake_mod.LakeSink(tmp_path / "lake")
+    try:
+        with pytest.raises(TypeError, match="sinks must be a picklable callable that returns the sinks"):
+            simulate(from_dict({"hosts": 1, "duration": "10s"}), [sink], mapper=SerialEngine().map)
+    finally:
+        sink.close()
