@@ -250,7 +250,10 @@ class RayEngine(Engine):
             try:
                 ray.init(address, **kw)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise EngineError(f"engine {address or 'ray'}: cannot start or reach the Ray cluster: {exc}") \
+                hint = ("" if address is None or os.environ.get("RAY_AUTH_MODE") else
+                        " (a cluster with token authentication also times out when this environment lacks "
+                        "RAY_AUTH_MODE=token and its token: docs/operations.md, Parallel sweeps)")
+                raise EngineError(f"engine {address or 'ray'}: cannot start or reach the Ray cluster: {exc}{hint}") \
                     from exc
         self.spec = address or ("ray" if num_cpus is None else f"ray:{num_cpus}")
         self._closed = False
