@@ -18,7 +18,9 @@ lines are not additive; "other" is the total minus the top-level stages).
 
 ``--engine SPEC`` is passed to the sweep (``unveil schedule --engine``; default: the command's,
 a process pool of every core). The fleets are simulated on a process pool of every core
-whatever ``--engine`` says (simulation is not timed).
+whatever ``--engine`` says (simulation is not timed). The CPU of a process pool's workers is
+counted (``wait4`` reports the child with the children it reaped) and peak RSS is that of the
+largest one process; the CPU of a Ray cluster's workers is not (they are the cluster's).
 
 The target of issue 18: <= 0.5 CPU-s per host-hour, peak RSS <= 2 GB at 8, 64 and 256 hosts.
 """

@@ -55,6 +55,14 @@ def pid_of(_: int) -> int:
     return os.getpid()
 
 
+#: changed by a test in this process: a spawned worker imports the module afresh and sees "import"
+STATE = "import"
+
+
+def state_of(_: int) -> str:
+    return STATE
+
+
 def fail_on_three(n: int) -> int:
     if n == 3:
         raise ValueError(f"no good: {n}")
@@ -238,6 +246,15 @@ def test_a_worker_killed_mid_map_raises_a_clear_error(spec: str, engine_of: Call
         eng.map(die_on_two, [0, 1, 2, 3])  # type: ignore[attr-defined]
     assert time.monotonic() - t < 60
     assert eng.map(frame_stats, [3]) == [(3, 1.5, "item-3")]  # type: ignore[attr-defined] # a new worker
+
+
+def test_workers_are_spawned_not_forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked worker would carry this process's state (Polars' thread pool, open files,
+    the scheduler's lock); a spawned one starts from a fresh import."""
+    monkeypatch.setattr(sys.modules[__name__], "STATE", "changed in the parent")
+    with make_engine("processes:1") as eng:
+        assert eng.map(state_of, [0]) == ["import"]
+    assert SerialEngine().map(state_of, [0]) == ["changed in the parent"]
 
 
 def test_a_function_that_cannot_reach_a_worker_is_named() -> None:
