@@ -230,9 +230,10 @@ class RayEngine(Engine):
 
     def __init__(self, address: str | None = None, *, num_cpus: int | None = None,
                  init_kwargs: dict[str, Any] | None = None) -> None:
-        if address is None and "ray" not in sys.modules:
-            # before Ray reads its constants: a local cluster binds loopback, not the node's
-            # address (Ray has no authentication: whoever reaches it runs code here)
+        if "ray" not in sys.modules:
+            # before Ray reads its constants: a cluster this process starts (now, or later
+            # with the local spec) binds loopback, not the node's address: whoever reaches
+            # a Ray cluster runs code on it. (A client of a ray:// cluster is unaffected.)
             os.environ.setdefault(_RAY_LOOPBACK_ENV, "0")
         try:
             import ray
