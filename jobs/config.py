@@ -198,8 +198,14 @@ class SweepConfig:
     compact_every: timedelta | None = timedelta(minutes=10)
     retention: Mapping[str, timedelta] = field(default_factory=dict)
     detection: DetectionConfig = field(default_factory=_default_detection)
+    # where the sweep's per-host work runs (jobs.engine): serial, processes[:N] (default: all
+    # local cores), ray[:N] (a local Ray) or ray://HOST:PORT (a Ray cluster)
+    engine: str = "processes"
 
     def __post_init__(self) -> None:
+        from jobs.engine import parse_spec
+
+        object.__setattr__(self, "engine", parse_spec(self.engine, "scheduler.engine"))
         if self.chunk <= timedelta(0) or self.lag < timedelta(0):
             raise ValueError("scheduler.chunk must be > 0 and scheduler.lag >= 0")
         stride = timedelta(seconds=self.analytics.window.stride_s)
@@ -256,6 +262,8 @@ class SweepConfig:
             kw["queue_remediations"] = d["queue_remediations"]
         if "kb_path" in d:
             kw["kb_path"] = str(d["kb_path"])
+        if "engine" in d:
+            kw["engine"] = d["engine"]
         a = analytics or _default_analytics()
         if "history" in d:
             a = replace(a, history=duration(d["history"], f"{where} history"))
@@ -269,7 +277,7 @@ class SweepConfig:
 SCHEDULER_KEYS = frozenset({
     "every", "chunk", "lag", "max_chunks", "incident_gap_s", "max_incident", "queue_remediations",
     "compact_every", "retention", "kb_path", "history", "signature_detector", "signature_min_confidence",
-    "warmup", "restart_gap", "min_incident_s", "analysis_step"})
+    "warmup", "restart_gap", "min_incident_s", "analysis_step", "engine"})
 
 
 def detection_from_mapping(d: Mapping[str, Any], where: str = "[scheduler]") -> DetectionConfig:
