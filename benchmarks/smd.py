@@ -35,14 +35,17 @@ attribution by the squared robust z of each metric averaged over the flagged run
 Protocols and constants chosen without the reported labels (issue 16, docs/smd.md):
 
     python benchmarks/smd.py --nested [--protocol causal|standard|transductive]
-                             [--refit-every 240] [--spans 10080] [--rules "mad:8|quantile:0.01|pot:0.98:1e-4"]
-                             [--combos "mean(IF,Maha)|Maha"] [--gaps 0,30] [--transfer 5] [--cache DIR]
+                             [--refit-every 240] [--spans 10080]
+                             [--rules "mad:8|quantile:0.01|pot:0.98:1e-4|tail:0.02:0.5"]
+                             [--combos "mean(IF,Maha)|mean(Maha,Chan)"] [--gaps 0,30] [--transfer 5] [--cache DIR]
 
 scores every machine under the protocol (causal online: each test row judged by detectors
 refitted every ``--refit-every`` rows on the windows before its block), then chooses the
 window, combination, threshold rule, gap closing and attribution by nested leave-one-
 machine-out and leave-one-group-out, and (``--transfer``) applies each group's choice to
 the group resampled to a coarser period.
+``Chan`` in ``--combos`` is the per-channel tail score (:class:`analytics.scoring.ChannelTail`
+on the windows and their trailing 60-min mean), fitted on the same causal blocks.
 """
 
 from __future__ import annotations
