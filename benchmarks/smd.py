@@ -61,6 +61,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -697,7 +698,7 @@ def _features(data: Path, name: str, *, window: int, resample: int, rows: int | 
 
 
 def _save_scored(path: Path, s: Scored) -> None:
-    arrays: dict[str, np.ndarray] = {"labels": s.labels, "block": s.block, "z": s.z}
+    arrays: dict[str, Any] = {"labels": s.labels, "block": s.block, "z": s.z}  # (np.savez: **kwds)
     for d in SCORED_DETECTORS:
         arrays[f"score.{d}"] = s.scores[d]
     for i, ref in enumerate(s.refs):
