@@ -760,7 +760,8 @@ class Rule:
     * ``quantile`` (a = budget): the reference's ``1 - a`` quantile (an alert budget: about
       a share ``a`` of healthy windows flagged, e.g. 0.01 = 14 min per host-day).
     * ``tail`` (a = budget, b = width): the budget's quantile pushed out by b tail widths
-      (log scale: ``Q(1-a) + b·(Q(1-a) - median)``).
+      (log scale: ``Q(1-a) + b·(Q(1-a) - median)``);
+    * ``either`` (a = k, b = budget): the lower of ``mad:a`` and ``quantile:b``.
 
     Each is :class:`analytics.detectors.ThresholdRule` (what the pipeline runs), with
     the multiplier k of ``mad`` made part of the rule."""
@@ -771,7 +772,7 @@ class Rule:
 
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.a:g}" + (f":{self.b:g}" if self.kind in ("pot", "tail") else "")
+        return f"{self.kind}:{self.a:g}" + (f":{self.b:g}" if self.kind in ("pot", "tail", "either") else "")
 
     @property
     def detector_rule(self) -> ThresholdRule:
@@ -779,27 +780,30 @@ class Rule:
             return ThresholdRule("pot", level=self.a, risk=self.b)
         if self.kind == "tail":
             return ThresholdRule("tail", share=self.a, width=self.b)
+        if self.kind == "either":
+            return ThresholdRule("either", share=self.b)
         return ThresholdRule("quantile", share=self.a) if self.kind == "quantile" else ThresholdRule()
 
     def threshold(self, ref: np.ndarray) -> float:
-        return self.detector_rule.threshold(ref, self.a if self.kind == "mad" else 4.0)
+        return self.detector_rule.threshold(ref, self.a if self.kind in ("mad", "either") else 4.0)
 
 
 def parse_rule(text: str) -> Rule:
-    """``mad:8``, ``quantile:0.01``, ``pot:0.98:1e-4``, ``tail:0.01:1``."""
+    """``mad:8``, ``quantile:0.01``, ``pot:0.98:1e-4``, ``tail:0.01:1``, ``either:10:0.01``."""
     parts = text.strip().split(":")
     try:
         if parts[0] in ("mad", "quantile") and len(parts) == 2:
             rule = Rule(parts[0], float(parts[1]))
-        elif parts[0] in ("pot", "tail") and len(parts) == 3:
+        elif parts[0] in ("pot", "tail", "either") and len(parts) == 3:
             rule = Rule(parts[0], float(parts[1]), float(parts[2]))
         else:
             raise ValueError
     except ValueError:
-        raise ValueError(f"threshold rule {text!r}: use mad:K, quantile:SHARE, pot:LEVEL:RISK or tail:SHARE:WIDTH"
-                         ) from None
-    if (not rule.a > 0 or (rule.kind != "mad" and not rule.a < 1) or (rule.kind == "pot" and not 0 < rule.b < 1)
-            or (rule.kind == "tail" and not (math.isfinite(rule.b) and rule.b >= 0))):
+        raise ValueError(f"threshold rule {text!r}: use mad:K, quantile:SHARE, pot:LEVEL:RISK, tail:SHARE:WIDTH "
+                         "or either:K:SHARE") from None
+    if (not rule.a > 0 or (rule.kind not in ("mad", "either") and not rule.a < 1) or (rule.kind == "pot" and not 0 < rule.b < 1)
+            or (rule.kind == "tail" and not (math.isfinite(rule.b) and rule.b >= 0))
+            or (rule.kind == "either" and not 0 < rule.b < 1)):
         raise ValueError(f"threshold rule {text!r}: parameter out of range")
     return rule
 

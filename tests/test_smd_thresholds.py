@@ -47,3 +47,27 @@ def test_benchmark_rule_is_the_detector_rule() -> None:
     assert rule.threshold(s) == ThresholdRule.parse("tail:0.02:1").threshold(s)
     with pytest.raises(ValueError, match="threshold rule"):
         smd.parse_rule("tail:0.02")
+
+
+def test_either_rule_is_the_lower_of_mad_and_the_budget() -> None:
+    # a reference 15 % of which is past incidents: the MAD rule is the lower (the budget's
+    # quantile sits inside the incidents)
+    contaminated = np.concatenate([_lognormal(0.3, seed=4), np.exp(8.0) * _lognormal(0.3, n=7000, seed=7)])
+    clean = _lognormal(1.0, seed=5)  # incident-free: 10 MADs lie far above the budget's quantile
+    rule = ThresholdRule.parse("either:0.01")
+    for s in (contaminated, clean):
+        mad, budget = ThresholdRule().threshold(s, 10.0), ThresholdRule.parse("quantile:0.01").threshold(s)
+        assert rule.threshold(s, 10.0) == min(mad, budget)
+    assert ThresholdRule().threshold(contaminated, 10.0) < ThresholdRule.parse("quantile:0.01").threshold(contaminated)
+    assert ThresholdRule().threshold(clean, 10.0) > ThresholdRule.parse("quantile:0.01").threshold(clean)
+    # so at least the budget's share of the reference is above it, whatever k
+    assert (clean > rule.threshold(clean, 10.0)).mean() == pytest.approx(0.01, abs=1e-3)
+    heavy = clean
+    assert str(rule) == "either:0.01"
+    bench = smd.parse_rule("either:10:0.01")
+    assert bench.name == "either:10:0.01" and bench.threshold(heavy) == rule.threshold(heavy, 10.0)
+    for bad in ("either", "either:1.5", "either:0"):
+        with pytest.raises(ValueError, match="threshold rule"):
+            ThresholdRule.parse(bad)
+    with pytest.raises(ValueError, match="threshold rule"):
+        smd.parse_rule("either:10")
