@@ -810,7 +810,11 @@ def parse_rule(text: str) -> Rule:
 
 DEFAULT_COMBOS = "mean(IF,Maha)|mean(Z,IF,Maha)|Maha|mean(Maha,Chan)|mean(IF,Maha,Chan)"
 DEFAULT_RULES = ("mad:6|mad:7|mad:8|mad:9|mad:10|mad:12|quantile:0.005|quantile:0.01|quantile:0.02|quantile:0.04"
-                 "|pot:0.98:1e-3|pot:0.98:1e-4|pot:0.99:1e-3|pot:0.99:1e-4|pot:0.95:1e-4")
+                 "|pot:0.98:1e-3|pot:0.98:1e-4|pot:0.99:1e-3|pot:0.99:1e-4|pot:0.95:1e-4"
+                 "|tail:0.01:0.25|tail:0.01:0.5|tail:0.01:1|tail:0.02:0.25|tail:0.02:0.5|tail:0.02:1"
+                 "|tail:0.05:0.25|tail:0.05:0.5|tail:0.05:1"
+                 "|either:8:0.005|either:8:0.01|either:8:0.02|either:9:0.005|either:9:0.01|either:9:0.02"
+                 "|either:10:0.005|either:10:0.01|either:10:0.02")
 
 
 def rule_margins(s: Scored, rule: Rule) -> dict[str, np.ndarray]:
