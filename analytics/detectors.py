@@ -133,12 +133,23 @@ class ThresholdRule:
       (0.01 = about 14 minutes per host-day);
     * ``pot:L:R``: peaks over threshold — a generalised Pareto tail (:func:`gpd_pwm`)
       fitted to the (log) scores above their ``L`` quantile; the threshold is where the
-      fitted tail's exceedance probability per window is ``R``."""
+      fitted tail's exceedance probability per window is ``R``;
+    * ``tail:S:C``: the budget's quantile pushed out by the reference's own tail width —
+      on the log scores, ``Q(1-S) + C·(Q(1-S) - median)``. A heavy-tailed reference (a
+      few bursty metrics) moves it up in proportion; unlike ``pot`` it extrapolates no
+      fitted shape, so one extreme reference window cannot move it (C = 0: ``quantile``);
+    * ``either:S``: the lower of ``mad`` (the detector's k) and ``quantile:S`` — flag a
+      window past either. ``mad`` holds where the reference holds many incidents, the
+      budget where its tail is so heavy that k MADs lie above every incident. Note: a
+      share S of reference-like windows is always above it (an alert *floor*, not a
+      cap), so it needs run/persistence filtering before it can be quiet on live hosts."""
 
     kind: str = "mad"
     share: float = 0.01
     level: float = 0.98
     risk: float = 1e-4
+    #: ``tail``: how many tail widths (Q(1-S) - median, log scale) above Q(1-S)
+    width: float = 1.0
 
     @classmethod
     def parse(cls, text: str) -> ThresholdRule:
@@ -150,17 +161,25 @@ class ThresholdRule:
                 rule = cls("quantile", share=float(parts[1]))
             elif parts[0] == "pot" and len(parts) == 3:
                 rule = cls("pot", level=float(parts[1]), risk=float(parts[2]))
+            elif parts[0] == "tail" and len(parts) == 3:
+                rule = cls("tail", share=float(parts[1]), width=float(parts[2]))
+            elif parts[0] == "either" and len(parts) == 2:
+                rule = cls("either", share=float(parts[1]))
             else:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"threshold rule {text!r}: use mad, quantile:SHARE or pot:LEVEL:RISK") from None
+            raise ValueError(f"threshold rule {text!r}: use mad, quantile:SHARE, pot:LEVEL:RISK, "
+                             "tail:SHARE:WIDTH or either:SHARE") from None
         if not (0.0 < rule.share < 1.0 and 0.0 < rule.level < 1.0 and 0.0 < rule.risk < 1.0):
             raise ValueError(f"threshold rule {text!r}: share, level and risk must be in (0, 1)")
+        if not (math.isfinite(rule.width) and rule.width >= 0.0):
+            raise ValueError(f"threshold rule {text!r}: width must be a number >= 0")
         return rule
 
     def __str__(self) -> str:
         return {"mad": "mad", "quantile": f"quantile:{self.share:g}",
-                "pot": f"pot:{self.level:g}:{self.risk:g}"}[self.kind]
+                "pot": f"pot:{self.level:g}:{self.risk:g}",
+                "tail": f"tail:{self.share:g}:{self.width:g}", "either": f"either:{self.share:g}"}[self.kind]
 
     def threshold(self, scores: ArrayLike, k: float = 4.0, *, log_scale: bool = True) -> float:
         """The threshold of reference ``scores`` (non-finite ignored; none: +inf)."""
@@ -172,7 +191,13 @@ class ThresholdRule:
             return calibrate_threshold(s, k, log_scale=log_scale)
         if self.kind == "quantile":
             return float(np.quantile(s, 1.0 - self.share))
+        if self.kind == "either":
+            return min(calibrate_threshold(s, k, log_scale=log_scale), float(np.quantile(s, 1.0 - self.share)))
         ls = np.log(np.maximum(s, _TINY)) if log_scale else s
+        if self.kind == "tail":
+            q, med = np.quantile(ls, [1.0 - self.share, 0.5])
+            thr = float(q + self.width * (q - med))
+            return float(np.exp(thr)) if log_scale else thr
         t = float(np.quantile(ls, self.level))
         exc = ls[ls > t] - t
         if exc.size < 10:  # too few to fit a tail: the largest reference score
