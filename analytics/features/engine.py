@@ -191,10 +191,14 @@ def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec, host_facts: pl.
         return None
     parts = pl.col(_G).str.split_exact(_SEP, 1).struct
     cells = per_series.with_columns(parts.field("field_0").alias(DEV), (parts.field("field_1") == "1").alias(LOCAL)
-                                    ).select(HOST, DEV, pl.col(_B).alias(_T), _B,
+                                    ).select(HOST, _G, pl.col(_B).alias(_T), _B,
                                              *[e.alias(n) for n, (e, _) in plan.buckets.items()])
-    return kernels.reduce_buckets(cells, [HOST, DEV], {n: "sum" for n in plan.buckets}, lambda series: series[DEV],
-                                  DEV)
+
+    def device(groups: pl.DataFrame) -> pl.Series:
+        return groups.select(parts.field("field_0")).to_series()
+
+    # (host, group) cells are a grid (every group has every bucket of its host)
+    return kernels.reduce_buckets(cells, [HOST, _G], {n: "sum" for n in plan.buckets}, device, DEV)
 
 
 def _facts_nodes(host_facts: pl.DataFrame | None) -> pl.DataFrame:

@@ -199,17 +199,25 @@ def _reduce_grid(rows: pl.DataFrame, shape: tuple[int, int, bool], real: np.ndar
     cols = []
     for name, agg in aggs.items():
         v, valid = values(rows[name])
-        cnt = full
+        cnt, fix = full, None
         if valid is not None and (~valid).sum() * 16 <= v.size:  # few nulls (a counter's first delta
             null = np.flatnonzero(~valid)  # per series): corrected at their cells, not masked
             t, j = np.divmod(null, k) if time_major else np.divmod(null, n_t)[::-1]
             cnt, keep = full.copy(), group[j] >= 0
-            np.subtract.at(cnt, (group[j][keep], np.searchsorted(r_at, t[keep], side="right") - 1), 1)
-            v, valid = v.copy(), None
-            v[null] = identity(v.dtype.kind == "f", agg)
+            at = (group[j][keep], np.searchsorted(r_at, t[keep], side="right") - 1)
+            np.subtract.at(cnt, at, 1)
+            if agg == "sum" and v.dtype.kind == "i":  # integers: what lies there is taken off after
+                fix = (at, v[null[keep]])
+            else:
+                v = v.copy()
+                v[null] = identity(v.dtype.kind == "f", agg)
+            valid = None
         elif valid is not None:
             cnt = reduce(valid.astype(np.int64), np.add)
         r = cnt if agg == "count" else reduce(filled(v, valid, agg), _OPS[agg])
+        if fix is not None:
+            r = np.array(r)  # (not a view of Polars' buffer)
+            np.subtract.at(r, *fix)
         if agg == "mean":
             with np.errstate(invalid="ignore", divide="ignore"):
                 r = r / cnt
