@@ -62,7 +62,7 @@ def compute_features(
     ``family@device``). Missing tables/columns simply give fewer columns; an empty input
     gives an empty frame with the key columns. The raw rows are touched once, one
     table at a time (peak memory is the largest table's rows, not all of them)."""
-    bks: dict[str, tuple[pl.DataFrame, Plan]] = {}
+    bks: dict[str, tuple[pl.DataFrame, Plan]] = {}  # bucket frames: each host's rows in one run
     for name, lf in frames.items():
         plan = _plan(name, lf)
         if plan is None:
@@ -72,11 +72,12 @@ def compute_features(
             bks[name] = (bk, plan)
     if not bks:
         return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
-    grid = _grid([bk for bk, _ in bks.values()], spec)
+    hosts = {name: kernels.runs(bk[HOST]) for name, (bk, _) in bks.items()}
+    grid = _grid([(bk, hosts[name]) for name, (bk, _) in bks.items()], spec)
     n_win = grid.index.height
     cols: dict[str, pl.Series] = {}
     for name, (bk, plan) in bks.items():  # (in table order: the first of two equal feature names is kept)
-        devs, feats = _windows(bk, plan, grid)
+        devs, feats = _windows(bk, hosts[name], plan, grid)
         fams = feats.columns
         for i, dev in enumerate(devs):
             part = feats.slice(i * n_win, n_win)
@@ -262,13 +263,13 @@ class _Grid:
     b_us: int
 
 
-def _grid(bks: Sequence[pl.DataFrame], spec: WindowSpec) -> _Grid:
+def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]], spec: WindowSpec) -> _Grid:
+    """The grid of bucket frames given with their host runs (:func:`kernels.runs`)."""
     b_us = round(spec.bucket * 1e6)
     s_us = round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
     span: dict[str, tuple[int, int]] = {}
-    for bk in bks:
-        at, hs = kernels.runs(bk[HOST])
+    for bk, (at, hs) in bks:
         b = bk[_B].to_numpy()
         for h, lo, hi in zip(hs, np.minimum.reduceat(b, at).tolist(), np.maximum.reduceat(b, at).tolist(), strict=True):
             old = span.get(h)
@@ -294,30 +295,36 @@ def _grid(bks: Sequence[pl.DataFrame], spec: WindowSpec) -> _Grid:
     return _Grid(keep, index, dur, m, hosts, off, firsts, b_us)
 
 
-def _dense_index(bk: pl.DataFrame, grid: _Grid) -> tuple[list[str], np.ndarray]:
+def _dense_index(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], grid: _Grid
+                 ) -> tuple[list[str], np.ndarray | None]:
     """The table's devices (sorted) and, for each (device x grid) row, device-major, the
-    bucket row that lands there (-1: none). Positions are arithmetic: no join."""
+    bucket row that lands there (-1: none); None where the bucket rows are those rows
+    in that order already. Positions are arithmetic: no join."""
     at, values = kernels.runs(bk[DEV])
     names = sorted(set(values))  # (Polars' string order: by code point)
     code = {name: i for i, name in enumerate(names)}
     dev = np.repeat(np.array([code[v] for v in values], dtype=np.int64), np.diff(np.r_[at, bk.height]))
-    at, hosts = kernels.runs(bk[HOST])
+    at, hosts = host_runs
     pos = {x: i for i, x in enumerate(grid.hosts)}
     h = np.repeat(np.array([pos[x] for x in hosts], dtype=np.int64), np.diff(np.r_[at, bk.height]))
+    at = dev * grid.keep.size + grid.off[h] + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us
+    if at.size == len(names) * grid.keep.size and bool((at == np.arange(at.size)).all()):
+        return names, None
     src = np.full(len(names) * grid.keep.size, -1, dtype=np.int64)
-    src[dev * grid.keep.size + grid.off[h] + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us] = np.arange(bk.height)
+    src[at] = np.arange(bk.height)
     return names, src
 
 
-def _windows(bk: pl.DataFrame, plan: Plan, grid: _Grid) -> tuple[list[str], pl.DataFrame]:
+def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Plan, grid: _Grid
+             ) -> tuple[list[str], pl.DataFrame]:
     """A table's devices and features (``len(devices) * n_windows`` rows, device-major,
     each device's rows in the grid's window order): each bucket column the features read
     rolled over the ``m`` buckets of every kept window, then the plan's features in one
     Polars query; non-finite values (0/0, x/0) are null (missing evidence), or 0 for
     ``zero_fill`` families (sparse tables: no rows in a window means no events)."""
-    devs, src = _dense_index(bk, grid)
-    miss = src < 0
-    at = np.where(miss, 0, src)
+    devs, src = _dense_index(bk, host_runs, grid)
+    miss = None if src is None else src < 0
+    at = None if src is None or miss is None else np.where(miss, 0, src)
     sel = grid.keep[grid.m - 1:]  # (the first m-1 rows of a grid are never kept)
     kept = None if sel.all() else np.flatnonzero(sel)
     roots = {r for e in plan.features.values() for r in e.meta.root_names()}
@@ -325,9 +332,11 @@ def _windows(bk: pl.DataFrame, plan: Plan, grid: _Grid) -> tuple[list[str], pl.D
     for name, (_, agg) in plan.buckets.items():
         if name in roots:
             v, valid = kernels.values(bk[name])
-            v = kernels.filled(v, valid, agg)[at]
-            v[miss] = kernels.identity(v.dtype.kind == "f", agg)
-            valid = valid[at] & ~miss if valid is not None else ~miss if miss.any() else None
+            v = kernels.filled(v, valid, agg)
+            if at is not None and miss is not None:  # (device x grid) rows; none there: missing
+                v = v[at]
+                v[miss] = kernels.identity(v.dtype.kind == "f", agg)
+                valid = valid[at] & ~miss if valid is not None else ~miss if miss.any() else None
             got, ok = kernels.rolling(v, valid, agg, len(devs), grid.m, kept)
             cols.append(kernels.masked(name, got, ok))
     cols.append(pl.Series(DUR, np.tile(grid.dur, len(devs))))
