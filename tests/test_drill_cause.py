@@ -43,8 +43,12 @@ def _rank1(m: pl.DataFrame) -> dict[datetime, str]:
     return dict(m.filter(pl.col("rank") == 1).select("window_start", "entry_id").iter_rows())
 
 
+#: features, host facts, fault -> (onset, restored)
+Recording = tuple[pl.DataFrame, pl.DataFrame, dict[str, tuple[datetime, datetime]]]
+
+
 @pytest.fixture(scope="module")
-def s6() -> tuple[pl.DataFrame, pl.DataFrame, dict[str, tuple[datetime, datetime]]]:
+def s6() -> Recording:
     feats = pl.read_parquet(DATA / "s6_features.parquet")
     facts = pl.read_parquet(DATA / "s6_facts.parquet")
     card = pl.read_parquet(DATA / "s6_card.parquet")
@@ -142,7 +146,7 @@ def test_drill_loss_without_netem_is_random_loss(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------- disk
-def test_disk_fault_is_storage_contention_not_a_busy_cpu(s6) -> None:  # type: ignore[no-untyped-def]
+def test_disk_fault_is_storage_contention_not_a_busy_cpu(s6: Recording) -> None:
     # the recording's disk fault: two fsync'd writers keep the VM's disk 70 % busy, tasks
     # stall on I/O a third of the time (PSI io), and the writers' CPU time raises CPU pressure
     # too; latency and queue depth of a virtio disk stay small (1.4 ms, 1.7)
@@ -154,7 +158,7 @@ def test_disk_fault_is_storage_contention_not_a_busy_cpu(s6) -> None:  # type: i
     assert sum(v == "storage_contention" for v in got.values()) >= 0.9 * n, (n, sorted(set(got.values())))
 
 
-def test_cpu_fault_is_still_a_neighbour(s6) -> None:  # type: ignore[no-untyped-def]
+def test_cpu_fault_is_still_a_neighbour(s6: Recording) -> None:
     # two busy processes and no I/O: the neighbour entry still names them
     feats, facts, card = s6
     onset, restored = card["cpu"]
@@ -181,7 +185,7 @@ def flagged(feats: pl.DataFrame, facts: pl.DataFrame, lo: datetime, hi: datetime
 
 
 @pytest.mark.parametrize("fault", ["quota", "disk"])
-def test_psi_echo_after_a_fault_is_no_anomaly(s6, fault: str) -> None:  # type: ignore[no-untyped-def]
+def test_psi_echo_after_a_fault_is_no_anomaly(s6: Recording, fault: str) -> None:
     # once a fault that stalled tasks is gone, the exact PSI shares are back at once, but the
     # kernel's avg10 decays for tens of seconds: the recording raised an unmatched incident
     # of 14-19 s after each of these faults, from that echo alone
