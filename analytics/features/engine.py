@@ -95,6 +95,8 @@ def compute_features(
 
 #: host-wide: cores used by Unveil's own units (its cgroups, ingest.collectors.cgroup.is_own)
 OWN_CORES = "cpu.own_cores"
+#: suffix of the kernel's PSI 10-second averages (psi.cpu_some_avg10 ...): read, never judged
+AVG10 = "_avg10"
 
 
 def _own_cores(cols: Mapping[str, pl.Series]) -> pl.Series | None:
@@ -110,10 +112,13 @@ def _own_cores(cols: Mapping[str, pl.Series]) -> pl.Series | None:
 
 
 def feature_columns(features: pl.DataFrame) -> list[str]:
-    """The feature columns of a wide frame the detectors judge: everything but the keys
-    and Unveil's own CPU (``cpu.own_cores``, its own cgroups' columns): its own sweeps are
-    never an anomaly of the host (the knowledge base still reads them, to set them apart)."""
-    return [c for c in features.columns if c not in KEYS and c != OWN_CORES
+    """The feature columns of a wide frame the detectors judge: everything but the keys,
+    Unveil's own CPU (``cpu.own_cores``, its own cgroups' columns): its own sweeps are
+    never an anomaly of the host (the knowledge base still reads them, to set them apart),
+    and the kernel's PSI ``avg10`` averages: the exact shares (``psi.*_share``, from the
+    ``total`` counters) say the same without their lag, while an avg10 still decays for tens
+    of seconds after a stall has ended, an echo the detectors flagged as a new anomaly."""
+    return [c for c in features.columns if c not in KEYS and c != OWN_CORES and not c.endswith(AVG10)
             and not (c.startswith("cgroup.") and is_own(split_feature(c)[1]))]
 
 
