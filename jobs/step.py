@@ -24,16 +24,26 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from analytics.evaluation import DetectHook
 from analytics.features import compute_features
-from analytics.pipeline import AnalysisResult, analyze
+from analytics.pipeline import (
+    AnalysisResult,
+    AnalyticsConfig,
+    Reference,
+    analyze,
+    fit,
+    frame_cohorts,
+    score,
+)
 from ingest import schema
 from jobs.config import SweepConfig
 from jobs.grid import US, floor_grid, steps
@@ -156,6 +166,10 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings(), loaded.corrupt)
     feats = feats.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
     length = timedelta(seconds=a.window.length_s)
+    # the running medians of a step's windows reach back half of `smooth` (more at the
+    # start of a host's data): the frame a step is scored on starts this far before it
+    lead = 2 * max(a.smooth, timedelta(seconds=a.window.stride_s)) + length
+    starts = _host_starts(feats)
     outs: list[StepResult] = []
     for b, b2 in steps(since + length - US, until, step):
         first = floor_grid(b - a.history, a.window.stride_s)
@@ -164,7 +178,7 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
             outs.append(StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings()))
             continue
         b_since = b - length + US
-        res = analyze({}, a, host_facts=loaded.facts, score_since=b_since, features=part)
+        res = _analysed(feats, part, a, loaded.facts, b, b2, b_since, first, lead, starts)
         # the signature matcher judges a window against the host's own past only
         det = detect(res, loaded.facts, kb, cfg.detection, keep=_keep(b_since, b2, hosts), frame_start=first,
                      history_known=history_known, match_config=MatchConfig(reference_before=b_since))
@@ -173,6 +187,67 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     return StepResult(_concat([o.features for o in outs]), _concat([o.scores for o in outs]),
                       findings if findings.height else empty_findings(), loaded.corrupt,
                       sum(o.suppressed for o in outs))
+
+
+def _host_starts(feats: pl.DataFrame) -> dict[str, np.ndarray]:
+    """host -> its window starts (µs since the epoch), sorted."""
+    ws = feats.select(HOST, pl.col(WS).dt.epoch("us").alias("_us")).sort(HOST, "_us")
+    return {str(h): g["_us"].to_numpy() for (h,), g in ws.group_by([HOST], maintain_order=True)}
+
+
+def _analysed(feats: pl.DataFrame, part: pl.DataFrame, a: AnalyticsConfig, facts: pl.DataFrame | None,
+              b: datetime, b2: datetime, b_since: datetime, first: datetime, lead: timedelta,
+              starts: Mapping[str, np.ndarray]) -> AnalysisResult:
+    """The analysis of one step ``[b, b2)`` (its windows start at or after ``b_since``; the
+    history starts at ``first``): fit once, score many. A host's own reference (``self``)
+    is that of the refit epoch ``e`` (``b`` floored to ``analytics.refit`` on the clock),
+    fitted on its windows of ``[e - history, e)`` and reused by every step of the epoch; a
+    host with less than its warm-up (at least ``min_windows``) of windows there (a new
+    host, a fleet's first epoch) is judged against ``[b - history, b2)`` instead, refitted
+    every step as when ``refit`` is off. The cohort reference stays contemporaneous (the
+    peers' windows of the step, :func:`analytics.pipeline.score`). All of it depends on the
+    clock only, not on how a sweep cuts time."""
+    step_hosts = part.filter(pl.col(WS) >= b_since)[HOST].unique().to_list()
+    refs: dict[str, Reference] = {}
+    if "self" in a.references:
+        if a.refit is not None:
+            e = floor_grid(b, a.refit.total_seconds())
+            epoch = _epoch_reference(feats, floor_grid(e - a.history, a.window.stride_s), e, a)
+            need = max(a.min_windows, round(a.warmup.total_seconds() / a.window.stride_s))
+            refs = {h: epoch for h in step_hosts if epoch.windows.get(h, 0) >= need}
+        cold = [h for h in step_hosts if h not in refs]
+        if cold:
+            now = fit(part.filter(pl.col(HOST).is_in(cold)), a)
+            refs.update({h: now for h in cold})
+    # first window start of each host in the history (its warm-up), as analyze sees it
+    first_us = (first - datetime(1970, 1, 1, tzinfo=UTC)) // US
+    first_of = {h: int(s[i]) for h, s in starts.items() if (i := int(np.searchsorted(s, first_us))) < s.size}
+    frame = part.filter(pl.col(WS) >= max(first, b_since - lead))
+    res = score(frame, a, refs, score_since=b_since, first_us=first_of, cohort_of=frame_cohorts(a, part, facts),
+                host_facts=facts)
+    # downstream (warm-up runs, the matcher's references) reads the whole history
+    return replace(res, features=part)
+
+
+#: the references of the latest refit epochs (the scheduler's cycles reuse an epoch's fit),
+#: keyed by their content: the epoch, the config and a hash of the reference windows
+_FITS: OrderedDict[tuple[Any, ...], Reference] = OrderedDict()
+_FITS_KEPT = 2
+
+
+def _epoch_reference(feats: pl.DataFrame, start: datetime, e: datetime, a: AnalyticsConfig) -> Reference:
+    """The hosts' own references fitted on their windows of ``[start, e)`` (cached in-process)."""
+    ref = feats.filter((pl.col(WS) >= start) & (pl.col(WE) <= e))
+    key = (e, repr(a), tuple(ref.columns), ref.height, int(ref.hash_rows().sum()) if ref.height else 0)
+    got = _FITS.get(key)
+    if got is None:
+        got = fit(ref, a)
+        _FITS[key] = got
+        while len(_FITS) > _FITS_KEPT:
+            _FITS.popitem(last=False)
+    else:
+        _FITS.move_to_end(key)
+    return got
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
