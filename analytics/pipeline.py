@@ -866,6 +866,8 @@ def fit(features: pl.DataFrame, config: AnalyticsConfig | None = None) -> Refere
     """Every host's own reference fitted on its windows of ``features`` (the reference
     period; at least ``min_windows`` of them), as :func:`analyze` fits it."""
     config = config or AnalyticsConfig()
+    if features.is_empty():
+        return Reference(config, tuple(feature_columns(features)), {}, {})
     m = _Matrix.of(features, config)
     every = np.ones(features.height, dtype=bool)
     blocks = _self_blocks(config, m, every, every, np.random.default_rng(config.random_state))

@@ -170,6 +170,7 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     # start of a host's data): the frame a step is scored on starts this far before it
     lead = 2 * max(a.smooth, timedelta(seconds=a.window.stride_s)) + length
     starts = _host_starts(feats)
+    epochs: dict[datetime, Reference] = {}
     outs: list[StepResult] = []
     for b, b2 in steps(since + length - US, until, step):
         first = floor_grid(b - a.history, a.window.stride_s)
@@ -178,7 +179,7 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
             outs.append(StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings()))
             continue
         b_since = b - length + US
-        res = _analysed(feats, part, a, loaded.facts, b, b2, b_since, first, lead, starts)
+        res = _analysed(feats, part, a, loaded.facts, b, b2, b_since, first, lead, starts, epochs)
         # the signature matcher judges a window against the host's own past only
         det = detect(res, loaded.facts, kb, cfg.detection, keep=_keep(b_since, b2, hosts), frame_start=first,
                      history_known=history_known, match_config=MatchConfig(reference_before=b_since))
@@ -197,11 +198,12 @@ def _host_starts(feats: pl.DataFrame) -> dict[str, np.ndarray]:
 
 def _analysed(feats: pl.DataFrame, part: pl.DataFrame, a: AnalyticsConfig, facts: pl.DataFrame | None,
               b: datetime, b2: datetime, b_since: datetime, first: datetime, lead: timedelta,
-              starts: Mapping[str, np.ndarray]) -> AnalysisResult:
+              starts: Mapping[str, np.ndarray], epochs: dict[datetime, Reference]) -> AnalysisResult:
     """The analysis of one step ``[b, b2)`` (its windows start at or after ``b_since``; the
     history starts at ``first``): fit once, score many. A host's own reference (``self``)
     is that of the refit epoch ``e`` (``b`` floored to ``analytics.refit`` on the clock),
-    fitted on its windows of ``[e - history, e)`` and reused by every step of the epoch; a
+    fitted on its windows of ``[e + refit - history, e)`` (the part of the history that
+    every step of the epoch has loaded) and reused by every step of the epoch; a
     host with less than its warm-up (at least ``min_windows``) of windows there (a new
     host, a fleet's first epoch) is judged against ``[b - history, b2)`` instead, refitted
     every step as when ``refit`` is off. The cohort reference stays contemporaneous (the
@@ -210,9 +212,9 @@ def _analysed(feats: pl.DataFrame, part: pl.DataFrame, a: AnalyticsConfig, facts
     step_hosts = part.filter(pl.col(WS) >= b_since)[HOST].unique().to_list()
     refs: dict[str, Reference] = {}
     if "self" in a.references:
-        if a.refit is not None:
+        if a.refit is not None and a.refit < a.history:  # (else no history is loaded by every step of an epoch)
             e = floor_grid(b, a.refit.total_seconds())
-            epoch = _epoch_reference(feats, floor_grid(e - a.history, a.window.stride_s), e, a)
+            epoch = _epoch_reference(feats, floor_grid(e + a.refit - a.history, a.window.stride_s), e, a, epochs)
             need = max(a.min_windows, round(a.warmup.total_seconds() / a.window.stride_s))
             refs = {h: epoch for h in step_hosts if epoch.windows.get(h, 0) >= need}
         cold = [h for h in step_hosts if h not in refs]
@@ -229,16 +231,25 @@ def _analysed(feats: pl.DataFrame, part: pl.DataFrame, a: AnalyticsConfig, facts
     return replace(res, features=part)
 
 
-#: the references of the latest refit epochs (the scheduler's cycles reuse an epoch's fit),
-#: keyed by their content: the epoch, the config and a hash of the reference windows
+#: the references of the latest refit epochs, kept between the sweeps of one process (the
+#: scheduler's cycles: an epoch's references are fitted once, not at every cycle)
 _FITS: OrderedDict[tuple[Any, ...], Reference] = OrderedDict()
 _FITS_KEPT = 2
 
 
-def _epoch_reference(feats: pl.DataFrame, start: datetime, e: datetime, a: AnalyticsConfig) -> Reference:
-    """The hosts' own references fitted on their windows of ``[start, e)`` (cached in-process)."""
+def _epoch_reference(feats: pl.DataFrame, start: datetime, e: datetime, a: AnalyticsConfig,
+                     done: dict[datetime, Reference]) -> Reference:
+    """The hosts' own references fitted on their windows of ``[start, e)``: from ``done``
+    (this sweep's), else from :data:`_FITS` when a sweep of this process fitted the same
+    windows (same epoch, config, hosts, window counts and column sums to 6 digits: a
+    sweep loading from another time may differ in the last bits), else fitted."""
+    if e in done:
+        return done[e]
     ref = feats.filter((pl.col(WS) >= start) & (pl.col(WE) <= e))
-    key = (e, repr(a), tuple(ref.columns), ref.height, int(ref.hash_rows().sum()) if ref.height else 0)
+    counts = ref.group_by(HOST).len().sort(HOST).rows()
+    cols = [c for c in ref.columns if c not in (HOST, WS, WE)]
+    sums = ref.select(pl.col(cols).cast(pl.Float64).sum()).row(0) if ref.height else ()
+    key = (e, repr(a), tuple(ref.columns), tuple(counts), tuple(float(f"{v:.6g}") for v in sums))
     got = _FITS.get(key)
     if got is None:
         got = fit(ref, a)
@@ -247,6 +258,7 @@ def _epoch_reference(feats: pl.DataFrame, start: datetime, e: datetime, a: Analy
             _FITS.popitem(last=False)
     else:
         _FITS.move_to_end(key)
+    done[e] = got
     return got
 
 
