@@ -149,10 +149,12 @@ class AnalyticsConfig:
     cohort_tolerance: float = 2.0
     warmup: timedelta = timedelta(minutes=5)
     smooth: timedelta = timedelta(seconds=120)
-    #: the live sweep refits its references at multiples of this on the clock (epoch e: the
-    #: windows of [e - history, e)) and scores each step's windows against the latest;
-    #: None: refitted at every analysis step on [step start - history, step end)
-    refit: timedelta | None = timedelta(minutes=10)
+    #: the live sweep may fit the hosts' own references once per multiple of this on the
+    #: clock (epoch e: their windows of [e + refit - history, e)) and score each step's
+    #: windows against it; None (default): refitted at every analysis step on
+    #: [step start - history, step end) (docs/analytics.md, "The live protocol": measured,
+    #: epochs add false incidents on self-judged hosts for ~5-15 % less CPU)
+    refit: timedelta | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, WindowSpec):

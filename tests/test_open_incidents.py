@@ -339,7 +339,7 @@ def test_refit_config() -> None:
 
     assert analytics_from_mapping({"refit": "5m"}).refit == timedelta(minutes=5)
     assert analytics_from_mapping({"refit": "off"}).refit is None
-    assert analytics_from_mapping({}).refit == timedelta(minutes=10)
+    assert analytics_from_mapping({}).refit is None
     with pytest.raises(ValueError, match=r"\[analytics\] refit"):
         analytics_from_mapping({"refit": "soon"})
     with pytest.raises(ValueError, match="analytics.refit .* multiple of scheduler.analysis_step"):
