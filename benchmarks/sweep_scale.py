@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES: dict[str, tuple[str, ...]] = {
     "lake read (scan, history)": ("load_lake",),
     "features": ("compute_features",),
-    "standardise + detectors + attribution": ("analyze",),
+    "standardise + detectors + attribution": ("analyze", "_analysed"),
     "signature matching + findings": ("detect",),
     "incidents": ("incidents_of",),
     "remediation proposals + queue export": ("queue_remediations", "export_remediations"),

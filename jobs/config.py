@@ -124,7 +124,7 @@ def duration(v: Any, where: str, *, zero: bool = False) -> timedelta:
 ANALYTICS_KEYS = frozenset({
     "window_s", "stride_s", "detectors", "combine", "vote_k", "reference", "history", "threshold_k", "threshold_rule",
     "top_k", "min_windows", "min_cohort", "random_state", "max_reference_rows", "one_sided",
-    "activity_weight", "min_run", "cohort_by", "cohort_tolerance", "warmup", "smooth"})
+    "activity_weight", "min_run", "cohort_by", "cohort_tolerance", "warmup", "smooth", "refit"})
 
 
 def analytics_from_mapping(d: Mapping[str, Any], where: str = "[analytics]") -> AnalyticsConfig:
@@ -139,7 +139,7 @@ def analytics_from_mapping(d: Mapping[str, Any], where: str = "[analytics]") -> 
         raise ValueError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(ANALYTICS_KEYS))}")
     durations = ("history", "warmup", "smooth")
     kw: dict[str, Any] = {k: v for k, v in d.items()
-                          if k not in ("window_s", "stride_s", "detectors", *durations)}
+                          if k not in ("window_s", "stride_s", "detectors", "refit", *durations)}
     for k in ("warmup", "smooth"):
         if k in d:
             kw[k] = duration(d[k], f"{where} {k}", zero=True)
@@ -149,6 +149,8 @@ def analytics_from_mapping(d: Mapping[str, Any], where: str = "[analytics]") -> 
         kw["detectors"] = tuple(d["detectors"])
     if "history" in d:
         kw["history"] = duration(d["history"], f"{where} history")
+    if "refit" in d:  # 0 / "off": refit at every analysis step
+        kw["refit"] = None if d["refit"] in (0, "off") else duration(d["refit"], f"{where} refit")
     if "window_s" in d or "stride_s" in d:
         kw["window"] = WindowSpec(float(d.get("window_s", 3.0)), float(d.get("stride_s", 1.0)))
     try:
@@ -220,6 +222,11 @@ class SweepConfig:
             if self.analysis_step < stride or abs(ratio - round(ratio)) > 1e-9:
                 raise ValueError(f"scheduler.analysis_step ({self.analysis_step}) must be a multiple of the "
                                  f"stride ({stride})")
+            refit = self.analytics.refit
+            if refit is not None and (refit < self.analysis_step
+                                      or abs(refit / self.analysis_step - round(refit / self.analysis_step)) > 1e-9):
+                raise ValueError(f"analytics.refit ({refit}) must be a multiple of scheduler.analysis_step "
+                                 f"({self.analysis_step})")
         if not 0 <= self.min_incident_s < self.max_incident.total_seconds():
             raise ValueError(f"scheduler.min_incident_s must be >= 0 and below max_incident "
                              f"({self.max_incident}), not {self.min_incident_s!r}")

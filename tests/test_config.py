@@ -61,7 +61,7 @@ _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Ca
     **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _SAME)] for k in (
         "combine", "vote_k", "reference", "top_k", "threshold_k", "min_windows", "min_cohort", "cohort_by",
         "cohort_tolerance", "one_sided", "activity_weight", "min_run", "threshold_rule")},
-    **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _td)] for k in ("history", "smooth")},
+    **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _td)] for k in ("history", "smooth", "refit")},
     # one warm-up: the analytics' and the knowledge-base detector's
     ("analytics", "warmup"): [(lambda c: c.analytics.warmup, _td),
                               (lambda c: timedelta(seconds=c.detection.warmup_s), _td)],

@@ -387,3 +387,20 @@ def test_threshold_rule_config_key() -> None:
     assert AnalyticsConfig().threshold_rule == "mad"
     with pytest.raises(ValueError, match=r"\[analytics\].*threshold_rule"):
         analytics_from_mapping({"threshold_rule": "quantile:1.5"})
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_shrunk_precision_is_the_inverse_of_the_floored_ledoit_wolf_covariance(weighted: bool) -> None:
+    """Few rows, many features (a cohort's peers in one analysis step): the Woodbury
+    inverse is the inverse of the covariance the Cholesky path inverts."""
+    from analytics.detectors import _ledoit_wolf_cov, _shrunk_precision, _spd_inverse
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 300)).astype(np.float32)
+    X[:, :10] *= 0.01  # low-variance channels: their variances are raised to the floor
+    w = rng.integers(1, 10, size=40) if weighted else None
+    cov = _ledoit_wolf_cov(X, w)
+    np.fill_diagonal(cov, np.maximum(np.diag(cov), 0.25))
+    P = _shrunk_precision(X, w, 0.25)
+    assert np.abs(P @ cov - np.eye(300)).max() < 1e-9
+    assert np.abs(P - _spd_inverse(cov)).max() < 1e-9 * np.abs(P).max()
