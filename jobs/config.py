@@ -284,12 +284,13 @@ class SweepConfig:
 SCHEDULER_KEYS = frozenset({
     "every", "chunk", "lag", "max_chunks", "incident_gap_s", "max_incident", "queue_remediations",
     "compact_every", "retention", "kb_path", "history", "signature_detector", "signature_min_confidence",
-    "warmup", "restart_gap", "min_incident_s", "analysis_step", "engine"})
+    "warmup", "restart_gap", "min_incident_s", "analysis_step", "engine", "peer_only_findings"})
 
 
 def detection_from_mapping(d: Mapping[str, Any], where: str = "[scheduler]") -> DetectionConfig:
     """DetectionConfig from ``signature_detector`` (bool), ``signature_min_confidence``
-    (0..1), ``warmup`` and ``restart_gap`` (durations; warmup may be 0) of a config table."""
+    (0..1), ``warmup`` and ``restart_gap`` (durations; warmup may be 0) and
+    ``peer_only_findings`` (bool, knowledge_base.detector module doc) of a config table."""
     from knowledge_base.detector import DetectionConfig
 
     kw: dict[str, Any] = {}
@@ -306,6 +307,10 @@ def detection_from_mapping(d: Mapping[str, Any], where: str = "[scheduler]") -> 
         kw["warmup_s"] = duration(d["warmup"], f"{where} warmup", zero=True).total_seconds()
     if "restart_gap" in d:
         kw["restart_gap_s"] = duration(d["restart_gap"], f"{where} restart_gap").total_seconds()
+    if "peer_only_findings" in d:
+        if not isinstance(d["peer_only_findings"], bool):
+            raise ValueError(f"{where} peer_only_findings: expected true or false, got {d['peer_only_findings']!r}")
+        kw["peer_only"] = d["peer_only_findings"]
     try:
         return DetectionConfig(**kw)
     except ValueError as exc:
