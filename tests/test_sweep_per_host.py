@@ -20,7 +20,14 @@ from jobs.config import SweepConfig, analytics_from_mapping
 from jobs.cycle import run_cycle
 from jobs.grid import US
 from jobs.step import sweep_step
-from jobs.telemetry import HostChunk, Loaded, first_times, host_features, load_lake, telemetry_tables
+from jobs.telemetry import (
+    HostChunk,
+    Loaded,
+    first_times,
+    host_features,
+    load_lake,
+    telemetry_tables,
+)
 from knowledge_base import load_kb
 
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
