@@ -193,6 +193,8 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         loaded = Loaded({}, pl.concat(facts, how="diagonal_relaxed") if facts else None,
                         merge_corrupt([], [c for p in parts for c in p.corrupt]),
                         concat_features([p.features for p in parts if p.features.height]))
+        for p in parts:  # (the joined frame is the one copy kept)
+            p.features = p.features.clear()
     else:
         loaded = Loaded({}, None)
     known = first_times(lake, hosts, history_known)

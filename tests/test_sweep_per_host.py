@@ -6,9 +6,13 @@ telemetry of ``[first - history, end)`` loaded at once and featurised together."
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -94,15 +98,37 @@ def _same_verdicts(root: Path, cfg: SweepConfig, got: Loaded, ref: Loaded, first
     assert_frame_equal(a.incidents, b.incidents)
 
 
-def test_per_host_features_and_verdicts_equal_the_fleet_wide_path(template: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def swept(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The template swept by the scheduler in 2-minute chunks (per-host work run serially)."""
+    root = tmp_path_factory.mktemp("swept") / "lake"
+    shutil.copytree(template, root)
+    summary = run_cycle(root, _cfg(), now=T0 + timedelta(minutes=MINUTES))
+    assert summary is not None and len(summary.chunks) == MINUTES // 2 and summary.findings > 0
+    return root
+
+
+def _pool_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(fn, items))
+
+
+def test_per_host_work_runs_in_other_processes(template: Path, swept: Path, tmp_path: Path) -> None:
+    """The per-host step pickles (a top-level function of plain data): swept with a process
+    pool as the mapper, the lake gets the same features, scores and findings."""
+    root = tmp_path / "lake"
+    shutil.copytree(template, root)
+    run_cycle(root, _cfg(), now=T0 + timedelta(minutes=MINUTES), mapper=_pool_map)
+    for t in ("features", "scores", "findings"):
+        keys = ["host", "window_start", *(["detector", "reference"] if t == "scores" else [])]
+        assert_frame_equal(lake.read(root, t).sort(keys), lake.read(swept, t).sort(keys))
+
+
+def test_per_host_features_and_verdicts_equal_the_fleet_wide_path(swept: Path) -> None:
     """Chunks of a lake the scheduler swept in 2-minute chunks: the same features (history
     included), scores, findings and incidents as the fleet-wide path, the history read
     from the features table, none from raw telemetry."""
-    root = tmp_path / "lake"
-    shutil.copytree(template, root)
-    cfg = _cfg()
-    summary = run_cycle(root, cfg, now=T0 + timedelta(minutes=MINUTES))
-    assert summary is not None and len(summary.chunks) == MINUTES // 2 and summary.findings > 0
+    root, cfg = swept, _cfg()
     length = timedelta(seconds=cfg.analytics.window.length_s)
     for k in (1, MINUTES // 2 - 1):  # history from the table; and with chunk files older than the history
         s, e = T0 + timedelta(minutes=2 * k), T0 + timedelta(minutes=2 * k + 2)
