@@ -431,4 +431,7 @@ def concat_features(parts: Sequence[pl.DataFrame]) -> pl.DataFrame:
     zero = [c for c in rest if c == OWN_CORES or split_feature(c)[0] in ZERO_FILL]
     if zero:
         df = df.with_columns(pl.col(zero).fill_null(0.0))
-    return df.select(*KEYS, *rest).sort(HOST, WINDOW_START, maintain_order=True)
+    df = df.select(*KEYS, *rest)  # (a concat without rechunk and a select share the parts' buffers)
+    h, ws = df[HOST], df[WINDOW_START]
+    ordered = bool(((h.shift(-1) > h) | ((h.shift(-1) == h) & (ws.shift(-1) >= ws))).head(-1).all())
+    return df if ordered else df.sort(HOST, WINDOW_START, maintain_order=True)  # (a sort copies every column)
