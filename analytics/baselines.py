@@ -41,8 +41,7 @@ class PCAReconstruction(_Detector):
         self.random_state = random_state
 
     def fit(self, X: ArrayLike, y: object = None) -> PCAReconstruction:
-        X = self._validate(X)
-        z = self._fit_scaler(X)
+        z = self._fit_scaler_rows(self._validate_rows(X)).dense()
         n, p = z.shape
         nc: int | float = self.n_components
         if isinstance(nc, int) and not isinstance(nc, bool):
@@ -90,8 +89,7 @@ class GaussianMixtureNLL(_Detector):
         self.random_state = random_state
 
     def fit(self, X: ArrayLike, y: object = None) -> GaussianMixtureNLL:
-        X = self._validate(X)
-        z = self._fit_scaler(X)
+        z = self._fit_scaler_rows(self._validate_rows(X)).dense()
         k = max(1, min(int(self.n_components), np.unique(z, axis=0).shape[0]))  # no more than distinct rows
         zf = z if z.shape[0] >= 2 else np.vstack([z, z])  # GaussianMixture needs 2 rows
         self.gmm_ = GaussianMixture(n_components=k, covariance_type=self.covariance_type,

@@ -28,7 +28,7 @@ Shared pieces (one implementation for every detector and for the pipeline):
 * :func:`scores_to_labels` — ``score > threshold``; NaN scores are never flagged.
 
 Detectors: :class:`RobustZScore` (score = max |z|), :class:`IsolationForestDetector`
-(sklearn IsolationForest, score = -score_samples, in (0, 1]) and
+(an Isolation Forest, score in (0, 1] as sklearn's -score_samples) and
 :class:`MahalanobisDetector` (squared robust Mahalanobis distance; covariance by
 Ledoit-Wolf on the trimmed central windows, or MinCovDet on a subsample). Each exposes
 ``contributions(X)`` for attribution (see :mod:`analytics.attribution`).
@@ -46,7 +46,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.covariance import MinCovDet, ledoit_wolf
-from sklearn.ensemble import IsolationForest
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
 
 log = logging.getLogger(__name__)
@@ -133,12 +132,23 @@ class ThresholdRule:
       (0.01 = about 14 minutes per host-day);
     * ``pot:L:R``: peaks over threshold — a generalised Pareto tail (:func:`gpd_pwm`)
       fitted to the (log) scores above their ``L`` quantile; the threshold is where the
-      fitted tail's exceedance probability per window is ``R``."""
+      fitted tail's exceedance probability per window is ``R``;
+    * ``tail:S:C``: the budget's quantile pushed out by the reference's own tail width —
+      on the log scores, ``Q(1-S) + C·(Q(1-S) - median)``. A heavy-tailed reference (a
+      few bursty metrics) moves it up in proportion; unlike ``pot`` it extrapolates no
+      fitted shape, so one extreme reference window cannot move it (C = 0: ``quantile``);
+    * ``either:S``: the lower of ``mad`` (the detector's k) and ``quantile:S`` — flag a
+      window past either. ``mad`` holds where the reference holds many incidents, the
+      budget where its tail is so heavy that k MADs lie above every incident. Note: a
+      share S of reference-like windows is always above it (an alert *floor*, not a
+      cap), so it needs run/persistence filtering before it can be quiet on live hosts."""
 
     kind: str = "mad"
     share: float = 0.01
     level: float = 0.98
     risk: float = 1e-4
+    #: ``tail``: how many tail widths (Q(1-S) - median, log scale) above Q(1-S)
+    width: float = 1.0
 
     @classmethod
     def parse(cls, text: str) -> ThresholdRule:
@@ -150,17 +160,25 @@ class ThresholdRule:
                 rule = cls("quantile", share=float(parts[1]))
             elif parts[0] == "pot" and len(parts) == 3:
                 rule = cls("pot", level=float(parts[1]), risk=float(parts[2]))
+            elif parts[0] == "tail" and len(parts) == 3:
+                rule = cls("tail", share=float(parts[1]), width=float(parts[2]))
+            elif parts[0] == "either" and len(parts) == 2:
+                rule = cls("either", share=float(parts[1]))
             else:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"threshold rule {text!r}: use mad, quantile:SHARE or pot:LEVEL:RISK") from None
+            raise ValueError(f"threshold rule {text!r}: use mad, quantile:SHARE, pot:LEVEL:RISK, "
+                             "tail:SHARE:WIDTH or either:SHARE") from None
         if not (0.0 < rule.share < 1.0 and 0.0 < rule.level < 1.0 and 0.0 < rule.risk < 1.0):
             raise ValueError(f"threshold rule {text!r}: share, level and risk must be in (0, 1)")
+        if not (math.isfinite(rule.width) and rule.width >= 0.0):
+            raise ValueError(f"threshold rule {text!r}: width must be a number >= 0")
         return rule
 
     def __str__(self) -> str:
         return {"mad": "mad", "quantile": f"quantile:{self.share:g}",
-                "pot": f"pot:{self.level:g}:{self.risk:g}"}[self.kind]
+                "pot": f"pot:{self.level:g}:{self.risk:g}",
+                "tail": f"tail:{self.share:g}:{self.width:g}", "either": f"either:{self.share:g}"}[self.kind]
 
     def threshold(self, scores: ArrayLike, k: float = 4.0, *, log_scale: bool = True) -> float:
         """The threshold of reference ``scores`` (non-finite ignored; none: +inf)."""
@@ -172,7 +190,13 @@ class ThresholdRule:
             return calibrate_threshold(s, k, log_scale=log_scale)
         if self.kind == "quantile":
             return float(np.quantile(s, 1.0 - self.share))
+        if self.kind == "either":
+            return min(calibrate_threshold(s, k, log_scale=log_scale), float(np.quantile(s, 1.0 - self.share)))
         ls = np.log(np.maximum(s, _TINY)) if log_scale else s
+        if self.kind == "tail":
+            q, med = np.quantile(ls, [1.0 - self.share, 0.5])
+            thr = float(q + self.width * (q - med))
+            return float(np.exp(thr)) if log_scale else thr
         t = float(np.quantile(ls, self.level))
         exc = ls[ls > t] - t
         if exc.size < 10:  # too few to fit a tail: the largest reference score
@@ -201,10 +225,6 @@ def robust_center_spread(scores: ArrayLike, *, log_scale: bool = True,
     q05, q30 = np.quantile(s, [0.05, 0.30])
     spread = max(float(q30 - q05) / (_Z30 - _Z05), min_spread if log_scale else 0.0)
     return float(q30) - _Z30 * spread, spread
-
-
-def _float_matrix(X: ArrayLike) -> Array:
-    return np.asarray(X, dtype=np.float64)
 
 
 class RepeatedRows:
@@ -284,20 +304,11 @@ def _thin(X: RepeatedRows, limit: int = STATS_MAX_ROWS) -> RepeatedRows:
     return X if n <= limit else X.take(np.linspace(0, n - 1, limit).astype(np.int64))
 
 
-def _median0(A: NDArray[np.floating[Any]]) -> Array:
-    """Column medians by partition (float32 input sorts twice as fast; exact for the
-    values present, averaged in float64 for even counts)."""
-    return _median_rows(np.array(A.T, order="C", copy=True))
-
-
-def _median_rows(A: NDArray[np.floating[Any]], weights: NDArray[np.int64] | None = None) -> Array:
+def _median_rows(A: NDArray[np.floating[Any]]) -> Array:
     """Row medians of a C-ordered (columns x values) array, partitioned IN PLACE (each
     row keeps its values, reordered): one selection per row, the lower middle value of
     an even count as the largest of the lower half. Contiguous rows select several
-    times faster than strided columns. With ``weights`` (value j stands for
-    ``weights[j]`` values): the median of the multiset, the same numbers."""
-    if weights is not None:
-        return _weighted_median_rows(A, weights)
+    times faster than strided columns."""
     n = A.shape[1]
     k = n // 2
     A.partition(k, axis=1)
@@ -306,70 +317,31 @@ def _median_rows(A: NDArray[np.floating[Any]], weights: NDArray[np.int64] | None
     return (A[:, :k].max(axis=1).astype(np.float64) + A[:, k].astype(np.float64)) / 2.0
 
 
-def _weighted_median_rows(A: NDArray[np.floating[Any]], weights: NDArray[np.int64]) -> Array:
-    """Row medians of ``A`` where value j counts ``weights[j]`` times; NaN values do not
-    count (a row of NaN only: NaN). As :func:`_median_rows` and ``np.nanmedian`` compute
-    them: the middle value, or the mean of the two middle ones in float64."""
-    m = A.shape[0]
-    order = np.argsort(A, axis=1)  # NaN last
-    S = np.take_along_axis(A, order, axis=1)
-    w = weights[order]
-    nan = np.isnan(S)
-    if nan.any():
-        w = np.where(nan, 0, w)
-    cw = np.cumsum(w, axis=1)
-    total = cw[:, -1] if cw.shape[1] else np.zeros(m, dtype=np.int64)
-    k = total // 2
-    ar = np.arange(m)
-    hi = S[ar, np.argmax(cw > k[:, None], axis=1)].astype(np.float64)
-    lo = S[ar, np.argmax(cw > (k - 1)[:, None], axis=1)].astype(np.float64)
-    out = np.where(total % 2 == 1, hi, (lo + hi) / 2.0)
-    return np.where(total > 0, out, np.nan)
-
-
-def _weighted_std0(X: Array, weights: NDArray[np.int64]) -> Array:
-    """Column standard deviations (ddof 0) of rows weighted by ``weights``, NaN ignored."""
-    w = np.where(np.isnan(X), 0.0, weights[:, None].astype(np.float64))
-    x = np.where(w > 0, X, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        total = w.sum(axis=0)
-        mean = (w * x).sum(axis=0) / total
-        return np.asarray(np.sqrt((w * (x - mean) ** 2).sum(axis=0) / total))
-
-
 def _robust_stats(X: RepeatedRows, finite: NDArray[np.bool_]) -> tuple[Array, Array, Array]:
-    """Per-column median, MAD and std over the finite values (``finite``: of ``X.rows``;
-    fast path for complete columns: np.nanmedian is several times slower than a
-    partition)."""
+    """Per-column median, MAD and std over the finite values (``finite``: of ``X.rows``)
+    of at most ``STATS_MAX_ROWS`` evenly spaced rows of ``X`` (complete columns by one
+    selection: np.nanmedian is several times slower than a partition)."""
     p = X.rows.shape[1]
     med, mad, std = np.empty(p), np.empty(p), np.empty(p)
     full = finite.all(axis=0)
-    T = _thin(X)
-    w = T.weights()
+    D = _thin(X).dense()
     if full.any():
-        Xf = T.rows if full.all() else T.rows[:, full]
+        Xf = D if full.all() else D[:, full]
         # float32 columns as rows, selected in place: the median reorders each row, which
-        # leaves the multiset of |x - median| (the MAD's input) as it was - and the weights
-        # are per column of `rows`, which the selection moves: weighted rows are sorted
-        # copies instead
+        # leaves the multiset of |x - median| (the MAD's input) as it was
         rows = np.array(Xf.T, dtype=np.float32, order="C")
-        m = _median_rows(rows, w)
+        m = _median_rows(rows)
         med[full] = m
         np.subtract(rows, m.astype(np.float32)[:, None], out=rows)
-        mad[full] = _median_rows(np.abs(rows, out=rows), w)
-        std[full] = Xf.std(axis=0) if w is None else _weighted_std0(Xf, w)
+        mad[full] = _median_rows(np.abs(rows, out=rows))
+        std[full] = Xf.std(axis=0)
     if (~full).any():
-        Xp = T.rows[:, ~full]
+        Xp = D[:, ~full]
         Xp = np.where(np.isfinite(Xp), Xp, np.nan)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            if w is None:
-                m = np.nanmedian(Xp, axis=0)
-                med[~full], mad[~full] = m, np.nanmedian(np.abs(Xp - m), axis=0)
-            else:
-                m = _weighted_median_rows(np.ascontiguousarray(Xp.T), w)
-                med[~full], mad[~full] = m, _weighted_median_rows(np.ascontiguousarray(np.abs(Xp - m).T), w)
-            std[~full] = np.nanstd(Xp, axis=0) if w is None else _weighted_std0(Xp, w)
+            m = np.nanmedian(Xp, axis=0)
+            med[~full], mad[~full], std[~full] = m, np.nanmedian(np.abs(Xp - m), axis=0), np.nanstd(Xp, axis=0)
     return med, mad, std
 
 
@@ -460,15 +432,9 @@ class _Detector(BaseEstimator):
     threshold_rule: str = "mad"
     scaler_: RobustStandardizer | None
 
-    def _fit_scaler(self, X: Array) -> Array:
-        if self.standardize:
-            self.scaler_ = RobustStandardizer(floors=self.floors).fit(X)
-            return self.scaler_.transform(X)
-        self.scaler_ = None
-        return _finite(X)
-
     def _fit_scaler_rows(self, X: RepeatedRows) -> RepeatedRows:
-        """:meth:`_fit_scaler` of a matrix of repeated rows."""
+        """The standardised matrix to fit on (the scaler fitted on it), or the given
+        z-scores with non-finite values as 0 (``standardize=False``)."""
         if self.standardize:
             self.scaler_ = RobustStandardizer(floors=self.floors).fit(X)
             return self.scaler_.transform_rows(X)
@@ -481,10 +447,6 @@ class _Detector(BaseEstimator):
         if self.scaler_ is not None:
             return self.scaler_.transform(X)
         return _finite(X)
-
-    def _validate(self, X: ArrayLike | RepeatedRows) -> Array:
-        """The matrix to fit, dense (detectors without a repeated-rows path)."""
-        return self._validate_rows(X).dense()
 
     def _validate_rows(self, X: ArrayLike | RepeatedRows) -> RepeatedRows:
         R = _validated(self, X, ensure_min_samples=1)
@@ -608,20 +570,15 @@ class IsolationForestDetector(_Detector):
     """Isolation Forest (Liu, Ting & Zhou 2008) on the standardised features.
 
     Score = 2^(-E[h(x)]/c(ψ)) in (0, 1], higher = more anomalous (0.5 = "no structure"),
-    the same quantity as ``-sklearn.ensemble.IsolationForest.score_samples``. Two
-    backends build the same kind of forest (ψ = ``max_samples`` rows per tree drawn
-    without replacement, random feature, uniform random threshold between the node's
-    min and max, depth limit ceil(log2 ψ), leaf depth corrected by c(leaf size)):
-
-    * ``backend="numpy"`` (default): all trees grown level by level at once and every
-      row scored by a vectorised walk of all trees. scikit-learn's implementation
-      spends ~2 ms of Python per tree (estimator cloning, validation), i.e. 0.1 s per
-      fit with 50 trees, 40 % of the per-host-hour budget (docs/analytics.md, Speed);
-      this one fits and scores 50 trees in a few ms. A node draws
-      ``n_candidates`` random features and splits on the first that is not constant
-      in it (scikit-learn keeps drawing; with many constant channels a node rarely
-      runs out of candidates);
-    * ``backend="sklearn"``: ``sklearn.ensemble.IsolationForest`` itself.
+    the same quantity as ``-sklearn.ensemble.IsolationForest.score_samples`` and the
+    same kind of forest (ψ = ``max_samples`` rows per tree drawn without replacement,
+    random feature, uniform random threshold between the node's min and max, depth
+    limit ceil(log2 ψ), leaf depth corrected by c(leaf size)), grown level by level for
+    all trees at once, every row routed by a vectorised walk of all trees (scikit-learn's
+    per-tree Python costs about twice as much per fit; the tests hold it as the
+    reference). A node draws ``n_candidates`` random features and splits on the first
+    that is not constant in it (scikit-learn keeps drawing; with many constant
+    channels a node rarely runs out of candidates).
 
     Contributions are an approximation (IF has no exact decomposition): path credit ×
     z². Path credit: for each tree, every feature split on along the row's path gets an
@@ -632,8 +589,7 @@ class IsolationForestDetector(_Detector):
 
     def __init__(self, n_estimators: int = 50, max_samples: int | float | str = 256,
                  standardize: bool = True, floors: ArrayLike | None = None,
-                 threshold_k: float = 4.0, random_state: int | None = None,
-                 backend: Literal["numpy", "sklearn"] = "numpy", n_candidates: int = 4,
+                 threshold_k: float = 4.0, random_state: int | None = None, n_candidates: int = 4,
                  threshold_rule: str = "mad") -> None:
         self.n_estimators = n_estimators
         self.threshold_rule = threshold_rule
@@ -642,7 +598,6 @@ class IsolationForestDetector(_Detector):
         self.floors = floors
         self.threshold_k = threshold_k
         self.random_state = random_state
-        self.backend = backend
         self.n_candidates = n_candidates
 
     def _psi(self, n: int) -> int:
@@ -661,24 +616,15 @@ class IsolationForestDetector(_Detector):
 
     def fit(self, X: ArrayLike | RepeatedRows, y: object = None) -> IsolationForestDetector:
         R = self._validate_rows(X)
-        if self.backend not in ("numpy", "sklearn"):
-            raise ValueError(f"IsolationForestDetector: backend must be 'numpy' or 'sklearn', not {self.backend!r}")
         if not (isinstance(self.n_estimators, int | np.integer) and self.n_estimators >= 1):
             raise ValueError(f"IsolationForestDetector: n_estimators must be a positive int, not {self.n_estimators!r}")
         if not (isinstance(self.n_candidates, int | np.integer) and self.n_candidates >= 1):
             raise ValueError(f"IsolationForestDetector: n_candidates must be a positive int, not {self.n_candidates!r}")
         z = self._fit_scaler_rows(R)
-        psi = self._psi(z.shape[0])
-        self.forest_: IsolationForest | None = None
-        if self.backend == "sklearn":
-            self.forest_ = IsolationForest(n_estimators=self.n_estimators, max_samples=psi,
-                                           random_state=self.random_state).fit(z.dense())
-        else:
-            self._grow(z, psi, check_random_state(self.random_state))
+        self._grow(z, self._psi(z.shape[0]), check_random_state(self.random_state))
         self._calibrate(self._score_rows(z))
         return self
 
-    # ------------------------------------------------------------------ numpy forest
     def _grow(self, z: RepeatedRows, psi: int, rng: np.random.RandomState) -> None:
         """Grow every tree at once, level by level. Trees are complete binary trees in
         array layout (children of node i: 2i+1, 2i+2); ``feature_ = -1`` marks a leaf.
@@ -746,34 +692,12 @@ class IsolationForestDetector(_Detector):
         self.leaf_path_ = level[None, :] + average_path_length(leaf_size)
         self.c_psi_ = float(average_path_length(np.array([psi]))[0])
 
-    def _walk(self, z: Array) -> tuple[NDArray[np.int64], list[NDArray[np.int64]]]:
-        """Leaf of every (tree, row) and the split features met on the way, per level.
-        Flat ``take`` on raveled arrays: several times faster than 2-D fancy indexing."""
-        T, N = self.feature_.shape
-        n, p = z.shape
-        feat, thr = self.feature_.ravel(), self.threshold_tree_.ravel()
-        zf = np.ascontiguousarray(z).ravel()
-        base = (np.arange(T, dtype=np.int64) * N)[:, None]
-        row_off = (np.arange(n, dtype=np.int64) * p)[None, :]
-        node = np.zeros((T, n), dtype=np.int64)
-        met: list[NDArray[np.int64]] = []
-        for _ in range(self.depth_):
-            at = base + node
-            f = feat.take(at)
-            inner = f >= 0
-            if not inner.any():
-                break
-            met.append(f)
-            right = zf.take(row_off + np.maximum(f, 0)) > thr.take(at)
-            node = np.where(inner, 2 * node + 1 + right, node)
-        return node, met
-
-    def _leaves(self, z: Array) -> NDArray[np.int64]:
-        """The leaf of every (tree, row) as a flat node index (tree * nodes + node): the
-        walk of :meth:`_walk` without its bookkeeping. Leaves route to themselves
-        (threshold +inf: never right), so every level is the same four gathers. Rows go
-        in blocks of ``_LEAF_BLOCK``, whose values stay in cache while every tree reads them
-        (a random read of the whole matrix per node visit costs twice as much)."""
+    def _leaves(self, z: Array, met: NDArray[np.int64] | None = None) -> NDArray[np.int64]:
+        """The leaf of every (tree, row) as a flat node index (tree * nodes + node), and in
+        ``met`` (levels, trees, rows; optional) the feature split on at each level of the
+        path (-1: at a leaf). Leaves route to themselves (threshold +inf: never right),
+        so every level is the same four gathers. Rows go in blocks of ``_LEAF_BLOCK``,
+        whose values stay in cache while every tree reads them."""
         T, N = self.feature_.shape
         n, p = z.shape
         inner = self.feature_.ravel() >= 0
@@ -782,24 +706,22 @@ class IsolationForestDetector(_Detector):
         thr = np.where(inner, self.threshold_tree_.ravel(), np.inf)
         left = np.where(inner, flat + flat % N + 1, flat)  # tree * N + 2 * node + 1
         roots = (np.arange(T, dtype=np.int64) * N)[:, None]
-        if not inner.any():  # every tree a single leaf (no usable feature)
-            return np.repeat(roots, n, axis=1)
         z = np.ascontiguousarray(z)
-        out = np.empty((T, n), dtype=np.int64)
-        for lo in range(0, n, _LEAF_BLOCK):
+        out = np.repeat(roots, n, axis=1)
+        for lo in range(0, n if inner.any() else 0, _LEAF_BLOCK):
             zf = z[lo:lo + _LEAF_BLOCK].ravel()
             m = zf.size // p
             row_off = (np.arange(m, dtype=np.int64) * p)[None, :]
-            g = np.repeat(roots, m, axis=1)
-            for _ in range(self.depth_):
+            g = out[:, lo:lo + m]
+            for d in range(self.depth_):
+                if met is not None:
+                    met[d, :, lo:lo + m] = np.where(inner.take(g), feat.take(g), -1)
                 right = zf.take(row_off + feat.take(g)) > thr.take(g)
                 g = left.take(g) + right
             out[:, lo:lo + m] = g
         return out
 
     def _score_z(self, z: Array) -> Array:
-        if self.forest_ is not None:
-            return np.asarray(-self.forest_.score_samples(z))
         if z.shape[0] == 0:
             return np.zeros(0)
         path = self.leaf_path_.ravel().take(self._leaves(z)).mean(axis=0)
@@ -814,34 +736,15 @@ class IsolationForestDetector(_Detector):
         out = np.zeros((n, p))
         if n == 0:
             return out
-        if self.forest_ is not None:
-            self._sklearn_credit(z, out)
-        else:
-            _, met = self._walk(z)
-            if met:
-                f = np.stack(met)  # (levels, trees, rows)
-                steps = (f >= 0).sum(axis=0, keepdims=True)
-                w = np.where(f >= 0, 1.0 / np.maximum(steps, 1), 0.0)
-                rows = np.broadcast_to(np.arange(n), f.shape)
-                np.add.at(out, (rows.ravel(), np.maximum(f, 0).ravel()), w.ravel())
+        f = np.full((self.depth_, *self.feature_.shape[:1], n), -1, dtype=np.int64)  # (levels, trees, rows)
+        self._leaves(z, f)
+        steps = (f >= 0).sum(axis=0, keepdims=True)
+        w = np.where(f >= 0, 1.0 / np.maximum(steps, 1), 0.0)
+        rows = np.broadcast_to(np.arange(n), f.shape)
+        np.add.at(out, (rows.ravel(), np.maximum(f, 0).ravel()), w.ravel())
         out *= z * z
         total = out.sum(axis=1, keepdims=True)
         return np.asarray(np.divide(out, total, out=np.zeros_like(out), where=total > 0))
-
-    def _sklearn_credit(self, z: Array, out: Array) -> None:
-        assert self.forest_ is not None
-        n = z.shape[0]
-        for tree, feats in zip(self.forest_.estimators_, self.forest_.estimators_features_, strict=True):
-            t = tree.tree_
-            path = tree.decision_path(z[:, feats])  # csr (n, nodes)
-            split_nodes = t.children_left >= 0
-            node_feat = np.where(split_nodes, feats[np.maximum(t.feature, 0)], -1)
-            rows, nodes = path.nonzero()
-            keep = split_nodes[nodes]
-            rows, nodes = rows[keep], nodes[keep]
-            counts = np.bincount(rows, minlength=n).astype(np.float64)
-            w = 1.0 / np.maximum(counts[rows], 1.0)
-            np.add.at(out, (rows, node_feat[nodes]), w)
 
 
 #: rows per block of the Isolation Forest's walk (512 rows x 350 features: ~1.4 MB)
@@ -897,6 +800,49 @@ def _spd_inverse(cov: Array) -> Array:
         return np.asarray(ci.T @ ci)
     except np.linalg.LinAlgError:
         return np.asarray(np.linalg.pinv(cov, hermitian=True))
+
+
+def _shrunk_precision(X: NDArray[np.floating[Any]], weights: NDArray[np.int64] | None, min_variance: float) -> Array:
+    """Inverse of the Ledoit-Wolf covariance of ``X`` (:func:`_ledoit_wolf_cov`) with its
+    variances raised to ``min_variance``. That covariance is ``U Uᵀ + D``: the scaled Gram
+    matrix of the k (distinct) rows plus a positive diagonal (the shrinkage target and
+    the raised variances); with fewer rows than half the features (a cohort's peers in
+    one analysis step: ~40 rows, ~300 features) it is inverted by the Woodbury identity,
+    O(p² k) instead of the O(p³) of a Cholesky factorisation; otherwise (or when the
+    diagonal is not positive) as before."""
+    cov = None
+    k, p = X.shape
+    if 1 < p < 1000 and 2 * k < p:
+        X64 = np.asarray(X, dtype=np.float64)
+        w = np.ones(k) if weights is None else weights.astype(np.float64)
+        n = float(w.sum())
+        X2 = X64**2
+        trace = (w @ X2) / n  # the covariance's diagonal before shrinkage
+        mu = float(trace.sum()) / p
+        # the shrinkage as _ledoit_wolf_cov computes it, its sums over p x p products taken
+        # over k x k ones: sum(gram²) = Σ_ij w_i w_j (x_i·x_j)², sum(X2ᵀ W X2) = Σ_i w_i |x_i|⁴
+        G = X64 @ X64.T
+        delta_ = float(w @ (G * G) @ w) / n**2
+        beta_ = float(w @ X2.sum(axis=1) ** 2)
+        beta = 1.0 / (p * n) * (beta_ / n - delta_)
+        delta = (delta_ - 2.0 * mu * trace.sum() + p * mu**2) / p
+        beta = min(beta, delta)
+        shrinkage = 0 if beta == 0 else beta / delta
+        diag = (1.0 - shrinkage) * trace + shrinkage * mu
+        d = shrinkage * mu + np.maximum(diag, min_variance) - diag
+        if np.all(d > 0) and np.all(np.isfinite(d)):
+            U = X64.T * np.sqrt((1.0 - shrinkage) * w / n)  # p x k
+            A = U / d[:, None]
+            M = np.eye(k) + U.T @ A
+            try:
+                out = -A @ np.linalg.solve(M, A.T)
+                out.flat[:: p + 1] += 1.0 / d
+                return np.asarray(out)
+            except np.linalg.LinAlgError:
+                pass
+    cov = _ledoit_wolf_cov(X, weights)
+    np.fill_diagonal(cov, np.maximum(np.diag(cov), min_variance))
+    return _spd_inverse(cov)
 
 
 class MahalanobisDetector(_Detector):
@@ -976,12 +922,10 @@ class MahalanobisDetector(_Detector):
                         inner, count = np.unique(inner, return_counts=True)
                     core = za32[inner]
                     loc = core.mean(axis=0, dtype=np.float64) if count is None else (count @ core.astype(np.float64)) / h
-                    cov = _ledoit_wolf_cov(core - loc.astype(np.float32), count)
                     # variances no smaller than the robust scale (1 in z units): a bursty
                     # channel (zero in the trimmed core, bursts elsewhere) must not get a
                     # near-zero variance that makes every burst look extreme
-                    np.fill_diagonal(cov, np.maximum(np.diag(cov), self.min_variance))
-                    prec = _spd_inverse(cov)
+                    prec = _shrunk_precision(core - loc.astype(np.float32), count, self.min_variance)
                     if step + 1 < steps:
                         d32 = za32 - loc.astype(np.float32)
                         dist = fit_rows.expand(np.einsum("ij,ij->i", d32 @ prec.astype(np.float32), d32))
@@ -1012,7 +956,3 @@ class MahalanobisDetector(_Detector):
         out[:, ~self.active_] = di * di
         return out
 
-
-def standardizer(floors: ArrayLike | None = None) -> RobustStandardizer:
-    """The shared standardiser (the pipeline fits it once per reference)."""
-    return RobustStandardizer(floors=floors)

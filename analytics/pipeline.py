@@ -149,6 +149,12 @@ class AnalyticsConfig:
     cohort_tolerance: float = 2.0
     warmup: timedelta = timedelta(minutes=5)
     smooth: timedelta = timedelta(seconds=120)
+    #: the live sweep may fit the hosts' own references once per multiple of this on the
+    #: clock (epoch e: their windows of [e + refit - history, e)) and score each step's
+    #: windows against it; None (default): refitted at every analysis step on
+    #: [step start - history, step end) (docs/analytics.md, "The live protocol": measured,
+    #: epochs add false incidents on self-judged hosts for ~5-15 % less CPU)
+    refit: timedelta | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, WindowSpec):
@@ -173,6 +179,8 @@ class AnalyticsConfig:
             raise ValueError(f"analytics.warmup must be a non-negative timedelta, not {self.warmup!r}")
         if not isinstance(self.history, timedelta) or self.history < timedelta(0):
             raise ValueError(f"analytics.history must be a non-negative timedelta, not {self.history!r}")
+        if self.refit is not None and (not isinstance(self.refit, timedelta) or self.refit <= timedelta(0)):
+            raise ValueError(f"analytics.refit must be a positive timedelta or None (off), not {self.refit!r}")
         if not (isinstance(self.activity_weight, int | float) and 0.0 < self.activity_weight <= 1.0):
             raise ValueError(f"analytics.activity_weight must be in (0, 1], not {self.activity_weight!r}")
         if not isinstance(self.one_sided, bool):
@@ -691,85 +699,40 @@ def analyze(
     score_since: datetime | None = None,
     features: pl.DataFrame | None = None,
 ) -> AnalysisResult:
-    """Features, scores and findings of the given telemetry frames.
+    """Features, scores and findings of the given telemetry frames, every window judged
+    against references fitted on the whole frame (history and the scored windows alike).
 
     ``frames``: measurement name -> LazyFrame (``host_facts`` may be among them);
     ``score_since``: windows starting earlier are reference only (history);
-    ``features``: a precomputed wide feature frame (then ``frames`` is not read)."""
+    ``features``: a precomputed wide feature frame (then ``frames`` is not read).
+    The live sweep fits once and scores many instead (:func:`fit`, :func:`score`)."""
     config = config or AnalyticsConfig()
     frames = dict(frames)
     if host_facts is None and "host_facts" in frames:
         host_facts = frames["host_facts"].collect()
     frames.pop("host_facts", None)
     feats = features if features is not None else compute_features(frames, config.window, host_facts=host_facts)
-    cols = feature_columns(feats)
-    X, edge = _detection_matrix(feats, cols, config)
-    floors = np.array([lookup(c).floor for c in cols], dtype=np.float64)
-    sign, weight = evidence_weights(cols, config)
-    # thresholds are capped (detectors' max_threshold) only on catalog telemetry, whose
-    # scales have floors; imported metrics have none
-    capped = bool(cols) and all(lookup(c).family in FAMILIES for c in cols)
-    host_arr = feats[HOST].to_numpy()
+    m = _Matrix.of(feats, config)
     scored = np.ones(feats.height, dtype=bool)
     if score_since is not None:
         since = score_since if score_since.tzinfo else score_since.replace(tzinfo=UTC)
         scored = (feats[WINDOW_START] >= since).to_numpy()
+    warm = m.warm(config, None)
     rng = np.random.default_rng(config.random_state)
-    hosts = list(dict.fromkeys(host_arr.tolist()))
-    host_rows = {h: np.flatnonzero(host_arr == h) for h in hosts}
+    blocks = _self_blocks(config, m, scored, warm, rng) if "self" in config.references else []
+    cohort_of = frame_cohorts(config, feats, host_facts)
+    blocks += _cohort_blocks(config, m, cohort_of, scored, warm, rng)
+    return _result(feats, m, config, blocks, cohort_of)
 
-    starts_us = feats[WINDOW_START].dt.epoch("us").to_numpy()
-    # a host's first `warmup` of data is not judged: no history to compare it with, and
-    # start-up (a model load after boot) is unlike everything after it, yet benign
-    first_us = feats.select(pl.col(WINDOW_START).dt.epoch("us").min().over(HOST)).to_series().to_numpy()
-    # (its windows are scored, but never flagged: `combined` and findings stay quiet)
-    warm = starts_us >= first_us + round(config.warmup.total_seconds() * 1e6)
-    judged = scored & warm
-    blocks: list[_Block] = []
-    if "self" in config.references:
-        for h in hosts:
-            rows = host_rows[h]
-            target = rows[scored[rows]]
-            if rows.size < config.min_windows or target.size == 0:
-                log.info("host %s: %d windows < min_windows=%d, no self reference", h, rows.size, config.min_windows)
-                continue
-            ref = _subsample(rows, config.max_reference_rows, rng)
-            blocks.append(_Block(h, "self", target, *_fit_and_score(config, X, ref, target, floors, sign, weight, capped),
-                                 judged=warm[target]))
-    cohort_of: dict[str, str] = {}
-    if "cohort" in config.references and len(hosts) >= config.min_cohort:
-        cohort_of = cohorts(feats, host_facts, by=config.cohort_by, tolerance=config.cohort_tolerance)
-        groups: dict[str, list[str]] = {}
-        for h, c in cohort_of.items():
-            groups.setdefault(c, []).append(h)
-        for label, members in groups.items():
-            if len(members) < config.min_cohort:
-                log.info("cohort %s has %d host(s) < min_cohort=%d", label, len(members), config.min_cohort)
-                continue
-            cohort_blocks: list[_Block] = []
-            level = {h: _host_level(X, host_rows[h][judged[host_rows[h]]]) for h in members}
-            for h in members:
-                # start-up windows are no reference: every peer loads its model at boot
-                peers = np.concatenate([host_rows[p][judged[host_rows[p]]] for p in members if p != h])
-                target = host_rows[h][scored[host_rows[h]]]
-                if peers.size < config.min_windows or target.size == 0:
-                    continue
-                ref = _subsample(peers, config.max_reference_rows, rng)
-                # no two healthy hosts are identical: a feature's scale is at least the
-                # largest offset of one peer's median from the peers' median, so the host
-                # is judged on deviations larger than any healthy peer shows
-                spread = _peer_spread(np.vstack([level[p] for p in members if p != h]))
-                cohort_blocks.append(_Block(h, "cohort", target,
-                                            *_fit_and_score(config, X, ref, target, np.fmax(floors, spread),
-                                                            sign, weight, capped), judged=warm[target]))
-            _recalibrate_cohort(config, cohort_blocks)
-            blocks += cohort_blocks
 
-    if edge.any():
-        _confirm_edges(feats, cols, config, blocks, edge)
+def _result(feats: pl.DataFrame, m: _Matrix, config: AnalyticsConfig, blocks: list[_Block],
+            cohort_of: Mapping[str, str]) -> AnalysisResult:
+    """Edges confirmed, persistence, then the scores and findings tables of ``blocks``."""
+    if m.edge.any():
+        _confirm_edges(feats, m.cols, config, blocks, m.edge)
     stride_us = round(config.window.stride_s * 1e6)
     for b in blocks:
-        flags = persistent(scores_to_labels(b.combined, 1.0), starts_us[b.rows], stride_us, config.min_run)
+        flags = persistent(scores_to_labels(b.combined, 1.0), m.starts_us[b.rows], stride_us, config.min_run)
         b.combined_flags = flags & b.judged if b.judged is not None else flags
     scores = _scores_table(feats, blocks)
     # "both": a host's findings come from its cohort when it has one (peers doing the same
@@ -777,8 +740,183 @@ def analyze(
     # from its own history; the scores table keeps both
     with_cohort = {b.host for b in blocks if b.reference == "cohort"}
     verdict = [b for b in blocks if b.reference == "cohort" or b.host not in with_cohort]
-    findings = _findings_table(feats, X, cols, verdict, config)
-    return AnalysisResult(features=feats, scores=scores, findings=findings, config=config, cohorts=cohort_of)
+    findings = _findings_table(feats, m.X, m.cols, verdict, config)
+    return AnalysisResult(features=feats, scores=scores, findings=findings, config=config, cohorts=dict(cohort_of))
+
+
+@dataclass
+class _Matrix:
+    """A feature frame as the detectors see it (:func:`_detection_matrix`) with what
+    fitting and scoring read per row."""
+
+    cols: list[str]
+    X: RepeatedRows
+    edge: np.ndarray
+    floors: np.ndarray
+    sign: np.ndarray
+    weight: np.ndarray
+    capped: bool
+    host_arr: np.ndarray
+    hosts: list[str]
+    host_rows: dict[str, np.ndarray]
+    starts_us: np.ndarray
+
+    @classmethod
+    def of(cls, feats: pl.DataFrame, config: AnalyticsConfig) -> _Matrix:
+        cols = feature_columns(feats)
+        X, edge = _detection_matrix(feats, cols, config)
+        floors = np.array([lookup(c).floor for c in cols], dtype=np.float64)
+        sign, weight = evidence_weights(cols, config)
+        # thresholds are capped (detectors' max_threshold) only on catalog telemetry, whose
+        # scales have floors; imported metrics have none
+        capped = bool(cols) and all(lookup(c).family in FAMILIES for c in cols)
+        host_arr = feats[HOST].to_numpy()
+        hosts = list(dict.fromkeys(host_arr.tolist()))
+        return cls(cols, X, edge, floors, sign, weight, capped, host_arr, hosts,
+                   {h: np.flatnonzero(host_arr == h) for h in hosts},
+                   feats[WINDOW_START].dt.epoch("us").to_numpy())
+
+    def warm(self, config: AnalyticsConfig, first_us: Mapping[str, int] | None) -> np.ndarray:
+        """Per row: out of the host's first ``warmup`` of data. A host's first `warmup` is
+        not judged: no history to compare it with, and start-up (a model load after boot)
+        is unlike everything after it, yet benign (its windows are scored, but never
+        flagged: `combined` and findings stay quiet). ``first_us``: host -> its first
+        window start (µs) when the frame does not begin with it (default: the frame's)."""
+        first = np.zeros(self.starts_us.size, dtype=np.int64)
+        for h, rows in self.host_rows.items():
+            first[rows] = first_us[h] if first_us is not None and h in first_us else self.starts_us[rows].min()
+        return np.asarray(self.starts_us >= first + round(config.warmup.total_seconds() * 1e6))
+
+
+def _self_blocks(config: AnalyticsConfig, m: _Matrix, scored: np.ndarray, warm: np.ndarray,
+                 rng: np.random.Generator) -> list[_Block]:
+    """Every host's block of the frame's ``scored`` rows judged against all its windows of
+    the frame (``self``; at least ``min_windows`` of them)."""
+    blocks: list[_Block] = []
+    for h in m.hosts:
+        rows = m.host_rows[h]
+        target = rows[scored[rows]]
+        if rows.size < config.min_windows or target.size == 0:
+            log.info("host %s: %d windows < min_windows=%d, no self reference", h, rows.size, config.min_windows)
+            continue
+        ref = _subsample(rows, config.max_reference_rows, rng)
+        blocks.append(_Block(h, "self", target, *_fit_and_score(config, m.X, ref, target, m.floors, m.sign, m.weight,
+                                                                m.capped), judged=warm[target]))
+    return blocks
+
+
+def _cohort_blocks(config: AnalyticsConfig, m: _Matrix, cohort_of: Mapping[str, str], scored: np.ndarray,
+                   warm: np.ndarray, rng: np.random.Generator) -> list[_Block]:
+    """Every host's block of the frame's ``scored`` rows judged against its cohort peers'
+    scored rows out of warm-up (``cohort``; ``cohort_of``: host -> cohort), thresholds
+    recalibrated per cohort on the members' out-of-sample scores."""
+    X, floors, host_rows = m.X, m.floors, m.host_rows
+    none = np.zeros(0, dtype=np.int64)
+    judged = scored & warm
+    groups: dict[str, list[str]] = {}
+    for h, c in cohort_of.items():
+        groups.setdefault(c, []).append(h)
+    blocks: list[_Block] = []
+    for label, members in groups.items():
+        if len(members) < config.min_cohort:
+            log.info("cohort %s has %d host(s) < min_cohort=%d", label, len(members), config.min_cohort)
+            continue
+        cohort_blocks: list[_Block] = []
+        rows_of = {h: host_rows.get(h, none) for h in members}
+        level = {h: _host_level(X, rows_of[h][judged[rows_of[h]]]) for h in members}
+        for h in members:
+            # start-up windows are no reference: every peer loads its model at boot
+            peers = np.concatenate([rows_of[p][judged[rows_of[p]]] for p in members if p != h])
+            target = rows_of[h][scored[rows_of[h]]]
+            if peers.size < config.min_windows or target.size == 0:
+                continue
+            ref = _subsample(peers, config.max_reference_rows, rng)
+            # no two healthy hosts are identical: a feature's scale is at least the
+            # largest offset of one peer's median from the peers' median, so the host
+            # is judged on deviations larger than any healthy peer shows
+            spread = _peer_spread(np.vstack([level[p] for p in members if p != h]))
+            cohort_blocks.append(_Block(h, "cohort", target,
+                                        *_fit_and_score(config, X, ref, target, np.fmax(floors, spread),
+                                                        m.sign, m.weight, m.capped), judged=warm[target]))
+        _recalibrate_cohort(config, cohort_blocks)
+        blocks += cohort_blocks
+    return blocks
+
+
+def frame_cohorts(config: AnalyticsConfig, feats: pl.DataFrame, host_facts: pl.DataFrame | None) -> dict[str, str]:
+    """host -> cohort when the frame has a cohort reference (else empty)."""
+    if "cohort" not in config.references or feats[HOST].n_unique() < config.min_cohort:
+        return {}
+    return cohorts(feats, host_facts, by=config.cohort_by, tolerance=config.cohort_tolerance)
+
+
+# ------------------------------------------------------------ fit once, score many
+@dataclass(frozen=True)
+class Reference:
+    """Each host's own reference (``self``) fitted once on a frame of its windows
+    (:func:`fit`): the evidence transform and the detectors with their thresholds, that
+    later windows are scored against (:func:`score`); and each host's number of windows
+    in the frame."""
+
+    config: AnalyticsConfig
+    cols: tuple[str, ...]
+    fits: Mapping[str, _Fit]  # host -> its fitted reference
+    windows: Mapping[str, int]
+
+
+def fit(features: pl.DataFrame, config: AnalyticsConfig | None = None) -> Reference:
+    """Every host's own reference fitted on its windows of ``features`` (the reference
+    period; at least ``min_windows`` of them), as :func:`analyze` fits it."""
+    config = config or AnalyticsConfig()
+    if features.is_empty():
+        return Reference(config, tuple(feature_columns(features)), {}, {})
+    m = _Matrix.of(features, config)
+    every = np.ones(features.height, dtype=bool)
+    blocks = _self_blocks(config, m, every, every, np.random.default_rng(config.random_state))
+    return Reference(config, tuple(m.cols), {b.host: b.fit for b in blocks},
+                     {h: int(r.size) for h, r in m.host_rows.items()})
+
+
+def score(features: pl.DataFrame, config: AnalyticsConfig, references: Mapping[str, Reference], *,
+          score_since: datetime | None = None,
+          first_us: Mapping[str, int] | None = None, cohort_of: Mapping[str, str] | None = None,
+          host_facts: pl.DataFrame | None = None) -> AnalysisResult:
+    """The windows of ``features`` starting at or after ``score_since`` (None: all),
+    judged as :func:`analyze` judges them, except that each host's own reference is
+    ``references[host]`` (fitted by :func:`fit` on other windows; hosts without one have
+    no ``self`` reference). The cohort reference is contemporaneous, fitted here: the
+    peers' scored windows (``cohort_of``: host -> cohort; None: :func:`cohorts` of this
+    frame). The earlier windows of the frame serve the running medians the detectors see
+    (and the cohorts when not given). ``first_us``: host -> its first window start (µs since
+    the epoch) when the frame does not begin with the host's data (its warm-up). Every
+    reference must have the frame's feature columns and been fitted with ``config``."""
+    refs = list({id(r): r for r in references.values()}.values())
+    if any(r.config != config for r in refs):
+        raise ValueError("score: a reference was fitted with another analytics config")
+    m = _Matrix.of(features, config)
+    bad = [r for r in refs if r.cols != tuple(m.cols)]
+    if bad:
+        raise ValueError(f"score: a reference has {len(bad[0].cols)} feature columns, the frame {len(m.cols)}: "
+                         "fit and score frames must have the same columns")
+    scored = np.ones(features.height, dtype=bool)
+    if score_since is not None:
+        since = score_since if score_since.tzinfo else score_since.replace(tzinfo=UTC)
+        scored = (features[WINDOW_START] >= since).to_numpy()
+    warm = m.warm(config, first_us)
+    blocks: list[_Block] = []
+    if "self" in config.references:
+        for h in m.hosts:
+            ref = references.get(h)
+            target = m.host_rows[h][scored[m.host_rows[h]]]
+            f = ref.fits.get(h) if ref is not None else None
+            if f is None or not target.size:
+                continue
+            blocks.append(_Block(h, "self", target, f, *_score(config, f, f.evidence_rows(m.X.take(target))),
+                                 judged=warm[target]))
+    if cohort_of is None:
+        cohort_of = frame_cohorts(config, features, host_facts)
+    blocks += _cohort_blocks(config, m, cohort_of, scored, warm, np.random.default_rng(config.random_state))
+    return _result(features, m, config, blocks, cohort_of)
 
 
 def _scores_table(feats: pl.DataFrame, blocks: Sequence[_Block]) -> pl.DataFrame:

@@ -16,6 +16,8 @@ contiguous runs of windows, not isolated points).
   run: the explanation of an incident is what deviated *during the incident*, not in
   its noisiest single window.
 * :func:`runs` — maximal runs of True.
+* :class:`ChannelTail` — a per-channel score in units of each channel's own reference
+  tail, and :func:`rolling_mean` (a trailing mean, for a slower copy of the features).
 
 Measured on the Server Machine Dataset (docs/smd.md): the mean of the IF and
 Mahalanobis margins and closing gaps of up to 30 windows lift label-free point-wise F1;
@@ -29,6 +31,8 @@ from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+from analytics.detectors import RobustStandardizer
 
 Array = NDArray[np.float64]
 
@@ -86,3 +90,58 @@ def run_mean(values: ArrayLike, flags: ArrayLike, *, causal: bool = True) -> Arr
         else:
             v[a:b] = block.mean(axis=0)
     return v
+
+
+def rolling_mean(values: ArrayLike, n: int) -> Array:
+    """Trailing mean of each column over the last ``n`` rows, the row included (fewer at
+    the start): causal, a row never reads a later one."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 2:
+        raise ValueError(f"rolling_mean: values must be two-dimensional, got shape {v.shape}")
+    if n < 1:
+        raise ValueError(f"rolling_mean: n must be >= 1, not {n!r}")
+    c = np.concatenate([np.zeros((1, v.shape[1])), np.cumsum(v, axis=0)])
+    i = np.arange(v.shape[0])
+    lo = np.maximum(0, i - n + 1)
+    return np.asarray((c[i + 1] - c[lo]) / (i + 1 - lo)[:, None])
+
+
+class ChannelTail:
+    """Per-channel deviation measured in units of the channel's own reference tail.
+
+    Each channel's robust z (:class:`analytics.detectors.RobustStandardizer`) is divided
+    by the ``level`` quantile of its |z| over the reference (at least 1), and a window's
+    score is the mean of its ``top_k`` largest. A bursty channel (|z| of 50 every day in
+    the reference) then counts for as much as a quiet one at its usual |z| of 2: no
+    channel dominates by its heavy tail, which a max of raw z or a covariance fitted to
+    a trimmed core lets it do. Measured on SMD (docs/smd.md): it ranks the sustained
+    moderate shifts of machine 2-1 far better than the Mahalanobis distance, and worse
+    where incidents are correlated moves of many metrics."""
+
+    def __init__(self, top_k: int = 3, level: float = 0.99, floors: ArrayLike | None = None) -> None:
+        if top_k < 1 or not 0.0 < level < 1.0:
+            raise ValueError(f"ChannelTail: top_k must be >= 1 and level in (0, 1), not {top_k!r} and {level!r}")
+        self.top_k = top_k
+        self.level = level
+        self.floors = floors
+
+    def fit(self, ref: ArrayLike) -> ChannelTail:
+        r = np.asarray(ref, dtype=np.float64)
+        if r.ndim != 2 or r.shape[0] < 1:
+            raise ValueError(f"ChannelTail.fit: need a two-dimensional reference with rows, got shape {r.shape}")
+        self.scaler_ = RobustStandardizer(floors=self.floors).fit(r)
+        z = np.abs(self.scaler_.transform(r))
+        self.tail_ = np.maximum(np.quantile(z, self.level, axis=0), 1.0)
+        self.reference_scores_ = self._aggregate(z)
+        return self
+
+    def _aggregate(self, z: Array) -> Array:
+        t = z / self.tail_
+        k = min(self.top_k, t.shape[1])
+        if k == 0:
+            return np.zeros(t.shape[0])
+        return np.asarray(-np.partition(-t, k - 1, axis=1)[:, :k].mean(axis=1))
+
+    def score_samples(self, X: ArrayLike) -> Array:
+        """The score of each row of ``X`` (missing values count as no deviation)."""
+        return self._aggregate(np.abs(self.scaler_.transform(np.asarray(X, dtype=np.float64))))

@@ -35,14 +35,17 @@ attribution by the squared robust z of each metric averaged over the flagged run
 Protocols and constants chosen without the reported labels (issue 16, docs/smd.md):
 
     python benchmarks/smd.py --nested [--protocol causal|standard|transductive]
-                             [--refit-every 240] [--spans 10080] [--rules "mad:8|quantile:0.01|pot:0.98:1e-4"]
-                             [--combos "mean(IF,Maha)|Maha"] [--gaps 0,30] [--transfer 5] [--cache DIR]
+                             [--refit-every 240] [--spans 10080]
+                             [--rules "mad:8|quantile:0.01|pot:0.98:1e-4|tail:0.02:0.5"]
+                             [--combos "mean(IF,Maha)|mean(Maha,Chan)"] [--gaps 0,30] [--transfer 5] [--cache DIR]
 
 scores every machine under the protocol (causal online: each test row judged by detectors
 refitted every ``--refit-every`` rows on the windows before its block), then chooses the
 window, combination, threshold rule, gap closing and attribution by nested leave-one-
 machine-out and leave-one-group-out, and (``--transfer``) applies each group's choice to
 the group resampled to a coarser period.
+``Chan`` in ``--combos`` is the per-channel tail score (:class:`analytics.scoring.ChannelTail`
+on the windows and their trailing 60-min mean), fitted on the same causal blocks.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -92,7 +96,7 @@ DEFAULT_CLOSE_GAPS = 30
 DEFAULT_ATTRIBUTION = "run"
 ATTRIBUTIONS = ("row", "run", "incident")
 DETECTOR_NAMES = {"z": "zscore", "zscore": "zscore", "if": "iforest", "iforest": "iforest", "maha": "mahalanobis",
-                  "mahalanobis": "mahalanobis", "pca": "pca"}
+                  "mahalanobis": "mahalanobis", "pca": "pca", "chan": "chan"}
 
 
 def _out(line: str = "") -> None:
@@ -487,6 +491,8 @@ def run(data: Path = DATA, names: Sequence[str] | None = None, configs: str = DE
     if window < 1 or close_gaps < 0:
         raise ValueError(f"window must be >= 1 and close_gaps >= 0, not {window!r} and {close_gaps!r}")
     specs = parse_specs(configs)
+    if any(CHANNEL_DETECTOR in s.detectors for s in specs):
+        raise ValueError(f"--configs {configs!r}: Chan is scored with --nested only (see --combos)")
     names = list(names) if names else machines(data)
     if not names:
         raise ValueError(f"no SMD machines with train, test and labels under {data}")
@@ -521,6 +527,13 @@ DEFAULT_PROTOCOL = "causal"
 #: causal refit cadence, in test rows (minutes of SMD): once per 4 hours of data
 DEFAULT_REFIT_EVERY = 240
 SCORED_DETECTORS = ("zscore", "iforest", "mahalanobis")
+#: the per-channel tail score (:class:`analytics.scoring.ChannelTail`, ``Chan`` in
+#: ``--combos``), scored with the detectors' blocks and references on the windows and
+#: their trailing mean over this many minutes (a slow copy: a sustained moderate shift
+#: of a bursty metric shows in its hourly mean, not in one 5-min window). Cheap, so not
+#: cached: recomputed from the cached features.
+CHANNEL_DETECTOR = "chan"
+CHANNEL_SLOW = 60
 
 
 @dataclass
@@ -608,16 +621,58 @@ def score_protocol(X: np.ndarray, n_train: int, n_test: int, window: int, *, pro
     return scores, block, refs, z, mins
 
 
+def channel_scores(X: np.ndarray, n_train: int, n_test: int, window: int, *, protocol: str = DEFAULT_PROTOCOL,
+                   refit_every: int = DEFAULT_REFIT_EVERY, span: int | None = None, slow: int = CHANNEL_SLOW,
+                   floor_frac: float = 0.01) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(score per test row, sorted reference scores per block) of the per-channel tail
+    score (:class:`analytics.scoring.ChannelTail`) on the windows and their trailing
+    mean over ``slow`` rows, fitted on the same blocks and references as the detectors
+    (:func:`score_protocol`): the causal protocol never reads a later row."""
+    F = np.hstack([X, scoring.rolling_mean(X, slow)]) if slow > 1 else X
+    test = test_matrix(F, n_train, n_test, window)
+    out = np.full(n_test, np.nan)
+    refs: list[np.ndarray] = []
+    for a, b in block_bounds(n_test, protocol, refit_every):
+        ref = reference_rows(F, n_train, window, protocol, a, span)
+        with np.errstate(all="ignore"):
+            rng = np.nanmax(ref, axis=0) - np.nanmin(ref, axis=0)
+        ct = scoring.ChannelTail(floors=floor_frac * np.nan_to_num(rng, nan=0.0)).fit(ref)
+        out[a:b] = np.where(np.isnan(test[a:b]).all(axis=1), np.nan, ct.score_samples(test[a:b]))
+        refs.append(np.sort(ct.reference_scores_))
+    return out, refs
+
+
 def scored_machine(data: Path, name: str, *, protocol: str = DEFAULT_PROTOCOL, window: int = DEFAULT_WINDOW,
                    refit_every: int = DEFAULT_REFIT_EVERY, span: int | None = None, random_state: int = 0,
                    resample: int = 1, rows: int | None = None, cache: Path | None = None) -> Scored:
     """Import, featurise and score one machine (cached under ``cache`` when given).
     ``resample``: average every ``resample`` raw rows first (SMD at a coarser period;
-    ``window``, ``refit_every`` and ``span`` are then counted in resampled rows)."""
+    ``window``, ``refit_every`` and ``span`` are then counted in resampled rows). The
+    per-channel tail score (:data:`CHANNEL_DETECTOR`) is added from the features."""
     key = f"{name}-{protocol}-w{window}-r{refit_every}-p{span}-s{random_state}-x{resample}-n{rows}"
     path = cache / f"{key}.npz" if cache is not None else None
+    X, n_train, n_test, labels, dims, segments = _features(data, name, window=window, resample=resample, rows=rows,
+                                                           cache=cache)
     if path is not None and path.is_file():
-        return _load_scored(path)
+        s = _load_scored(path)
+    else:
+        scores, block, refs, z, mins = score_protocol(X, n_train, n_test, window, protocol=protocol,
+                                                      refit_every=refit_every, span=span, random_state=random_state)
+        s = Scored(name, protocol, window, labels, segments, dims, scores, block, refs, z.astype(np.float32), mins)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _save_scored(path, s)
+    chan, chan_refs = channel_scores(X, n_train, n_test, window, protocol=protocol, refit_every=refit_every, span=span,
+                                     slow=max(1, round(CHANNEL_SLOW / resample)))
+    s.scores[CHANNEL_DETECTOR] = chan
+    for ref, r in zip(s.refs, chan_refs, strict=True):
+        ref[CHANNEL_DETECTOR] = r.astype(np.float32)
+    return s
+
+
+def _features(data: Path, name: str, *, window: int, resample: int, rows: int | None, cache: Path | None
+              ) -> tuple[np.ndarray, int, int, np.ndarray, list[int], list[tuple[int, int, frozenset[int]]]]:
+    """(window matrix, n_train, n_test, labels, dims, segments) of one machine, cached."""
     fpath = cache / f"{name}-w{window}-x{resample}-n{rows}.features.npz" if cache is not None else None
     if fpath is not None and fpath.is_file():
         with np.load(fpath) as f:
@@ -639,22 +694,16 @@ def scored_machine(data: Path, name: str, *, protocol: str = DEFAULT_PROTOCOL, w
             meta_b = json.dumps({"dims": dims, "segments": [[a, b, sorted(g)] for a, b, g in segments]}).encode()
             np.savez(fpath, X=X, n_train=n_train, n_test=n_test, labels=labels,
                      meta=np.frombuffer(meta_b, dtype=np.uint8))
-    scores, block, refs, z, mins = score_protocol(X, n_train, n_test, window, protocol=protocol,
-                                                  refit_every=refit_every, span=span, random_state=random_state)
-    s = Scored(name, protocol, window, labels, segments, dims, scores, block, refs, z.astype(np.float32), mins)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _save_scored(path, s)
-    return s
+    return X, n_train, n_test, labels, dims, segments
 
 
 def _save_scored(path: Path, s: Scored) -> None:
-    arrays: dict[str, np.ndarray] = {"labels": s.labels, "block": s.block, "z": s.z}
-    for d, v in s.scores.items():
-        arrays[f"score.{d}"] = v
+    arrays: dict[str, Any] = {"labels": s.labels, "block": s.block, "z": s.z}  # (np.savez: **kwds)
+    for d in SCORED_DETECTORS:
+        arrays[f"score.{d}"] = s.scores[d]
     for i, ref in enumerate(s.refs):
-        for d, v in ref.items():
-            arrays[f"ref.{i}.{d}"] = v
+        for d in SCORED_DETECTORS:
+            arrays[f"ref.{i}.{d}"] = ref[d]
     meta = {"machine": s.machine, "protocol": s.protocol, "window": s.window, "dims": s.dims,
             "segments": [[a, b, sorted(g)] for a, b, g in s.segments], "n_blocks": len(s.refs),
             "min_threshold": s.min_threshold}
@@ -710,6 +759,9 @@ class Rule:
       tail's exceedance probability is ``b`` per window;
     * ``quantile`` (a = budget): the reference's ``1 - a`` quantile (an alert budget: about
       a share ``a`` of healthy windows flagged, e.g. 0.01 = 14 min per host-day).
+    * ``tail`` (a = budget, b = width): the budget's quantile pushed out by b tail widths
+      (log scale: ``Q(1-a) + b·(Q(1-a) - median)``);
+    * ``either`` (a = k, b = budget): the lower of ``mad:a`` and ``quantile:b``.
 
     Each is :class:`analytics.detectors.ThresholdRule` (what the pipeline runs), with
     the multiplier k of ``mad`` made part of the rule."""
@@ -720,44 +772,56 @@ class Rule:
 
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.a:g}" + (f":{self.b:g}" if self.kind == "pot" else "")
+        return f"{self.kind}:{self.a:g}" + (f":{self.b:g}" if self.kind in ("pot", "tail", "either") else "")
 
     @property
     def detector_rule(self) -> ThresholdRule:
         if self.kind == "pot":
             return ThresholdRule("pot", level=self.a, risk=self.b)
+        if self.kind == "tail":
+            return ThresholdRule("tail", share=self.a, width=self.b)
+        if self.kind == "either":
+            return ThresholdRule("either", share=self.b)
         return ThresholdRule("quantile", share=self.a) if self.kind == "quantile" else ThresholdRule()
 
     def threshold(self, ref: np.ndarray) -> float:
-        return self.detector_rule.threshold(ref, self.a if self.kind == "mad" else 4.0)
+        return self.detector_rule.threshold(ref, self.a if self.kind in ("mad", "either") else 4.0)
 
 
 def parse_rule(text: str) -> Rule:
-    """``mad:8``, ``quantile:0.01``, ``pot:0.98:1e-4``."""
+    """``mad:8``, ``quantile:0.01``, ``pot:0.98:1e-4``, ``tail:0.01:1``, ``either:10:0.01``."""
     parts = text.strip().split(":")
     try:
         if parts[0] in ("mad", "quantile") and len(parts) == 2:
             rule = Rule(parts[0], float(parts[1]))
-        elif parts[0] == "pot" and len(parts) == 3:
-            rule = Rule("pot", float(parts[1]), float(parts[2]))
+        elif parts[0] in ("pot", "tail", "either") and len(parts) == 3:
+            rule = Rule(parts[0], float(parts[1]), float(parts[2]))
         else:
             raise ValueError
     except ValueError:
-        raise ValueError(f"threshold rule {text!r}: use mad:K, quantile:SHARE or pot:LEVEL:RISK") from None
-    if not rule.a > 0 or (rule.kind != "mad" and not rule.a < 1) or (rule.kind == "pot" and not 0 < rule.b < 1):
+        raise ValueError(f"threshold rule {text!r}: use mad:K, quantile:SHARE, pot:LEVEL:RISK, tail:SHARE:WIDTH "
+                         "or either:K:SHARE") from None
+    if (not rule.a > 0 or (rule.kind not in ("mad", "either") and not rule.a < 1) or (rule.kind == "pot" and not 0 < rule.b < 1)
+            or (rule.kind == "tail" and not (math.isfinite(rule.b) and rule.b >= 0))
+            or (rule.kind == "either" and not 0 < rule.b < 1)):
         raise ValueError(f"threshold rule {text!r}: parameter out of range")
     return rule
 
 
+DEFAULT_COMBOS = "mean(IF,Maha)|mean(Z,IF,Maha)|Maha|mean(Maha,Chan)|mean(IF,Maha,Chan)"
 DEFAULT_RULES = ("mad:6|mad:7|mad:8|mad:9|mad:10|mad:12|quantile:0.005|quantile:0.01|quantile:0.02|quantile:0.04"
-                 "|pot:0.98:1e-3|pot:0.98:1e-4|pot:0.99:1e-3|pot:0.99:1e-4|pot:0.95:1e-4")
+                 "|pot:0.98:1e-3|pot:0.98:1e-4|pot:0.99:1e-3|pot:0.99:1e-4|pot:0.95:1e-4"
+                 "|tail:0.01:0.25|tail:0.01:0.5|tail:0.01:1|tail:0.02:0.25|tail:0.02:0.5|tail:0.02:1"
+                 "|tail:0.05:0.25|tail:0.05:0.5|tail:0.05:1"
+                 "|either:8:0.005|either:8:0.01|either:8:0.02|either:9:0.005|either:9:0.01|either:9:0.02"
+                 "|either:10:0.005|either:10:0.01|either:10:0.02")
 
 
 def rule_margins(s: Scored, rule: Rule) -> dict[str, np.ndarray]:
     """Each detector's margin per test row with its threshold set by ``rule`` on the
     reference of the row's block (reference median 0, threshold 1)."""
     out = {}
-    for d in SCORED_DETECTORS:
+    for d in s.scores:
         thr = np.array([max(rule.threshold(r[d]), s.min_threshold.get(d, -np.inf)) for r in s.refs])
         med = np.array([float(np.median(r[d])) if r[d].size else 0.0 for r in s.refs])
         span = (thr - med)[s.block]
@@ -788,7 +852,7 @@ class Setting:
 
     @property
     def name(self) -> str:
-        short = {"zscore": "Z", "iforest": "IF", "mahalanobis": "Maha"}
+        short = {"zscore": "Z", "iforest": "IF", "mahalanobis": "Maha", CHANNEL_DETECTOR: "Chan"}
         return (f"w{self.window}{'' if self.span is None else f' ref{self.span}'} "
                 f"mean({','.join(short[d] for d in self.detectors)}) {self.rule.name} "
                 f"gaps{self.close_gaps} {self.attribution}")
@@ -917,7 +981,7 @@ def parse_combos(text: str) -> list[tuple[str, ...]]:
         if not isinstance(spec, MeanSpec) or "pca" in spec.detectors:
             dets = spec.detectors if isinstance(spec, ComboSpec) and len(spec.detectors) == 1 else None
             if dets is None:
-                raise ValueError(f"--combos: {spec.name!r}: only mean(...) of Z, IF, Maha or one detector")
+                raise ValueError(f"--combos: {spec.name!r}: only mean(...) of Z, IF, Maha, Chan or one detector")
             out.append(tuple(dets))
         else:
             out.append(spec.detectors)
@@ -1088,7 +1152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     nest.add_argument("--windows", type=lambda t: [int(x) for x in t.split(",") if x.strip()], default=[],
                       help="window lengths to choose from, rows (default: 5)")
     nest.add_argument("--rules", default=DEFAULT_RULES, help="threshold rules to choose from (default %(default)s)")
-    nest.add_argument("--combos", default="mean(IF,Maha)|mean(Z,IF,Maha)|Maha",
+    nest.add_argument("--combos", default=DEFAULT_COMBOS,
                       help="combinations to choose from (default %(default)s)")
     nest.add_argument("--gaps", type=lambda t: [int(x) for x in t.split(",") if x.strip()], default=[0, 30],
                       help="gap closings to choose from, rows (default 0,30)")

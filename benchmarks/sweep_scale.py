@@ -14,6 +14,13 @@ stages by the cumulative CPU time (process time) of the functions that implement
 lines are not additive; "other" is the total minus the top-level stages).
 
     .venv/bin/python benchmarks/sweep_scale.py --hosts 8 16 --duration 30m [--profile] [--json F]
+    .venv/bin/python benchmarks/sweep_scale.py --engine processes:1   # then processes:2: the speed-up
+
+``--engine SPEC`` is passed to the sweep (``unveil schedule --engine``; default: the command's,
+a process pool of every core). The fleets are simulated on a process pool of every core
+whatever ``--engine`` says (simulation is not timed). The CPU of a process pool's workers is
+counted (``wait4`` reports the child with the children it reaped) and peak RSS is that of the
+largest one process; the CPU of a Ray cluster's workers is not (they are the cluster's).
 
 The target of issue 18: <= 0.5 CPU-s per host-hour, peak RSS <= 2 GB at 8, 64 and 256 hosts.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 # ruff: noqa: T201  (a benchmark prints its figures)
 import argparse
+import functools
 import json
 import os
 import pstats
@@ -42,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES: dict[str, tuple[str, ...]] = {
     "lake read (scan, history)": ("load_lake", "_raw"),  # (_raw: one host's raw telemetry, jobs.telemetry)
     "features": ("compute_features",),
-    "standardise + detectors + attribution": ("analyze",),
+    "standardise + detectors + attribution": ("analyze", "_analysed"),
     "signature matching + findings": ("detect",),
     "incidents": ("incidents_of",),
     "remediation proposals + queue export": ("queue_remediations", "export_remediations"),
@@ -64,6 +72,7 @@ class Point:
     peak_rss_mb: float
     simulate_s: float
     stages: dict[str, float] = field(default_factory=dict)
+    engine: str = "default"
 
     @property
     def cpu_per_host_hour(self) -> float:
@@ -71,18 +80,17 @@ class Point:
 
 
 def simulate_fleet(lake: Path, hosts: int, duration: timedelta, seed: int) -> tuple[int, float]:
-    """N healthy hosts of mixed workloads into ``lake``; (rows written, seconds)."""
-    from ingest import lake as lake_mod
+    """N healthy hosts of mixed workloads into ``lake``, one host per worker of a process
+    pool of every core; (rows written, seconds)."""
     from ingest.simulator import from_dict, simulate
+    from jobs.commands.simulate import open_sinks
+    from jobs.engine import make_engine
 
     t = time.perf_counter()
     doc = {"seed": seed, "duration": f"{int(duration.total_seconds())}s", "hosts": hosts, "workload": "mixed",
            "start": T0.isoformat().replace("+00:00", "Z")}
-    sink = lake_mod.LakeSink(lake)
-    try:
-        res = simulate(from_dict(doc), [sink])
-    finally:
-        sink.close()
+    with make_engine("processes") as engine:
+        res = simulate(from_dict(doc), functools.partial(open_sinks, str(lake)), mapper=engine.map)
     return sum(res.rows.values()), time.perf_counter() - t
 
 
@@ -92,9 +100,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def schedule_cmd(lake: Path, until: datetime) -> list[str]:
+def schedule_cmd(lake: Path, until: datetime, engine: str | None = None) -> list[str]:
     return [sys.executable, "-c", "import sys; from jobs.cli import main; sys.exit(main())", "schedule",
-            "--once", "--no-progress", "--lake", str(lake), "--until", until.isoformat()]
+            "--once", "--no-progress", "--lake", str(lake), "--until", until.isoformat(),
+            *(["--engine", engine] if engine else [])]
 
 
 def run_child(cmd: list[str], cwd: Path) -> tuple[float, float, float]:
@@ -134,7 +143,8 @@ def stage_split(prof: Path) -> dict[str, float]:
     return out
 
 
-def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Path | None) -> Point:
+def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Path | None,
+            engine: str | None = None) -> Point:
     with tempfile.TemporaryDirectory(prefix="sweep-scale-", dir=keep) as d:
         base = Path(d)
         lake = base / "lake"
@@ -144,15 +154,17 @@ def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Pat
             prof_lake = base / "lake-prof"
             shutil.copytree(lake, prof_lake)
         until = T0 + duration
-        cpu, wall, rss = run_child(schedule_cmd(lake, until), base)
-        pt = Point(hosts, hosts * duration.total_seconds() / 3600, rows, cpu, wall, rss, sim_s)
+        cpu, wall, rss = run_child(schedule_cmd(lake, until, engine), base)
+        pt = Point(hosts, hosts * duration.total_seconds() / 3600, rows, cpu, wall, rss, sim_s,
+                   engine=engine or "default")
         if prof_lake is not None:
             out = base / "sweep.prof"
             cmd = [sys.executable, "-c",
                    "import cProfile, time; from jobs.cli import main; "
                    "pr = cProfile.Profile(time.process_time); pr.runcall(main); "
                    f"pr.dump_stats({str(out)!r})", "schedule", "--once", "--no-progress",
-                   "--lake", str(prof_lake), "--until", until.isoformat()]
+                   "--lake", str(prof_lake), "--until", until.isoformat(),
+                   *(["--engine", engine] if engine else [])]
             run_child(cmd, base)
             pt.stages = stage_split(out)
         return pt
@@ -183,15 +195,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="also split the CPU into stages (cProfile, second run)")
     ap.add_argument("--tmp", type=Path, default=None, help="where the scratch lakes go (default $TMPDIR)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
+    ap.add_argument("--engine", default=None, metavar="SPEC",
+                    help="the sweep's engine (unveil schedule --engine): serial, processes[:N], ray[:N], "
+                    "ray://HOST:PORT (default: the command's)")
     a = ap.parse_args(argv)
     from ingest.simulator.scenario import parse_duration_s
 
     duration = timedelta(seconds=parse_duration_s(a.duration, "--duration"))
+    if a.engine:
+        from jobs.engine import parse_spec
+
+        a.engine = parse_spec(a.engine, "--engine")
     print(f"sweep scale: unveil schedule --once, default config, {a.duration} of healthy mixed-workload "
-          f"8-GPU hosts per fleet, seed {a.seed}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+          f"8-GPU hosts per fleet, seed {a.seed}, engine {a.engine or 'default'}; load {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs")
     points = []
     for n in sorted(a.hosts):
-        p = measure(n, duration, a.seed, a.profile, a.tmp)
+        p = measure(n, duration, a.seed, a.profile, a.tmp, a.engine)
         print(f"  {n} hosts: {p.cpu_s:.1f} CPU-s ({p.cpu_per_host_hour:.2f} per host-hour), {p.wall_s:.1f} s wall, "
               f"peak RSS {p.peak_rss_mb:.0f} MiB (simulated in {p.simulate_s:.0f} s)", flush=True)
         points.append(p)

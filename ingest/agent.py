@@ -39,7 +39,7 @@ from ingest.collectors.base import Block, Collector, CollectorError, Reading, So
 from ingest.counters import CounterStats, CounterTracker
 from ingest.journal import Journal
 from ingest.lake import LakeSink
-from ingest.sink import Sink
+from ingest.sink import Sink, SinkError
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,10 @@ class Agent:
         self._lake: LakeSink | None = next((s for s in self.sinks if isinstance(s, LakeSink)), None)
         self._streams = [s for s in self.sinks if s is not self._lake]
         self._journal: Journal | None = None
+        if self._lake is not None and self._lake.url is not None:
+            # its journal would land in a local directory named like the bucket
+            raise SinkError(f"agent: lake {self._lake.url} is on object storage; the agent's journal and "
+                            "compaction need a lake directory (docs/lake.md, \"Object storage\")")
         if self._lake is not None:
             self._journal = Journal(journal_mod.host_dir(self._lake.root, config.host), durable=self._lake.durable)
         self.stats = AgentStats()

@@ -1,4 +1,5 @@
-"""The Parquet lake: hive-partitioned telemetry and downstream tables on a local directory.
+"""The Parquet lake: hive-partitioned telemetry and downstream tables on a local directory
+(or on S3-compatible object storage: ingest/objstore.py, docs/lake.md "Object storage").
 
 Layout (readable by Polars, DuckDB, Spark, Trino without this project)::
 
@@ -32,7 +33,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import polars as pl
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-from ingest import schema
+from ingest import objstore, schema
 from ingest.atomic import DIR_MODE, FILE_MODE, TMP_PREFIX, fsync_path, write_atomic
 from ingest.sink import SinkError
 
@@ -111,6 +112,71 @@ def _visible(name: str) -> bool:
 _fsync_path = fsync_path
 
 
+# ------------------------------------------------------------- filesystem seam
+
+
+class LakeFS(Protocol):
+    """What the read path and the object-storage writes need of where the lake lives: the
+    local side below (today's os calls, unchanged) or ingest.objstore.ObjectStore."""
+
+    storage_options: dict[str, str] | None
+
+    def uri(self, path: Path) -> str: ...
+    def scandir(self, path: Path) -> Sequence[Any]: ...
+    def exists(self, path: Path) -> bool: ...
+    def is_dir(self, path: Path) -> bool: ...
+    def read_text(self, path: Path) -> str: ...
+    def read_metadata(self, path: Path) -> pq.FileMetaData: ...
+
+
+class _LocalFS:
+    storage_options: dict[str, str] | None = None
+
+    @staticmethod
+    def uri(path: Path) -> str:
+        return str(path)
+
+    @staticmethod
+    def scandir(path: Path) -> list[os.DirEntry[str]]:
+        return _scandir(path)
+
+    @staticmethod
+    def exists(path: Path) -> bool:
+        return path.exists()
+
+    @staticmethod
+    def is_dir(path: Path) -> bool:
+        return path.is_dir()
+
+    @staticmethod
+    def read_text(path: Path) -> str:
+        return path.read_text(encoding="utf-8")
+
+    @staticmethod
+    def read_metadata(path: Path) -> pq.FileMetaData:
+        import pyarrow.parquet as pq
+
+        return pq.read_metadata(path)
+
+
+_LOCAL: LakeFS = _LocalFS()
+
+
+def _fs_of(root: str | os.PathLike[str]) -> LakeFS:
+    """The lake's filesystem: an ``s3://`` URL is object storage, anything else a directory."""
+    st = _remote(root)
+    return _LOCAL if st is None else st
+
+
+def _remote(root: str | os.PathLike[str]) -> objstore.ObjectStore | None:
+    if not objstore.is_url(root):
+        return None
+    try:
+        return objstore.store(str(root))
+    except objstore.ObjectStoreError as exc:
+        raise LakeError(str(exc)) from exc
+
+
 def makedirs(path: Path, *, durable: bool = True) -> None:
     """mkdir -p with mode DIR_MODE for every directory created (never the umask's), fsyncing
     the parent of each so it survives a crash (``durable=False``: no fsync, like the files of
@@ -152,6 +218,12 @@ def _write_json_atomic(obj: dict[str, Any], path: Path) -> None:
 
 
 def _root(root: str | os.PathLike[str]) -> Path:
+    st = _remote(root)
+    if st is not None:
+        if not st.is_dir(st.root):
+            raise LakeError(f"lake root {root}: bucket {st.root.parts[0]!r} does not exist or is not "
+                            f"reachable at {st.settings.endpoint or 'AWS'}")
+        return st.root
     p = Path(root)
     if not p.is_dir():
         raise LakeError(f"lake root {p} does not exist or is not a directory")
@@ -162,8 +234,8 @@ def _table_dir(root: str | os.PathLike[str], table: str) -> Path:
     r = _root(root)
     _check_name("table", table)
     d = r / table
-    if not d.is_dir():
-        known = tables(r)
+    if not _fs_of(root).is_dir(d):
+        known = tables(root)
         raise LakeError(f"no table {table!r} in lake {r} (looked for {d}); tables: {', '.join(known) or 'none'}")
     return d
 
@@ -215,17 +287,17 @@ def _overlaps(lo: datetime, hi: datetime, start: datetime | None, end: datetime 
 
 
 def _iter_partitions(table_dir: Path, *, hosts: Sequence[str] | None = None, start: datetime | None = None,
-                     end: datetime | None = None) -> Iterator[_Partition]:
+                     end: datetime | None = None, fs: LakeFS = _LOCAL) -> Iterator[_Partition]:
     """Partition directories whose host and time range match, with their visible files.
     Directories are pruned by name before anything below them is listed."""
     if hosts is not None:
         # Straight to the asked hosts' directories: a fleet-wide lake costs nothing more.
         host_dirs = [(h, table_dir / f"host={h}") for h in sorted(set(hosts)) if _NAME_RE.match(h)]
     else:
-        host_dirs = [(e.name[5:], Path(e.path)) for e in sorted(_scandir(table_dir), key=lambda e: e.name)
+        host_dirs = [(e.name[5:], Path(e.path)) for e in sorted(fs.scandir(table_dir), key=lambda e: e.name)
                      if e.name.startswith("host=") and e.is_dir()]
     for host, host_dir in host_dirs:
-        for de in sorted(_scandir(host_dir), key=lambda e: e.name):
+        for de in sorted(fs.scandir(host_dir), key=lambda e: e.name):
             if not de.name.startswith("date=") or not de.is_dir():
                 continue
             try:
@@ -237,7 +309,7 @@ def _iter_partitions(table_dir: Path, *, hosts: Sequence[str] | None = None, sta
             if not _overlaps(d0, d0 + timedelta(days=1), start, end):
                 continue
             files: list[str] = []
-            for e in sorted(_scandir(Path(de.path)), key=lambda e: e.name):
+            for e in sorted(fs.scandir(Path(de.path)), key=lambda e: e.name):
                 if e.name.startswith("hour=") and e.is_dir():
                     try:
                         hour = int(e.name[5:])
@@ -249,7 +321,7 @@ def _iter_partitions(table_dir: Path, *, hosts: Sequence[str] | None = None, sta
                     h0 = d0 + timedelta(hours=hour)
                     if not _overlaps(h0, h0 + timedelta(hours=1), start, end):
                         continue
-                    hfiles = tuple(sorted(x.name for x in _scandir(Path(e.path))
+                    hfiles = tuple(sorted(x.name for x in fs.scandir(Path(e.path))
                                           if x.name.endswith(".parquet") and x.is_file()))
                     yield _Partition(host, day, hour, Path(e.path), hfiles)
                 elif e.name.endswith(".parquet") and e.is_file():
@@ -276,16 +348,16 @@ class _Journal:
         return (self.partition / self.output).exists()
 
 
-def _journals(table_dir: Path) -> tuple[list[_Journal], list[CorruptFileError]]:
+def _journals(table_dir: Path, fs: LakeFS = _LOCAL) -> tuple[list[_Journal], list[CorruptFileError]]:
     jdir = table_dir / JOURNAL_DIR
     out: list[_Journal] = []
     bad: list[CorruptFileError] = []
-    for e in sorted(_scandir(jdir), key=lambda e: e.name):
+    for e in sorted(fs.scandir(jdir), key=lambda e: e.name):
         if not e.name.endswith(".json"):
             continue
         p = Path(e.path)
         try:
-            j = json.loads(p.read_text(encoding="utf-8"))
+            j = json.loads(fs.read_text(p))
             part = (table_dir / j["partition"]).resolve()
             if table_dir.resolve() not in part.parents:
                 raise ValueError(f"partition {j['partition']!r} outside the table")
@@ -480,6 +552,38 @@ def _write_group(table: str, part_dir: Path, df: pl.DataFrame, *, compression: s
     return path
 
 
+def _put_group(st: objstore.ObjectStore, table: str, part_dir: Path, df: pl.DataFrame, *, compression: str,
+               compression_level: int | None, name: str | None = None) -> Path:
+    """:func:`_write_group` on object storage: one PUT of a new, uniquely named object (it
+    appears whole or not at all; objects are never modified after)."""
+    if not df.get_column(schema.TIME).is_sorted():
+        df = df.sort(_sort_keys(table, df.columns), maintain_order=True)
+    path = part_dir / (name or _new_part_name())
+    try:
+        st.put(path, objstore.parquet_bytes(df, compression=compression, compression_level=compression_level))
+    except pl.exceptions.ComputeError as exc:
+        raise OSError(f"cannot write {st.uri(path)}: {exc}") from exc
+    return path
+
+
+def _write_part(root: str | os.PathLike[str], table: str, part_dir: Path, df: pl.DataFrame, *,
+                compression: str, compression_level: int | None, durable: bool = True,
+                name: str | None = None) -> Path:
+    """One new file of a partition, wherever the lake lives (the seam of every writer)."""
+    st = _remote(root)
+    if st is None:
+        return _write_group(table, part_dir, df, compression=compression, compression_level=compression_level,
+                            durable=durable, name=name)
+    return _put_group(st, table, part_dir, df, compression=compression, compression_level=compression_level,
+                      name=name)
+
+
+def _lake_base(root: str | os.PathLike[str]) -> Path:
+    """Where tables live: the directory, or the bucket/prefix key of an object-storage lake."""
+    st = _remote(root)
+    return st.root if st is not None else Path(root)
+
+
 def write_table(root: str | os.PathLike[str], table: str, df: pl.DataFrame, *,
                 partition_by_hour: bool = True, compression: str = "zstd",
                 compression_level: int | None = 3) -> list[Path]:
@@ -487,14 +591,14 @@ def write_table(root: str | os.PathLike[str], table: str, df: pl.DataFrame, *,
     appears atomically. Measurements are conformed to ingest.schema first. Returns the paths."""
     _check_name("table", table)
     df = _normalize(table, df)
-    root_p = Path(root)
+    base = _lake_base(root)
     try:
         return [
-            _write_group(table, d, part, compression=compression, compression_level=compression_level)
-            for _, d, part in _partition_groups(root_p / table, df, partition_by_hour)
+            _write_part(root, table, d, part, compression=compression, compression_level=compression_level)
+            for _, d, part in _partition_groups(base / table, df, partition_by_hour)
         ]
     except OSError as exc:
-        raise LakeError(f"cannot write table {table!r} under {root_p}: {exc}") from exc
+        raise LakeError(f"cannot write table {table!r} under {root}: {exc}") from exc
 
 
 # -------------------------------------------------------------------------- sink
@@ -520,7 +624,10 @@ class LakeSink:
     def __init__(self, root: str | os.PathLike[str], *, compression: str = "zstd",
                  compression_level: int = 3, max_buffer_rows: int = 100_000,
                  max_buffer_age_s: float = 10.0, durable: bool = True) -> None:
-        self.root = Path(root)
+        self._where: str | os.PathLike[str] = root
+        #: the ``s3://`` URL of a lake on object storage, else None (``root`` is then the directory)
+        self.url: str | None = str(root) if objstore.is_url(root) else None
+        self.root = _lake_base(root)
         self.durable = durable
         self.compression = compression
         self.compression_level = compression_level
@@ -533,6 +640,10 @@ class LakeSink:
         self._hosts: set[str] = set()  # host names already validated
         self._retry_at: dict[str, float] = {}
         self._closed = False
+        st = _remote(root)
+        if st is not None:
+            self._open_remote(st)
+            return
         try:
             makedirs(self.root)
             probe = self.root / f"{TMP_PREFIX}probe-{secrets.token_hex(4)}"
@@ -544,6 +655,17 @@ class LakeSink:
             recover(self.root)
         except (OSError, LakeError) as exc:
             log.error("lake sink: recovery of interrupted compactions under %s failed: %s", self.root, exc)
+
+    def _open_remote(self, st: objstore.ObjectStore) -> None:
+        probe = self.root / f"{TMP_PREFIX}probe-{secrets.token_hex(4)}"
+        try:
+            _root(self._where)
+            st.put(probe, b"")
+            st.delete(probe)
+        except (OSError, LakeError) as exc:
+            raise SinkError(f"lake sink: {self._where} is not writable: {exc}") from exc
+        # No recovery here: on object storage compaction is per host (compact(hosts=...)),
+        # and so is its recovery.
 
     def write(self, table: str, df: pl.DataFrame) -> None:
         if self._closed:
@@ -591,11 +713,11 @@ class LakeSink:
             groups = _partition_groups(self.root / table, _normalize(table, df, self._hosts), by_hour)
         written = 0
         for _, d, part in groups:
-            if any(e.name.endswith(f"-{token}.parquet") for e in _scandir(d)):
+            if any(e.name.endswith(f"-{token}.parquet") for e in _fs_of(self._where).scandir(d)):
                 continue
             try:
-                _write_group(table, d, part, durable=self.durable, compression=self.compression,
-                             compression_level=self.compression_level, name=f"part-{_stamp()}-{token}.parquet")
+                _write_part(self._where, table, d, part, durable=self.durable, compression=self.compression,
+                            compression_level=self.compression_level, name=f"part-{_stamp()}-{token}.parquet")
             except OSError as exc:
                 raise LakeError(f"cannot write {part.height} rows of {table!r} to {d}: {exc}") from exc
             written += part.height
@@ -618,8 +740,8 @@ class LakeSink:
         failed: list[pl.DataFrame] = []
         for host, d, part in _partition_groups(self.root / table, df, default_partition_by_hour(table)):
             try:
-                _write_group(table, d, part, durable=self.durable, compression=self.compression,
-                             compression_level=self.compression_level)
+                _write_part(self._where, table, d, part, durable=self.durable, compression=self.compression,
+                            compression_level=self.compression_level)
             except OSError as exc:
                 # Only the partitions that failed are kept: the others are committed.
                 log.error("lake sink: cannot write %s (%d rows kept for retry): %s", d, part.height, exc)
@@ -656,13 +778,13 @@ class LakeSink:
 def tables(root: str | os.PathLike[str]) -> list[str]:
     """Names of the tables in the lake, sorted."""
     r = _root(root)
-    return sorted(e.name for e in _scandir(r) if e.is_dir() and _NAME_RE.match(e.name))
+    return sorted(e.name for e in _fs_of(root).scandir(r) if e.is_dir() and _NAME_RE.match(e.name))
 
 
 def hosts(root: str | os.PathLike[str], table: str) -> list[str]:
     """Hosts that have a partition in ``table``, sorted."""
     d = _table_dir(root, table)
-    return sorted(e.name[5:] for e in _scandir(d) if e.name.startswith("host=") and e.is_dir())
+    return sorted(e.name[5:] for e in _fs_of(root).scandir(d) if e.name.startswith("host=") and e.is_dir())
 
 
 def _polars_schema(pa_schema: pa.Schema) -> pl.Schema:
@@ -688,32 +810,31 @@ def _merge_schemas(schemas: Sequence[tuple[Path, pl.Schema]]) -> dict[str, pl.Da
     return out
 
 
-def _first_file(table_dir: Path) -> Path | None:
-    for p in _iter_partitions(table_dir):
+def _first_file(table_dir: Path, fs: LakeFS = _LOCAL) -> Path | None:
+    for p in _iter_partitions(table_dir, fs=fs):
         if p.files:
             return p.path / p.files[0]
     return None
 
 
-def _empty(table: str, table_dir: Path) -> pl.LazyFrame:
+def _empty(table: str, table_dir: Path, fs: LakeFS = _LOCAL) -> pl.LazyFrame:
     if table in schema.MEASUREMENTS:
         return schema.empty_frame(table).lazy()
     cols: dict[str, pl.DataType] = {schema.TIME: schema.TIME_DTYPE, schema.HOST: pl.String()}
-    first = _first_file(table_dir)
+    first = _first_file(table_dir, fs)
     if first is not None:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         with contextlib.suppress(OSError, pa.ArrowException):
-            cols |= _merge_schemas([(first, _polars_schema(pq.read_schema(first)))])
+            cols |= _merge_schemas([(first, _polars_schema(fs.read_metadata(first).schema.to_arrow_schema()))])
     return pl.DataFrame(schema=cols).lazy()
 
 
 def _listing(table_dir: Path, start: datetime | None, end: datetime | None,
              hosts_: Sequence[str] | None, on_corrupt: str,
-             report: list[CorruptFileError] | None) -> list[Path]:
-    parts = list(_iter_partitions(table_dir, hosts=hosts_, start=start, end=end))
-    journals, bad = _journals(table_dir)  # after the listing: see _visible_files
+             report: list[CorruptFileError] | None, fs: LakeFS = _LOCAL) -> list[Path]:
+    parts = list(_iter_partitions(table_dir, hosts=hosts_, start=start, end=end, fs=fs))
+    journals, bad = _journals(table_dir, fs)  # after the listing: see _visible_files
     for err in bad:
         if on_corrupt == "raise":
             raise err
@@ -730,19 +851,18 @@ def files(root: str | os.PathLike[str], table: str, *, start: datetime | None = 
     if isinstance(hosts, str):
         hosts = [hosts]
     return _listing(table_dir, _utc(start) if start else None, _utc(end) if end else None,
-                    hosts, "raise", None)
+                    hosts, "raise", None, _fs_of(root))
 
 
 def _select_files(table_dir: Path, start: datetime | None, end: datetime | None,
                   hosts_: Sequence[str] | None, on_corrupt: str,
-                  report: list[CorruptFileError] | None) -> list[tuple[Path, pq.FileMetaData]]:
+                  report: list[CorruptFileError] | None, fs: LakeFS = _LOCAL) -> list[tuple[Path, pq.FileMetaData]]:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     out: list[tuple[Path, pq.FileMetaData]] = []
-    for path in _listing(table_dir, start, end, hosts_, on_corrupt, report):
+    for path in _listing(table_dir, start, end, hosts_, on_corrupt, report, fs):
         try:
-            md = pq.read_metadata(path)  # footer check: cheap, and only on pruned files
+            md = fs.read_metadata(path)  # footer check: cheap, and only on pruned files
         except FileNotFoundError:
             raise
         except (OSError, pa.ArrowException) as exc:
@@ -792,16 +912,17 @@ def _scan(root: str | os.PathLike[str], table: str, start: datetime | None, end:
     if on_corrupt not in ("raise", "skip"):
         raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
     table_dir = _table_dir(root, table)
+    fs = _fs_of(root)
     start_u = _utc(start) if start is not None else None
     end_u = _utc(end) if end is not None else None
     if isinstance(hosts, str):
         hosts = [hosts]
     if start_u is not None and end_u is not None and start_u >= end_u:
-        return _empty(table, table_dir), []
+        return _empty(table, table_dir, fs), []
     for attempt in range(3):
         found: list[CorruptFileError] = []
         try:
-            files = [(p, md) for p, md in _select_files(table_dir, start_u, end_u, hosts, on_corrupt, found)
+            files = [(p, md) for p, md in _select_files(table_dir, start_u, end_u, hosts, on_corrupt, found, fs)
                      if p not in exclude]
             break
         except FileNotFoundError:
@@ -811,7 +932,7 @@ def _scan(root: str | os.PathLike[str], table: str, start: datetime | None, end:
     if report is not None:
         report.extend(found)
     if not files:
-        return _empty(table, table_dir), []
+        return _empty(table, table_dir, fs), []
 
     m = schema.MEASUREMENTS.get(table)
     if m is not None:
@@ -821,12 +942,13 @@ def _scan(root: str | os.PathLike[str], table: str, start: datetime | None, end:
     # Hive parsing needs one directory depth per scan: hourly and daily files separately.
     by_depth: dict[bool, list[str]] = {}
     for p, _ in files:
-        by_depth.setdefault(p.parent.name.startswith("hour="), []).append(str(p))
+        by_depth.setdefault(p.parent.name.startswith("hour="), []).append(fs.uri(p))
     frames = []
     for hourly, paths in by_depth.items():
         hive = {schema.HOST: pl.String(), "date": pl.String()} | ({"hour": pl.String()} if hourly else {})
         lf = pl.scan_parquet(paths, hive_partitioning=True, hive_schema=hive, schema=stored,
-                             missing_columns="insert", extra_columns="ignore", cast_options=_CAST)
+                             missing_columns="insert", extra_columns="ignore", cast_options=_CAST,
+                             storage_options=fs.storage_options)
         frames.append(lf.select(schema.TIME, schema.HOST, *[c for c in stored if c != schema.TIME]))
     out = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
     t = pl.col(schema.TIME)
@@ -837,18 +959,26 @@ def _scan(root: str | os.PathLike[str], table: str, start: datetime | None, end:
     return out, [p for p, _ in files]
 
 
-def probe(paths: Sequence[Path]) -> list[CorruptFileError]:
+def probe(paths: Sequence[Path], *, root: str | os.PathLike[str] | None = None) -> list[CorruptFileError]:
     """Files that fail a full read (damaged pages behind a good footer); a file gone
-    meanwhile (compaction) is not one of them."""
+    meanwhile (compaction) is not one of them. ``root``: the lake they are from (needed
+    for a lake on object storage)."""
+    fs = _LOCAL if root is None else _fs_of(root)
     bad = []
     for p in paths:
         try:
-            pl.read_parquet(p)
+            pl.read_parquet(fs.uri(p), storage_options=fs.storage_options)
         except FileNotFoundError:
             continue
         except (OSError, pl.exceptions.PolarsError) as exc:
             bad.append(CorruptFileError(p, str(exc)))
     return bad
+
+
+def scan_file(root: str | os.PathLike[str], path: Path) -> pl.LazyFrame:
+    """One file of :func:`files` as stored (no partition columns), wherever the lake lives."""
+    fs = _fs_of(root)
+    return pl.scan_parquet(fs.uri(path), storage_options=fs.storage_options)
 
 
 def read(root: str | os.PathLike[str], table: str, *, start: datetime | None = None,
@@ -876,14 +1006,14 @@ def read(root: str | os.PathLike[str], table: str, *, start: datetime | None = N
             _time.sleep(0.01 * vanished)
             continue
         except pl.exceptions.ComputeError as exc:
-            if not all(p.exists() for p in paths):
+            if not all(_fs_of(root).exists(p) for p in paths):
                 # Polars reports a file removed between two of its opens as a ComputeError.
                 vanished += 1
                 if vanished >= attempts:
                     raise LakeError(f"reading table {table!r} under {root}: files keep vanishing: {exc}") from exc
                 _time.sleep(0.01 * vanished)
                 continue
-            bad = [e for e in probe(paths) if e.path not in exclude]
+            bad = [e for e in probe(paths, root=root) if e.path not in exclude]
             if not bad:
                 raise LakeError(f"reading table {table!r} under {root} failed: {exc}") from exc
             if on_corrupt == "raise":
@@ -999,10 +1129,19 @@ def _remove_stale_temps(part: _Partition, now_s: float) -> int:
 
 def compact(root: str | os.PathLike[str], table: str | None = None, *,
             older_than: timedelta = timedelta(minutes=5), target_rows: int = 1_000_000,
-            now: datetime | None = None) -> CompactionStats:
+            now: datetime | None = None, hosts: Sequence[str] | None = None,
+            grace: timedelta = timedelta(minutes=5)) -> CompactionStats:
     """Merge the small files of every partition that ended more than ``older_than`` ago
     into files of up to ``target_rows`` rows, crash-safely (see docs/lake.md). Tables whose
-    compaction lock is held by another process are skipped (listed in the stats)."""
+    compaction lock is held by another process are skipped (listed in the stats).
+    ``hosts``: only their partitions (required on object storage, which has no lock: each
+    host's partitions are compacted by their one writer). ``grace`` (object storage only):
+    merged inputs stay, hidden by their journal, this long before a later compaction
+    deletes them, so lazy scans listed before the merge still find them."""
+    st = _remote(root)
+    if st is not None:
+        return _compact_remote(root, st, table, older_than=older_than, target_rows=target_rows,
+                               now=now, hosts=hosts, grace=grace)
     r = _root(root)
     now_u = _utc(now) if now is not None else _now()
     cutoff = now_u - older_than
@@ -1016,7 +1155,7 @@ def compact(root: str | os.PathLike[str], table: str | None = None, *,
                 continue
             stats.tables += 1
             stats.recovered += _recover_table(tdir)
-            for part in _iter_partitions(tdir, end=cutoff):
+            for part in _iter_partitions(tdir, hosts=hosts, end=cutoff):
                 stats.stale_temps_removed += _remove_stale_temps(part, _time.time())
                 if part.end > cutoff or len(part.files) < 2:
                     continue
@@ -1048,16 +1187,137 @@ def compact(root: str | os.PathLike[str], table: str | None = None, *,
     return stats
 
 
+# ----------------------------------------------- compaction on object storage
+#
+# The local protocol without its two local tools, rename and flock: the output is written
+# with one PUT (it appears whole or not at all: the commit point, as the rename is locally),
+# and one writer per host partition replaces the lock. Readers are the same code
+# (_visible_files): a journal whose output is listed hides its inputs.
+
+
+def _journal_age(j: _Journal, now: datetime) -> timedelta:
+    try:
+        return now - datetime.strptime(j.path.name[:15], "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
+    except ValueError:
+        return timedelta.max  # not one of ours: old enough
+
+
+def _host_journals(st: objstore.ObjectStore, tdir: Path,
+                   hosts: Collection[str]) -> list[_Journal]:
+    journals, bad = _journals(tdir, st)
+    for err in bad:
+        log.error("lake: %s; leaving it for an operator", err)
+    return [j for j in journals if j.partition.relative_to(tdir).parts[0][5:] in hosts]
+
+
+def _recover_remote(st: objstore.ObjectStore, tdir: Path, hosts: Collection[str], now: datetime,
+                    grace: timedelta) -> int:
+    """Finish the journals of ``hosts``: output present and older than ``grace`` → delete the
+    inputs, then the journal; output absent → the compactor died before its commit: delete
+    the journal (the inputs are intact). Returns the journals resolved."""
+    n = 0
+    for j in _host_journals(st, tdir, hosts):
+        if st.exists(j.partition / j.output):
+            if _journal_age(j, now) < grace:
+                continue
+            for name in j.inputs:
+                st.delete(j.partition / name)
+            log.info("lake: deleted the merged inputs of %s", st.uri(j.path))
+        else:
+            log.info("lake: undid interrupted compaction %s", st.uri(j.path))
+        st.delete(j.path)
+        n += 1
+    return n
+
+
+def _compact_group_remote(st: objstore.ObjectStore, table: str, tdir: Path, part_dir: Path,
+                          inputs: list[str], expected_rows: int, stats: CompactionStats, now: datetime,
+                          grace: timedelta) -> None:
+    token = secrets.token_hex(4)
+    output = f"part-{_stamp()}-{token}.parquet"
+    jpath = tdir / JOURNAL_DIR / f"{_stamp(now)}-{token}.json"
+    frames = []
+    for name in inputs:  # read (and so check) every input before anything is written
+        try:
+            frames.append(pl.read_parquet(st.uri(part_dir / name), storage_options=st.storage_options))
+        except pl.exceptions.PolarsError as exc:
+            raise CorruptFileError(part_dir / name, str(exc)) from exc
+    df = pl.concat(frames, how="diagonal_relaxed")
+    if df.height != expected_rows:
+        raise LakeError(f"compaction of {st.uri(part_dir)}: read {df.height} rows, footers say {expected_rows}")
+    df = df.sort(_sort_keys(table, df.columns), maintain_order=True)
+    st.put(jpath, json.dumps({"version": 1, "table": table, "partition": part_dir.relative_to(tdir).as_posix(),
+                              "inputs": inputs, "output": output,
+                              "temp": f"{TMP_PREFIX}compact-{token}.parquet"}).encode())
+    data = objstore.parquet_bytes(df, compression="zstd", compression_level=3)
+    try:
+        st.put(part_dir / output, data)  # commit point
+    except BaseException:
+        if not st.exists(part_dir / output):
+            st.delete(jpath)  # not committed: the inputs are intact
+        raise
+    if grace <= timedelta(0):
+        for name in inputs:
+            st.delete(part_dir / name)
+        st.delete(jpath)
+    stats.merges += 1
+    stats.files_before += len(inputs)
+    stats.files_after += 1
+    stats.rows += df.height
+    stats.bytes_after += len(data)
+
+
+def _compact_remote(root: str | os.PathLike[str], st: objstore.ObjectStore, table: str | None, *,
+                    older_than: timedelta, target_rows: int, now: datetime | None,
+                    hosts: Sequence[str] | None, grace: timedelta) -> CompactionStats:
+    if hosts is None or isinstance(hosts, str):
+        raise LakeError(f"compaction of {root}: object storage has no lock, so each host's partitions are "
+                        "compacted by their one writer: pass hosts=[...] (the hosts this process writes)")
+    now_u = _utc(now) if now is not None else _now()
+    cutoff = now_u - older_than
+    stats = CompactionStats()
+    for t in [table] if table else tables(root):
+        tdir = _table_dir(root, t)
+        stats.tables += 1
+        stats.recovered += _recover_remote(st, tdir, hosts, now_u, grace)
+        # a partition with a journal still waiting for its grace is left alone until then:
+        # merging its output again would leave that journal's inputs unhidden
+        pending = {j.partition for j in _host_journals(st, tdir, hosts)}
+        for part in _iter_partitions(tdir, hosts=hosts, end=cutoff, fs=st):
+            if part.end > cutoff or len(part.files) < 2 or part.path in pending:
+                continue
+            sized: list[tuple[str, int]] = []
+            for name in part.files:
+                try:
+                    sized.append((name, st.read_metadata(part.path / name).num_rows))
+                except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+                    log.warning("lake: not compacting corrupt file %s: %s", st.uri(part.path / name), exc)
+                    stats.corrupt.append(part.path / name)
+            rows = dict(sized)
+            for group in _groups(sized, target_rows):
+                try:
+                    _compact_group_remote(st, t, tdir, part.path, group, sum(rows[n] for n in group), stats,
+                                          now_u, grace)
+                except CorruptFileError as exc:
+                    log.warning("lake: not compacting %s", exc)
+                    stats.corrupt.append(exc.path)
+                except OSError as exc:
+                    raise LakeError(f"compaction of {st.uri(part.path)} failed (inputs kept): {exc}") from exc
+                except (pl.exceptions.PolarsError, LakeError) as exc:
+                    log.error("lake: compaction of %s failed (inputs kept): %s", st.uri(part.path), exc)
+                    stats.failed_partitions.append(part.path)
+    return stats
+
+
 def compaction_candidates(root: str | os.PathLike[str], *, older_than: timedelta = timedelta(minutes=5),
                           now: datetime | None = None) -> dict[Path, frozenset[str]]:
     """The partitions :func:`compact` would look into (closed ``older_than`` ago, two files
     or more), with their files: a listing, no file opened. Lets a caller skip a compaction
     that would find nothing new, without loading the Parquet reader."""
-    r = _root(root)
     cutoff = (_utc(now) if now is not None else _now()) - older_than
     out: dict[Path, frozenset[str]] = {}
-    for t in tables(r):
-        for part in _iter_partitions(_table_dir(r, t), end=cutoff):
+    for t in tables(root):
+        for part in _iter_partitions(_table_dir(root, t), end=cutoff, fs=_fs_of(root)):
             if part.end <= cutoff and len(part.files) >= 2:
                 out[part.path] = frozenset(part.files)
     return out
@@ -1068,6 +1328,9 @@ def retention(root: str | os.PathLike[str], table: str, *, keep: timedelta,
     """Delete the partitions of ``table`` that ended more than ``keep`` ago; returns how many.
     An hour partition is first moved out of the table (to ``<root>/.trash``, one atomic
     rename: readers see all of it or none of it), then removed."""
+    if objstore.is_url(root):
+        raise LakeError(f"retention of {root}: not supported on object storage yet (no atomic partition "
+                        "delete); use a bucket lifecycle rule on the table prefixes, or a local lake")
     tdir = _table_dir(root, table)
     trash = Path(root) / TRASH_DIR
     cutoff = (_utc(now) if now is not None else _now()) - keep

@@ -119,7 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (UserError, FileNotFoundError, ValueError, LakeError, SinkError) as exc:
-        print(f"unveil {args.command}: error: {exc}", file=sys.stderr)
+        # notes say where (an engine names the item that failed in a worker)
+        notes = "".join(f" ({n})" for n in getattr(exc, "__notes__", ()))
+        print(f"unveil {args.command}: error: {exc}{notes}", file=sys.stderr)
         return 2
     return int(rc or 0)
 

@@ -52,6 +52,10 @@ ANALYSIS = ("analytics", "scheduler")
 @dataclass
 class Config:
     lake: str | None = None
+    #: ``[lake] endpoint`` / ``region``: the S3-compatible server of an ``s3://`` lake (else
+    #: the AWS variables); credentials come from the AWS variables only, never from this file
+    lake_endpoint: str | None = None
+    lake_region: str | None = None
     agent: AgentConfig = field(default_factory=AgentConfig)
     influx: InfluxConfig = field(default_factory=InfluxConfig)  # url None: no InfluxDB
     drill: DrillSection = field(default_factory=DrillSection)
@@ -120,7 +124,7 @@ def duration(v: Any, where: str, *, zero: bool = False) -> timedelta:
 ANALYTICS_KEYS = frozenset({
     "window_s", "stride_s", "detectors", "combine", "vote_k", "reference", "history", "threshold_k", "threshold_rule",
     "top_k", "min_windows", "min_cohort", "random_state", "max_reference_rows", "one_sided",
-    "activity_weight", "min_run", "cohort_by", "cohort_tolerance", "warmup", "smooth"})
+    "activity_weight", "min_run", "cohort_by", "cohort_tolerance", "warmup", "smooth", "refit"})
 
 
 def analytics_from_mapping(d: Mapping[str, Any], where: str = "[analytics]") -> AnalyticsConfig:
@@ -135,7 +139,7 @@ def analytics_from_mapping(d: Mapping[str, Any], where: str = "[analytics]") -> 
         raise ValueError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(ANALYTICS_KEYS))}")
     durations = ("history", "warmup", "smooth")
     kw: dict[str, Any] = {k: v for k, v in d.items()
-                          if k not in ("window_s", "stride_s", "detectors", *durations)}
+                          if k not in ("window_s", "stride_s", "detectors", "refit", *durations)}
     for k in ("warmup", "smooth"):
         if k in d:
             kw[k] = duration(d[k], f"{where} {k}", zero=True)
@@ -145,6 +149,8 @@ def analytics_from_mapping(d: Mapping[str, Any], where: str = "[analytics]") -> 
         kw["detectors"] = tuple(d["detectors"])
     if "history" in d:
         kw["history"] = duration(d["history"], f"{where} history")
+    if "refit" in d:  # 0 / "off": refit at every analysis step
+        kw["refit"] = None if d["refit"] in (0, "off") else duration(d["refit"], f"{where} refit")
     if "window_s" in d or "stride_s" in d:
         kw["window"] = WindowSpec(float(d.get("window_s", 3.0)), float(d.get("stride_s", 1.0)))
     try:
@@ -194,8 +200,14 @@ class SweepConfig:
     compact_every: timedelta | None = timedelta(minutes=10)
     retention: Mapping[str, timedelta] = field(default_factory=dict)
     detection: DetectionConfig = field(default_factory=_default_detection)
+    # where the sweep's per-host work runs (jobs.engine): serial, processes[:N] (default: all
+    # local cores), ray[:N] (a local Ray) or ray://HOST:PORT (a Ray cluster)
+    engine: str = "processes"
 
     def __post_init__(self) -> None:
+        from jobs.engine import parse_spec
+
+        object.__setattr__(self, "engine", parse_spec(self.engine, "scheduler.engine"))
         if self.chunk <= timedelta(0) or self.lag < timedelta(0):
             raise ValueError("scheduler.chunk must be > 0 and scheduler.lag >= 0")
         stride = timedelta(seconds=self.analytics.window.stride_s)
@@ -210,6 +222,11 @@ class SweepConfig:
             if self.analysis_step < stride or abs(ratio - round(ratio)) > 1e-9:
                 raise ValueError(f"scheduler.analysis_step ({self.analysis_step}) must be a multiple of the "
                                  f"stride ({stride})")
+            refit = self.analytics.refit
+            if refit is not None and (refit < self.analysis_step
+                                      or abs(refit / self.analysis_step - round(refit / self.analysis_step)) > 1e-9):
+                raise ValueError(f"analytics.refit ({refit}) must be a multiple of scheduler.analysis_step "
+                                 f"({self.analysis_step})")
         if not 0 <= self.min_incident_s < self.max_incident.total_seconds():
             raise ValueError(f"scheduler.min_incident_s must be >= 0 and below max_incident "
                              f"({self.max_incident}), not {self.min_incident_s!r}")
@@ -252,6 +269,8 @@ class SweepConfig:
             kw["queue_remediations"] = d["queue_remediations"]
         if "kb_path" in d:
             kw["kb_path"] = str(d["kb_path"])
+        if "engine" in d:
+            kw["engine"] = d["engine"]
         a = analytics or _default_analytics()
         if "history" in d:
             a = replace(a, history=duration(d["history"], f"{where} history"))
@@ -265,12 +284,13 @@ class SweepConfig:
 SCHEDULER_KEYS = frozenset({
     "every", "chunk", "lag", "max_chunks", "incident_gap_s", "max_incident", "queue_remediations",
     "compact_every", "retention", "kb_path", "history", "signature_detector", "signature_min_confidence",
-    "warmup", "restart_gap", "min_incident_s", "analysis_step"})
+    "warmup", "restart_gap", "min_incident_s", "analysis_step", "engine", "peer_only_findings"})
 
 
 def detection_from_mapping(d: Mapping[str, Any], where: str = "[scheduler]") -> DetectionConfig:
     """DetectionConfig from ``signature_detector`` (bool), ``signature_min_confidence``
-    (0..1), ``warmup`` and ``restart_gap`` (durations; warmup may be 0) of a config table."""
+    (0..1), ``warmup`` and ``restart_gap`` (durations; warmup may be 0) and
+    ``peer_only_findings`` (bool, knowledge_base.detector module doc) of a config table."""
     from knowledge_base.detector import DetectionConfig
 
     kw: dict[str, Any] = {}
@@ -287,6 +307,10 @@ def detection_from_mapping(d: Mapping[str, Any], where: str = "[scheduler]") -> 
         kw["warmup_s"] = duration(d["warmup"], f"{where} warmup", zero=True).total_seconds()
     if "restart_gap" in d:
         kw["restart_gap_s"] = duration(d["restart_gap"], f"{where} restart_gap").total_seconds()
+    if "peer_only_findings" in d:
+        if not isinstance(d["peer_only_findings"], bool):
+            raise ValueError(f"{where} peer_only_findings: expected true or false, got {d['peer_only_findings']!r}")
+        kw["peer_only"] = d["peer_only_findings"]
     try:
         return DetectionConfig(**kw)
     except ValueError as exc:
@@ -411,6 +435,7 @@ def load(path: str | os.PathLike[str] | None = None, *, analysis: bool = True) -
                 raise ConfigError(f"{p}: unknown top-level key {key!r} (known: {', '.join(sorted(SECTIONS))})")
         cfg.source = p
     cfg.lake = _lake_path(p, raw.get("lake", {}))
+    cfg.lake_endpoint, cfg.lake_region = _lake_storage(p, raw.get("lake", {}))
     tables = {name: _table(p, raw, name) for name in SECTIONS if name != "lake"}
     cfg.agent = _agent(p, tables["agent"])
     influx = _checked(p, "influx", tables["influx"])
@@ -464,8 +489,8 @@ def _lake_path(p: Path, lake: Any) -> str | None:
     if not isinstance(lake, dict):
         raise ConfigError(f"{p}: [lake] must be a table with path = \"...\", got {lake!r}")
     for key in lake:
-        if key != "path":
-            raise ConfigError(f"{p}: unknown key [lake].{key} (known: path)")
+        if key not in LAKE_KEYS:
+            raise ConfigError(f"{p}: unknown key [lake].{key} (known: {', '.join(LAKE_KEYS)})")
     path = lake.get("path")
     if path is None:
         return None
@@ -474,9 +499,42 @@ def _lake_path(p: Path, lake: Any) -> str | None:
     return path
 
 
+LAKE_KEYS = ("path", "endpoint", "region")
+
+
+def _lake_storage(p: Path, lake: Any) -> tuple[str | None, str | None]:
+    """``[lake] endpoint`` (http(s)://host:port) and ``region``, for a lake on object storage."""
+    if not isinstance(lake, dict):
+        return None, None
+    out: list[str | None] = []
+    for key in ("endpoint", "region"):
+        v = lake.get(key)
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            raise ConfigError(f"{p}: [lake].{key} must be a non-empty string, got {v!r}")
+        out.append(v)
+    endpoint, region = out
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"{p}: [lake].endpoint must start with http:// or https://, got {endpoint!r}")
+    return endpoint, region
+
+
+def use_lake_storage(cfg: Config) -> None:
+    """Point ``s3://`` lakes at the config's ``[lake] endpoint`` / ``region`` (the AWS
+    variables fill in the rest)."""
+    from ingest import objstore
+
+    objstore.configure(endpoint=cfg.lake_endpoint, region=cfg.lake_region)
+
+
 def resolve_lake(flag: str | None, cfg: Config) -> Path:
-    """The lake path from the flag, else $UNVEIL_LAKE / the config file; an error when none."""
+    """The lake path from the flag, else $UNVEIL_LAKE / the config file; an error when none,
+    and for a lake on object storage, which only ``unveil query`` reads so far."""
     value = flag or cfg.lake
     if not value:
         raise ConfigError("no lake path: pass --lake PATH, set UNVEIL_LAKE, or set [lake] path in the config")
+    if value.startswith("s3://"):
+        raise ConfigError(f"lake {value} is on object storage: this command needs a lake directory (local or "
+                          "shared disk). Sweeps stage their outputs and publish them by rename, and the agent "
+                          "journals next to its lake; `unveil query` and the ingest.lake API read and write "
+                          "s3:// lakes (docs/lake.md, \"Object storage\")")
     return Path(value)

@@ -48,7 +48,7 @@ import polars as pl
 
 from analytics.features import KEYS, concat_features
 from ingest import lake as lake_mod
-from ingest import schema
+from ingest import objstore, schema
 from jobs import watermarks as wm
 from jobs.config import SweepConfig
 from jobs.grid import US, floor_grid, stamp, utc
@@ -269,6 +269,8 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
     between chunks (SIGTERM during a long catch-up stops after the current chunk).
     ``mapper``: how each chunk's per-host work runs (:func:`process_chunk`)."""
     cfg = cfg or SweepConfig()
+    if objstore.is_url(lake):  # staged outputs and watermarks publish by rename (docs/lake.md)
+        raise ValueError(f"lake {lake} is on object storage: sweeps need a lake directory (local or shared disk)")
     lake_p = Path(lake)
     if not lake_p.is_dir():
         raise ValueError(f"lake {lake_p} does not exist or is not a directory")

@@ -382,7 +382,7 @@ def _damaged(lake: str | os.PathLike[str], tables: Sequence[str], start: datetim
         except lake_mod.LakeError:  # an unreadable journal: already reported by the scan
             continue
         paths += [p for p in listed if p not in known]
-    return lake_mod.probe(paths)
+    return lake_mod.probe(paths, root=lake)
 
 
 def _feature_values(features: pl.LazyFrame) -> pl.LazyFrame:

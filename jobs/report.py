@@ -569,12 +569,57 @@ def _history(r: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], start: datetime | None = None,
-                 end: datetime | None = None, hosts: Sequence[str] | None = None) -> ReportSummary:
-    """Write the HTML report of ``[start, end)`` (default: everything) for ``hosts``
-    (default: all) to ``out`` (atomically) and return its summary."""
-    t0 = time.perf_counter()
-    out_p = Path(out)
+# ----------------------------------------------------------------------------- gather
+
+
+@dataclass(frozen=True)
+class Traces:
+    """The score-trace section: combined score per host and window, the hosts drawn."""
+
+    scores: pl.DataFrame | None  # host, window_start, score, flagged
+    hosts: list[str]  # drawn (at most MAX_TRACE_HOSTS, highest peak scores)
+    n_hosts: int  # hosts with scores
+    incidents: pl.DataFrame | None  # shaded on the traces
+    labels: pl.DataFrame | None  # the ground truth, drawn on labelled lakes
+
+
+@dataclass(frozen=True)
+class Incidents:
+    """The fingerprint and incident-table sections: each incident's latest row (None: no table)."""
+
+    table: pl.DataFrame | None
+
+
+@dataclass(frozen=True)
+class Audit:
+    """The static audit section: findings with when each held (None: no host_facts)."""
+
+    findings: pl.DataFrame | None
+
+
+@dataclass(frozen=True)
+class Remediations:
+    """The remediation section: every action's latest state (None: none queued)."""
+
+    actions: pl.DataFrame | None
+
+
+@dataclass(frozen=True)
+class ReportFacts:
+    """Everything the report shows, gathered from the lake; rendering reads nothing else."""
+
+    lake: str
+    hosts: Sequence[str] | None  # as asked (None: all)
+    summary: ReportSummary
+    traces: Traces
+    incidents: Incidents
+    audit: Audit
+    remediations: Remediations
+
+
+def gather(lake: str | os.PathLike[str], out: str | os.PathLike[str], start: datetime | None = None,
+           end: datetime | None = None, hosts: Sequence[str] | None = None) -> ReportFacts:
+    """The facts of the report of ``[start, end)`` for ``hosts`` (default: all)."""
     available = lake_mod.tables(lake)
     scores = _read(lake, "scores", available, start, end, hosts)
     findings = _read(lake, "findings", available, start, end, hosts)
@@ -582,7 +627,7 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
     if incidents is not None:  # append-only open/closed rows: each incident's latest
         from knowledge_base.incidents import latest_incidents
 
-        incidents = latest_incidents(incidents)
+        incidents = latest_incidents(incidents).sort("host", "start")
     labels = _read(lake, "labels", available, start, end, hosts, until_only=True)
     if labels is not None and start is not None:
         labels = labels.filter(pl.col("end").is_null() | (pl.col("end") > start))
@@ -591,7 +636,7 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
     audit_df = _audit(host_facts)
     ws = _window_scores(scores)
 
-    summary = ReportSummary(out_p, start, end)
+    summary = ReportSummary(Path(out), start, end)
     summary.data_start, summary.data_end = _data_range([
         (scores, "window_start", "window_end"), (findings, "window_start", "window_end"),
         (incidents, "start", "end"), (labels, "time", "end"), (host_facts, "time", "time")])
@@ -606,7 +651,6 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
         summary.flagged = int(ws["flagged"].sum())
     summary.findings = findings.height if findings is not None else 0
     if incidents is not None:
-        incidents = incidents.sort("host", "start")
         summary.incidents = incidents.height
         matched = incidents.filter(pl.col("status") == "matched")
         summary.matched = matched.height
@@ -617,109 +661,142 @@ def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], star
         summary.audit_findings = audit_df.height
     summary.labels = _label_checks(labels, incidents)
 
-    palette: dict[str, str] = {}
-    sections: list[str] = []
-    # --- traces
-    trace_hosts = []
+    trace_hosts: list[str] = []
+    n_hosts = 0
     if ws is not None and ws.height:
         peaks = ws.group_by("host").agg(pl.col("score").max()).sort(["score", "host"], descending=[True, False])
-        trace_hosts = sorted(peaks["host"].head(MAX_TRACE_HOSTS).to_list())
-    if trace_hosts:
-        note = (f'<p class="meta">{len(trace_hosts)} of {peaks.height} hosts (highest peak scores).</p>'
-                if peaks.height > len(trace_hosts) else "")
-        svg = plot_traces(ws, incidents, labels, trace_hosts, palette)  # type: ignore[arg-type]
-        summary.plots += 1
-        sections.append(f'<section id="traces"><h2>Anomaly scores per host</h2>{note}<figure>{svg}</figure></section>')
-    else:
-        sections.append('<section id="traces"><h2>Anomaly scores per host</h2>'
-                        + _none("none: no scores in this range (run `unveil sweep` first)") + "</section>")
-    # --- fingerprints
-    if incidents is not None and incidents.height:
-        svg = plot_fingerprints(incidents)
-        summary.plots += 1
-        sections.append(f'<section id="fingerprints"><h2>Subsystem fingerprints</h2><figure>{svg}</figure></section>')
-    else:
-        sections.append('<section id="fingerprints"><h2>Subsystem fingerprints</h2>'
-                        + _none("none: no incidents in this range") + "</section>")
-    # --- incidents
-    if incidents is not None and incidents.height:
-        rows = []
-        shown = incidents.sort("peak_score", descending=True, nulls_last=True).head(MAX_TABLE_ROWS)
-        for r in shown.iter_rows(named=True):
-            st = r["status"]
-            rows.append({**r, "status": _Raw(f'<span class="{"ok" if st == "matched" else "warn"}">{_e(st)}</span>'),
-                         "what": r["title"] or "—", "factors": _factors(r.get("top_factors")),
-                         # one cause, one incident: the other entries that matched its windows,
-                         # each with the evidence it was ranked lower on (one a line)
-                         "alternatives": _Raw("<br>".join(_e(a) for a in r.get("alternatives") or [])),
-                         "duration": _duration((r["end"] - r["start"]).total_seconds()
-                                               if r["end"] and r["start"] else None)})
-        cap = _cap_note(incidents.height, "incidents", "highest peak score")
-        sections.append('<section id="incidents"><h2>Incidents</h2>' + cap + _table(rows, [
-            ("host", "host"), ("start", "start"), ("duration", "duration"), ("n_windows", "windows"), ("status", "status"),
-            ("what", "knowledge-base entry"), ("confidence", "confidence"), ("alternatives", "alternatives"),
-            ("peak_score", "peak"),
-            ("devices", "devices"), ("factors", "top factors"), ("explanation", "explanation")], "incidents",
-            nowrap=("host", "duration", "status"))
-            + "</section>")
-    else:
-        why = "none: no incidents table yet (run a sweep and the matcher)" if incidents is None else \
-            "none: no incidents in this range"
-        sections.append('<section id="incidents"><h2>Incidents</h2>' + _none(why) + "</section>")
-    # --- ground truth
-    if summary.labels:
-        rows = [{"host": lb.host, "type": lb.type, "start": lb.start, "end": lb.end,
-                 "result": _Raw('<span class="ok">detected and matched</span>' if lb.matched else
-                                '<span class="warn">detected, not matched</span>' if lb.detected else
-                                '<span class="bad">missed</span>')} for lb in summary.labels]
-        sections.append('<section id="ground-truth"><h2>Ground truth (labelled inefficiencies)</h2>'
-                        + _table(rows, [("host", "host"), ("type", "type"), ("start", "start"), ("end", "end"),
-                                        ("result", "result")], "labels") + "</section>")
-    # --- audit
-    if audit_df is not None and audit_df.height:
-        sections.append('<section id="audit"><h2>Static audit of host facts</h2>'
-                        + _cap_note(audit_df.height, "findings", "by host") + _table(
-            [{**r, "until": r["until"] or "end of range (still holds)"}
-             for r in audit_df.head(MAX_TABLE_ROWS).iter_rows(named=True)],
-            [("host", "host"), ("entry_id", "entry"), ("device", "device"), ("severity", "severity"),
-             ("message", "message"), ("first_seen", "from"), ("until", "until")], "audit") + "</section>")
-    else:
-        why = "none: no host_facts in the lake" if audit_df is None else "none: every static check passed"
-        sections.append('<section id="audit"><h2>Static audit of host facts</h2>' + _none(why) + "</section>")
-    # --- remediations
-    if remediations is not None and remediations.height:
-        rows = [{**r, "effect": _effect(r.get("effect_before"), r.get("effect_after")), "history": _history(r)}
-                for r in remediations.sort("created", descending=True).head(MAX_TABLE_ROWS).iter_rows(named=True)]
-        sections.append('<section id="remediations"><h2>Remediations</h2>'
-                        + _cap_note(remediations.height, "actions", "latest") + _table(rows, [
-            ("action_id", "id"), ("host", "host"), ("entry_id", "entry"), ("incident_id", "incident"),
-            ("script_id", "script"), ("params", "parameters"), ("mode", "mode"), ("state", "state"),
-            ("executed", "executed"), ("verdict", "verdict"), ("effect", "measured effect"),
-            ("history", "history")], "remediations")
-            + "</section>")
-    else:
-        sections.append('<section id="remediations"><h2>Remediations</h2>' + _none("none queued") + "</section>")
+        trace_hosts, n_hosts = sorted(peaks["host"].head(MAX_TRACE_HOSTS).to_list()), peaks.height
+    summary.plots = int(bool(trace_hosts)) + int(incidents is not None and incidents.height > 0)
+    return ReportFacts(str(lake), hosts, summary, Traces(ws, trace_hosts, n_hosts, incidents, labels),
+                       Incidents(incidents), Audit(audit_df), Remediations(remediations))
 
-    cards = [("hosts", len(summary.hosts)), ("windows", summary.windows), ("flagged", summary.flagged),
-             ("findings", summary.findings), ("incidents", summary.incidents), ("matched", summary.matched),
-             ("unmatched", summary.unmatched), ("remediations", sum(summary.remediations.values())),
-             ("audit findings", summary.audit_findings)]
+
+# ----------------------------------------------------------------------------- render
+
+
+def _section(anchor: str, title: str, body: str) -> str:
+    return f'<section id="{anchor}"><h2>{title}</h2>{body}</section>'
+
+
+def _render_traces(t: Traces, palette: dict[str, str]) -> str:
+    title = "Anomaly scores per host"
+    if not t.hosts or t.scores is None:
+        return _section("traces", title, _none("none: no scores in this range (run `unveil sweep` first)"))
+    note = (f'<p class="meta">{len(t.hosts)} of {t.n_hosts} hosts (highest peak scores).</p>'
+            if t.n_hosts > len(t.hosts) else "")
+    svg = plot_traces(t.scores, t.incidents, t.labels, t.hosts, palette)
+    return _section("traces", title, f"{note}<figure>{svg}</figure>")
+
+
+def _render_fingerprints(inc: Incidents) -> str:
+    title = "Subsystem fingerprints"
+    if inc.table is None or not inc.table.height:
+        return _section("fingerprints", title, _none("none: no incidents in this range"))
+    return _section("fingerprints", title, f"<figure>{plot_fingerprints(inc.table)}</figure>")
+
+
+def _render_incidents(inc: Incidents) -> str:
+    if inc.table is None or not inc.table.height:
+        why = "none: no incidents table yet (run a sweep and the matcher)" if inc.table is None else \
+            "none: no incidents in this range"
+        return _section("incidents", "Incidents", _none(why))
+    rows = []
+    shown = inc.table.sort("peak_score", descending=True, nulls_last=True).head(MAX_TABLE_ROWS)
+    for r in shown.iter_rows(named=True):
+        st = r["status"]
+        rows.append({**r, "status": _Raw(f'<span class="{"ok" if st == "matched" else "warn"}">{_e(st)}</span>'),
+                     "what": r["title"] or "—", "factors": _factors(r.get("top_factors")),
+                     # one cause, one incident: the other entries that matched its windows,
+                     # each with the evidence it was ranked lower on (one a line)
+                     "alternatives": _Raw("<br>".join(_e(a) for a in r.get("alternatives") or [])),
+                     "duration": _duration((r["end"] - r["start"]).total_seconds()
+                                           if r["end"] and r["start"] else None)})
+    cap = _cap_note(inc.table.height, "incidents", "highest peak score")
+    return _section("incidents", "Incidents", cap + _table(rows, [
+        ("host", "host"), ("start", "start"), ("duration", "duration"), ("n_windows", "windows"), ("status", "status"),
+        ("what", "knowledge-base entry"), ("confidence", "confidence"), ("alternatives", "alternatives"),
+        ("peak_score", "peak"),
+        ("devices", "devices"), ("factors", "top factors"), ("explanation", "explanation")], "incidents",
+        nowrap=("host", "duration", "status")))
+
+
+def _render_ground_truth(labels: Sequence[LabelCheck]) -> str:
+    if not labels:
+        return ""
+    rows = [{"host": lb.host, "type": lb.type, "start": lb.start, "end": lb.end,
+             "result": _Raw('<span class="ok">detected and matched</span>' if lb.matched else
+                            '<span class="warn">detected, not matched</span>' if lb.detected else
+                            '<span class="bad">missed</span>')} for lb in labels]
+    return _section("ground-truth", "Ground truth (labelled inefficiencies)", _table(
+        rows, [("host", "host"), ("type", "type"), ("start", "start"), ("end", "end"), ("result", "result")],
+        "labels"))
+
+
+def _render_audit(a: Audit) -> str:
+    title = "Static audit of host facts"
+    if a.findings is None or not a.findings.height:
+        why = "none: no host_facts in the lake" if a.findings is None else "none: every static check passed"
+        return _section("audit", title, _none(why))
+    return _section("audit", title, _cap_note(a.findings.height, "findings", "by host") + _table(
+        [{**r, "until": r["until"] or "end of range (still holds)"}
+         for r in a.findings.head(MAX_TABLE_ROWS).iter_rows(named=True)],
+        [("host", "host"), ("entry_id", "entry"), ("device", "device"), ("severity", "severity"),
+         ("message", "message"), ("first_seen", "from"), ("until", "until")], "audit"))
+
+
+def _render_remediations(rem: Remediations) -> str:
+    if rem.actions is None or not rem.actions.height:
+        return _section("remediations", "Remediations", _none("none queued"))
+    rows = [{**r, "effect": _effect(r.get("effect_before"), r.get("effect_after")), "history": _history(r)}
+            for r in rem.actions.sort("created", descending=True).head(MAX_TABLE_ROWS).iter_rows(named=True)]
+    return _section("remediations", "Remediations", _cap_note(rem.actions.height, "actions", "latest") + _table(rows, [
+        ("action_id", "id"), ("host", "host"), ("entry_id", "entry"), ("incident_id", "incident"),
+        ("script_id", "script"), ("params", "parameters"), ("mode", "mode"), ("state", "state"),
+        ("executed", "executed"), ("verdict", "verdict"), ("effect", "measured effect"),
+        ("history", "history")], "remediations"))
+
+
+def _render_summary(s: ReportSummary) -> str:
+    cards = [("hosts", len(s.hosts)), ("windows", s.windows), ("flagged", s.flagged),
+             ("findings", s.findings), ("incidents", s.incidents), ("matched", s.matched),
+             ("unmatched", s.unmatched), ("remediations", sum(s.remediations.values())),
+             ("audit findings", s.audit_findings)]
     card_html = "".join(f'<div class="card"><b>{v}</b><span>{html.escape(k)}</span></div>' for k, v in cards)
-    missing = (f'<p class="meta">Not in the lake yet: {html.escape(", ".join(summary.missing_tables))}.</p>'
-               if summary.missing_tables else "")
-    doc = (
+    return f'<section id="summary"><div class="cards">{card_html}</div></section>'
+
+
+def render(facts: ReportFacts) -> str:
+    """The HTML document of the gathered facts."""
+    s = facts.summary
+    palette: dict[str, str] = {}
+    sections = [_render_traces(facts.traces, palette), _render_fingerprints(facts.incidents),
+                _render_incidents(facts.incidents), _render_ground_truth(s.labels), _render_audit(facts.audit),
+                _render_remediations(facts.remediations)]
+    missing = (f'<p class="meta">Not in the lake yet: {html.escape(", ".join(s.missing_tables))}.</p>'
+               if s.missing_tables else "")
+    lake, hosts = facts.lake, facts.hosts
+    return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>Unveil report — {html.escape(str(lake))}</title><style>{_CSS}</style></head><body>"
+        f"<title>Unveil report — {html.escape(lake)}</title><style>{_CSS}</style></head><body>"
         "<h1>Unveil report</h1>"
-        f'<p class="meta">lake <code>{html.escape(str(lake))}</code> · range {html.escape(summary.span())} · hosts {html.escape(", ".join(hosts) if hosts else "all")} · generated '
+        f'<p class="meta">lake <code>{html.escape(lake)}</code> · range {html.escape(s.span())} · hosts {html.escape(", ".join(hosts) if hosts else "all")} · generated '
         f"{_e(datetime.now(UTC))}</p>{missing}"
-        f'<section id="summary"><div class="cards">{card_html}</div></section>'
-        + "".join(sections) + "</body></html>\n"
+        + _render_summary(s) + "".join(sections) + "</body></html>\n"
     )
-    out_p.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_p, doc, mode=0o666)  # a user's file: the umask decides, as for any new file
+
+
+def write_report(lake: str | os.PathLike[str], out: str | os.PathLike[str], start: datetime | None = None,
+                 end: datetime | None = None, hosts: Sequence[str] | None = None) -> ReportSummary:
+    """Write the HTML report of ``[start, end)`` (default: everything) for ``hosts``
+    (default: all) to ``out`` (atomically) and return its summary."""
+    t0 = time.perf_counter()
+    facts = gather(lake, out, start, end, hosts)
+    doc = render(facts)
+    summary = facts.summary
+    summary.path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(summary.path, doc, mode=0o666)  # a user's file: the umask decides, as for any new file
     summary.elapsed_s = time.perf_counter() - t0
-    log.info("report %s: %d hosts, %d incidents, %.1f s", out_p, len(summary.hosts), summary.incidents,
+    log.info("report %s: %d hosts, %d incidents, %.1f s", summary.path, len(summary.hosts), summary.incidents,
              summary.elapsed_s)
     return summary

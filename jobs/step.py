@@ -24,16 +24,27 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import polars as pl
+from threadpoolctl import threadpool_limits
 
 from analytics.evaluation import DetectHook
 from analytics.features import compute_features
-from analytics.pipeline import AnalysisResult, analyze
+from analytics.pipeline import (
+    AnalysisResult,
+    AnalyticsConfig,
+    Reference,
+    analyze,
+    fit,
+    frame_cohorts,
+    score,
+)
 from ingest import schema
 from jobs.config import SweepConfig
 from jobs.grid import US, floor_grid, steps
@@ -93,6 +104,20 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
     segment still open from earlier steps) and the step's findings: with ``horizon=None``
     every incident is closed (a finished interval), else segments that may still grow
     are open (:func:`incidents_of`)."""
+    # one BLAS thread: a step's matrices are small (a few hundred features), and BLAS
+    # threads spinning on them cost more CPU than they save (measured: Mahalanobis scoring
+    # 8.7 -> 0.2 CPU-s in a 30-step sweep of 8 hosts on the loaded 2-core VM); sweeps run
+    # in parallel as processes instead
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _sweep_step(loaded, cfg, kb, since=since, until=until, hosts=hosts, history_known=history_known,
+                           result=result, frame_start=frame_start, signature=signature, incidents=incidents,
+                           horizon=horizon, prior=prior)
+
+
+def _sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: datetime | None,
+                until: datetime | None, hosts: Sequence[str] | None, history_known: Mapping[str, datetime] | None,
+                result: AnalysisResult | None, frame_start: datetime | None, signature: pl.DataFrame | None,
+                incidents: bool, horizon: datetime | None, prior: pl.DataFrame | None) -> StepResult:
     a = cfg.analytics
     step = None if result is not None else cfg.analysis_step
     keep = _keep(since, until, hosts)
@@ -164,6 +189,11 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings(), loaded.corrupt)
     feats = feats.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
     length = timedelta(seconds=a.window.length_s)
+    # the running medians of a step's windows reach back half of `smooth` (more at the
+    # start of a host's data): the frame a step is scored on starts this far before it
+    lead = 2 * max(a.smooth, timedelta(seconds=a.window.stride_s)) + length
+    starts = _host_starts(feats)
+    epochs: dict[datetime, Reference] = {}
     outs: list[StepResult] = []
     for b, b2 in steps(since + length - US, until, step):
         first = floor_grid(b - a.history, a.window.stride_s)
@@ -172,7 +202,7 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
             outs.append(StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings()))
             continue
         b_since = b - length + US
-        res = analyze({}, a, host_facts=loaded.facts, score_since=b_since, features=part)
+        res = _analysed(feats, part, a, loaded.facts, b, b2, b_since, first, lead, starts, epochs)
         # the signature matcher judges a window against the host's own past only
         det = detect(res, loaded.facts, kb, cfg.detection, keep=_keep(b_since, b2, hosts), frame_start=first,
                      history_known=history_known, match_config=MatchConfig(reference_before=b_since))
@@ -181,6 +211,78 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     return StepResult(_concat([o.features for o in outs]), _concat([o.scores for o in outs]),
                       findings if findings.height else empty_findings(), loaded.corrupt,
                       sum(o.suppressed for o in outs))
+
+
+def _host_starts(feats: pl.DataFrame) -> dict[str, np.ndarray]:
+    """host -> its window starts (µs since the epoch), sorted."""
+    ws = feats.select(HOST, pl.col(WS).dt.epoch("us").alias("_us")).sort(HOST, "_us")
+    return {str(h): g["_us"].to_numpy() for (h,), g in ws.group_by([HOST], maintain_order=True)}
+
+
+def _analysed(feats: pl.DataFrame, part: pl.DataFrame, a: AnalyticsConfig, facts: pl.DataFrame | None,
+              b: datetime, b2: datetime, b_since: datetime, first: datetime, lead: timedelta,
+              starts: Mapping[str, np.ndarray], epochs: dict[datetime, Reference]) -> AnalysisResult:
+    """The analysis of one step ``[b, b2)`` (its windows start at or after ``b_since``; the
+    history starts at ``first``): fit once, score many. A host's own reference (``self``)
+    is that of the refit epoch ``e`` (``b`` floored to ``analytics.refit`` on the clock),
+    fitted on its windows of ``[e + refit - history, e)`` (the part of the history that
+    every step of the epoch has loaded) and reused by every step of the epoch; a
+    host with less than its warm-up (at least ``min_windows``) of windows there (a new
+    host, a fleet's first epoch) is judged against ``[b - history, b2)`` instead, refitted
+    every step as when ``refit`` is off. The cohort reference stays contemporaneous (the
+    peers' windows of the step, :func:`analytics.pipeline.score`). All of it depends on the
+    clock only, not on how a sweep cuts time."""
+    step_hosts = part.filter(pl.col(WS) >= b_since)[HOST].unique().to_list()
+    refs: dict[str, Reference] = {}
+    if "self" in a.references:
+        if a.refit is not None and a.refit < a.history:  # (else no history is loaded by every step of an epoch)
+            e = floor_grid(b, a.refit.total_seconds())
+            epoch = _epoch_reference(feats, floor_grid(e + a.refit - a.history, a.window.stride_s), e, a, epochs)
+            need = max(a.min_windows, round(a.warmup.total_seconds() / a.window.stride_s))
+            refs = {h: epoch for h in step_hosts if epoch.windows.get(h, 0) >= need}
+        cold = [h for h in step_hosts if h not in refs]
+        if cold:
+            now = fit(part.filter(pl.col(HOST).is_in(cold)), a)
+            refs.update({h: now for h in cold})
+    # first window start of each host in the history (its warm-up), as analyze sees it
+    first_us = (first - datetime(1970, 1, 1, tzinfo=UTC)) // US
+    first_of = {h: int(s[i]) for h, s in starts.items() if (i := int(np.searchsorted(s, first_us))) < s.size}
+    frame = part.filter(pl.col(WS) >= max(first, b_since - lead))
+    res = score(frame, a, refs, score_since=b_since, first_us=first_of, cohort_of=frame_cohorts(a, part, facts),
+                host_facts=facts)
+    # downstream (warm-up runs, the matcher's references) reads the whole history
+    return replace(res, features=part)
+
+
+#: the references of the latest refit epochs, kept between the sweeps of one process (the
+#: scheduler's cycles: an epoch's references are fitted once, not at every cycle)
+_FITS: OrderedDict[tuple[Any, ...], Reference] = OrderedDict()
+_FITS_KEPT = 2
+
+
+def _epoch_reference(feats: pl.DataFrame, start: datetime, e: datetime, a: AnalyticsConfig,
+                     done: dict[datetime, Reference]) -> Reference:
+    """The hosts' own references fitted on their windows of ``[start, e)``: from ``done``
+    (this sweep's), else from :data:`_FITS` when a sweep of this process fitted the same
+    windows (same epoch, config, hosts, window counts and column sums to 6 digits: a
+    sweep loading from another time may differ in the last bits), else fitted."""
+    if e in done:
+        return done[e]
+    ref = feats.filter((pl.col(WS) >= start) & (pl.col(WE) <= e))
+    counts = ref.group_by(HOST).len().sort(HOST).rows()
+    cols = [c for c in ref.columns if c not in (HOST, WS, WE)]
+    sums = ref.select(pl.col(cols).cast(pl.Float64).sum()).row(0) if ref.height else ()
+    key = (e, repr(a), tuple(ref.columns), tuple(counts), tuple(float(f"{v:.6g}") for v in sums))
+    got = _FITS.get(key)
+    if got is None:
+        got = fit(ref, a)
+        _FITS[key] = got
+        while len(_FITS) > _FITS_KEPT:
+            _FITS.popitem(last=False)
+    else:
+        _FITS.move_to_end(key)
+    done[e] = got
+    return got
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:

@@ -95,6 +95,7 @@ def run_sweep(
     write: bool = True,
     detection: DetectionConfig | None = None,
     kb: KnowledgeBase | None = None,
+    engine: str = "processes",
 ) -> SweepSummary:
     """Analyse ``[start, end)`` (plus the config's history as reference) and write the
     features, scores and findings tables to the lake (unless ``write`` is False).
@@ -106,7 +107,7 @@ def run_sweep(
     from knowledge_base import load_kb
 
     config = config or AnalyticsConfig()
-    cfg = SweepConfig(analytics=config, detection=detection or DetectionConfig(), analysis_step=None)
+    cfg = SweepConfig(analytics=config, detection=detection or DetectionConfig(), analysis_step=None, engine=engine)
     # the scheduler's reader: a corrupt file is skipped and named, the rest analysed
     loaded = load_lake(lake, start - config.history, end, hosts)
     det = sweep_step(loaded, cfg, kb or load_kb(), since=start, hosts=hosts,

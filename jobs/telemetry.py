@@ -53,7 +53,7 @@ def earliest(lake: str | os.PathLike[str], host: str) -> datetime | None:
             continue
         for f in files[:3]:  # the first partition holds the first rows
             try:
-                v = pl.scan_parquet(f).select(pl.col(schema.TIME).min()).collect().item()
+                v = lake_mod.scan_file(lake, f).select(pl.col(schema.TIME).min()).collect().item()
             except (OSError, pl.exceptions.PolarsError):
                 continue
             if v is not None:

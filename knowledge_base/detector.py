@@ -14,6 +14,16 @@ a knowledge-base signature says "this window shows inefficiency E". Either makes
   with confidence >= max(the entry's ``min_confidence``, ``DetectionConfig.min_confidence``).
   Warm-up does not apply: a host misconfigured from boot must be caught.
 
+A statistical finding that only the **cohort** flagged, that the host's **own history**
+finds normal (none of its ``self`` detectors flags the window) and that **no entry** matches is
+dropped (``DetectionConfig.peer_only = False``, the default): the host differs from its
+peers as it always has, and nothing names a cause — benign diversity (a warmer GPU slot, a
+bigger quota), not an inefficiency. On a healthy 8-host mixed fleet these windows were the
+long unmatched incidents, and they began on analysis-step edges: each step refits the
+cohort reference, and a host that sits at its edge flips in and out a whole step at a time.
+A fault that starts on a running host moves the host against its own past too, and a
+fault present from boot is kept when an entry names it.
+
 :func:`detect` returns the scores table with one extra row per window (``detector = "kb"``,
 ``reference = "signature"``, ``score`` = the best matched confidence or 0, ``threshold`` =
 the entry's minimum confidence, ``flagged``) and the findings table with the match columns;
@@ -65,10 +75,13 @@ class DetectionConfig:
     min_confidence: float = 0.0
     warmup_s: float = 120.0
     restart_gap_s: float = 300.0
+    peer_only: bool = False  # keep unmatched findings only the cohort flags (module doc)
 
     def __post_init__(self) -> None:
         if not isinstance(self.signature, bool):
             raise ValueError(f"detection.signature must be true or false, not {self.signature!r}")
+        if not isinstance(self.peer_only, bool):
+            raise ValueError(f"detection.peer_only must be true or false, not {self.peer_only!r}")
         if not 0.0 <= self.min_confidence <= 1.0:
             raise ValueError(f"detection.min_confidence must be in [0, 1], not {self.min_confidence!r}")
         if not self.warmup_s >= 0:
@@ -84,6 +97,7 @@ class Detection:
     findings: pl.DataFrame  # FINDINGS_OUT_SCHEMA
     signature: pl.DataFrame  # the signature detector's rank-1 matches (MATCH_SCHEMA)
     suppressed: int = 0  # statistical findings dropped by the warm-up
+    peer_only: int = 0  # unmatched findings only the cohort flagged, dropped (module doc)
 
 
 # ------------------------------------------------------------------------ warm-up
@@ -278,8 +292,28 @@ def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: Knowledg
         findings = attach_matches(findings, matches, sig)
     else:
         findings = empty_findings()
+    n_peer = 0
+    if findings.height and not cfg.peer_only:
+        drop = peer_only(findings, result.scores)
+        n_peer = int(drop.sum())
+        findings = findings.filter(~drop)
     findings = findings.select([pl.col(c).cast(t) for c, t in FINDINGS_OUT_SCHEMA.items()])
-    return Detection(feats, scores, findings, sig, int(warm.sum()))
+    return Detection(feats, scores, findings, sig, int(warm.sum()), n_peer)
+
+
+def peer_only(findings: pl.DataFrame, scores: pl.DataFrame) -> pl.Series:
+    """Boolean per finding: judged against the cohort, no entry matched it, and its host's
+    own history finds the window normal: none of the ``self`` detectors (nor their
+    combination) flags it. A window without ``self`` scores (a host with too few windows of
+    its own) is not dropped."""
+    cand = (pl.col("reference") == "cohort") & pl.col("entry_id").is_null()
+    if scores.is_empty():
+        return pl.Series("peer_only", [False] * findings.height, dtype=pl.Boolean)
+    calm = (scores.filter(pl.col("reference") == "self").group_by(HOST, pl.col(WS).cast(TS))
+            .agg((~pl.col("flagged").any()).alias("_calm")))
+    got = findings.select(HOST, pl.col(WS).cast(TS), cand.alias("_cand")).join(
+        calm, on=[HOST, WS], how="left", maintain_order="left")
+    return got.select((pl.col("_cand") & pl.col("_calm").fill_null(False)).alias("peer_only"))["peer_only"]
 
 
 def _bare_findings(bare_keys: pl.DataFrame, keys: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:

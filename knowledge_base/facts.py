@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import polars as pl
 
@@ -194,18 +194,35 @@ def _norm_pci(addr: str) -> str:
 
 class FactsIndex:
     """Fast "facts of host H at time T" over a host_facts frame: the frame is split by host
-    once and one :class:`HostFacts` is built per (host, snapshot) actually asked for."""
+    once and one :class:`HostFacts` is built per (host, snapshot) actually asked for.
+    :meth:`of` shares one index between the calls on the same frame (a sweep's analysis
+    steps match against the same facts again and again)."""
+
+    _last: ClassVar[tuple[pl.DataFrame, int, FactsIndex] | None] = None
 
     def __init__(self, host_facts: pl.DataFrame | None) -> None:
         self._by_host: dict[str, pl.DataFrame] = {}
         self._times: dict[str, list[Any]] = {}
         self._cache: dict[tuple[str, Any], HostFacts] = {}
+        # (id(entry), id(snapshot)) -> (entry, snapshot, verdict): the objects are kept, so ids stay theirs
+        self._pre: dict[tuple[int, int], tuple[Entry, HostFacts, tuple[bool, list[str]]]] = {}
         if host_facts is None or host_facts.is_empty() or "host" not in host_facts.columns:
             return
         for (h,), df in host_facts.group_by(["host"], maintain_order=True):
             self._by_host[str(h)] = df
             if "time" in df.columns:
                 self._times[str(h)] = sorted(set(df["time"].drop_nulls().to_list()))
+
+    @classmethod
+    def of(cls, host_facts: pl.DataFrame | None) -> FactsIndex:
+        """The index of ``host_facts``: the last one built when it is the same frame object
+        (of the same height), else a new one (then kept)."""
+        last = cls._last
+        if host_facts is not None and last is not None and last[0] is host_facts and last[1] == host_facts.height:
+            return last[2]
+        index = cls(host_facts)
+        cls._last = None if host_facts is None else (host_facts, host_facts.height, index)
+        return index
 
     def at(self, host: str, t: datetime | None = None) -> HostFacts:
         times = self._times.get(host)
@@ -217,6 +234,15 @@ class FactsIndex:
         if key not in self._cache:
             self._cache[key] = HostFacts.from_frame(self._by_host.get(host), host, snap, with_before=False)
         return self._cache[key]
+
+    def preconditions(self, entry: Entry, facts: HostFacts) -> tuple[bool, list[str]]:
+        """:func:`preconditions_hold`, remembered per (entry, snapshot of this index)."""
+        key = (id(entry), id(facts))
+        got = self._pre.get(key)
+        if got is None:
+            got = (entry, facts, preconditions_hold(entry, facts))
+            self._pre[key] = got
+        return got[2]
 
 
 # ------------------------------------------------------------------- preconditions

@@ -50,7 +50,7 @@ import polars as pl
 from analytics.attribution import SHARE_COLUMNS
 from analytics.catalog import lookup, split_feature
 from analytics.detectors import RobustStandardizer
-from knowledge_base.facts import FactsIndex, HostFacts, _compare, preconditions_hold
+from knowledge_base.facts import FactsIndex, HostFacts, _compare
 from knowledge_base.loader import Entry, KnowledgeBase, Signal, load_kb
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,52 @@ def fact_changes(host_facts: pl.DataFrame | None, facts: frozenset[str]) -> dict
     return out
 
 
+@dataclass
+class _Frame:
+    """What the references read from one features frame, kept between the calls on the
+    same frame (:func:`_frame`): a sweep step matches its windows twice (the signature
+    detector, then the findings) against the same history."""
+
+    features: pl.DataFrame  # (kept: the memo is valid while this very object is)
+    key: tuple[Any, ...]
+    feats: pl.DataFrame  # keys and the relevant columns, row-indexed
+    X: np.ndarray
+    floors: np.ndarray
+    hosts: np.ndarray
+    starts: np.ndarray  # window starts, µs since the epoch
+    cohort_of: dict[str, list[str]]
+    fitted: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def ref(self, key: tuple[Any, ...], rows: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Center and scale of ``rows`` (at most ``limit`` of them), remembered under ``key``
+        (which must name what selected the rows)."""
+        got = self.fitted.get((*key, limit))
+        if got is None:
+            got = _fit_ref(self.X[_thin(rows, limit)], self.floors)
+            self.fitted[(*key, limit)] = got
+        return got
+
+
+_LAST_FRAME: list[_Frame] = []
+
+
+def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[str]) -> _Frame:
+    key = (features.height, tuple(cols), id(host_facts), None if host_facts is None else host_facts.height)
+    if _LAST_FRAME and _LAST_FRAME[0].features is features and _LAST_FRAME[0].key == key:
+        return _LAST_FRAME[0]
+    feats = features.select(HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), *cols).with_row_index("_r")
+    X = feats.select(cols).to_numpy().astype(np.float64)
+    X[~np.isfinite(X)] = np.nan
+    groups: dict[str, list[str]] = {}
+    for h, label in sorted(hardware_cohorts(features, host_facts).items()):
+        groups.setdefault(label, []).append(h)
+    fr = _Frame(features, key, feats, X, np.array([lookup(c).floor for c in cols], dtype=np.float64),
+                feats[HOST].to_numpy(), feats[WS].dt.epoch("us").to_numpy(),
+                {h: members for members in groups.values() for h in members})
+    _LAST_FRAME[:] = [fr]
+    return fr
+
+
 def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.DataFrame | None,
                 families: frozenset[str], cfg: MatchConfig, watched: frozenset[str] = frozenset()) -> _Refs:
     cols = [c for c in features.columns if c not in (HOST, WS, WE) and split_feature(c)[0] in families]
@@ -184,12 +230,8 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     out = _Refs.empty(cols, n)
     if not p or not n:
         return out
-    feats = features.select(HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), *cols).with_row_index("_r")
-    X = feats.select(cols).to_numpy().astype(np.float64)
-    X[~np.isfinite(X)] = np.nan
-    floors = np.array([lookup(c).floor for c in cols], dtype=np.float64)
-    hosts = feats[HOST].to_numpy()
-    starts = feats[WS].dt.epoch("us").to_numpy()
+    fr = _frame(features, host_facts, cols)
+    feats, X, hosts, starts = fr.feats, fr.X, fr.hosts, fr.starts
     before = cfg.reference_before
     if before is not None and before.tzinfo is None:
         before = before.replace(tzinfo=UTC)
@@ -201,11 +243,8 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     has = ~np.isnan(ridx.astype(np.float64)) if keyed["_r"].null_count() else np.ones(len(ridx), bool)
     ridx_i = np.where(has, np.nan_to_num(ridx.astype(np.float64)), 0).astype(np.int64)
     out.value[fidx[has]] = X[ridx_i[has]]
-    groups: dict[str, list[str]] = {}
-    for h, label in sorted(hardware_cohorts(features, host_facts).items()):
-        groups.setdefault(label, []).append(h)
-    cohort_of = {h: members for members in groups.values() for h in members}
     fhosts = findings[HOST].to_numpy()
+    limit = cfg.max_reference_rows
     for h in sorted(set(fhosts.tolist())):
         target = np.flatnonzero(fhosts == h)
         own = np.flatnonzero(hosts == h)
@@ -215,21 +254,21 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
             if own.size < cfg.min_pre_windows:
                 own = own[:0]
         if own.size:
-            c, s = _fit_ref(X[_thin(own, cfg.max_reference_rows)], floors)
+            c, s = fr.ref(("self", h, before_us if cfg.reference_before is not None else None), own, limit)
             out.c_self[target], out.s_self[target] = c, s
-        members = cohort_of.get(h, [])
+        members = fr.cohort_of.get(h, [])
         if len(members) >= cfg.min_cohort:
             peers = np.flatnonzero(np.isin(hosts, [m for m in members if m != h]))
             if peers.size:
-                c, s = _fit_ref(X[_thin(peers, cfg.max_reference_rows)], floors)
+                c, s = fr.ref(("cohort", h), peers, limit)
                 out.c_coh[target], out.s_coh[target] = c, s
     for fact in sorted(watched):
-        _pre_change(out, findings, feats, X, floors, host_facts, fact, cfg)
+        _pre_change(out, findings, fr, host_facts, fact, cfg)
     return out
 
 
-def _pre_change(out: _Refs, findings: pl.DataFrame, feats: pl.DataFrame, X: np.ndarray, floors: np.ndarray,
-                host_facts: pl.DataFrame | None, fact: str, cfg: MatchConfig) -> None:
+def _pre_change(out: _Refs, findings: pl.DataFrame, fr: _Frame, host_facts: pl.DataFrame | None, fact: str,
+                cfg: MatchConfig) -> None:
     """The ``before`` reference of a watched fact (one a signature reads, e.g. THP
     switched to ``never``): for a window after a change of that fact, the host's windows
     between the previous change and that one. A single host whose history is mostly after
@@ -240,7 +279,8 @@ def _pre_change(out: _Refs, findings: pl.DataFrame, feats: pl.DataFrame, X: np.n
     n, p = out.value.shape
     c_pre, s_pre = np.full((n, p), np.nan), np.full((n, p), np.nan)
     out.pre[fact] = (c_pre, s_pre)
-    hosts = feats[HOST].to_numpy()
+    feats = fr.feats
+    hosts = fr.hosts
     wstart = feats[WS].to_numpy()
     wend = feats[WE].to_numpy()
     fhosts = findings[HOST].to_numpy()
@@ -260,7 +300,7 @@ def _pre_change(out: _Refs, findings: pl.DataFrame, feats: pl.DataFrame, X: np.n
             before = own[(wend[own] <= t) & ((wstart[own] >= lo) if lo is not None else True)]
             if before.size < cfg.min_pre_windows:
                 continue
-            c, s = _fit_ref(X[_thin(before, cfg.max_reference_rows)], floors)
+            c, s = fr.ref(("pre", h, lo, t), before, cfg.max_reference_rows)
             c_pre[tgt], s_pre[tgt] = c, s
 
 
@@ -588,7 +628,7 @@ def match_findings(
     hosts = findings[HOST].to_list()
     starts = findings[WS].to_list()
     # facts per (host, window): preconditions at the window's time (facts can change)
-    index = FactsIndex(host_facts)
+    index = FactsIndex.of(host_facts)
 
     win_facts = [index.at(h, t) for h, t in zip(hosts, starts, strict=True)]
     # windows sharing a facts snapshot share their precondition verdicts
@@ -601,7 +641,7 @@ def match_findings(
         pre_msgs: list[list[str]] = [none] * n  # replaced per window below, never mutated
         if entry.preconditions:
             for k, hf in snaps.items():
-                ok, msgs = preconditions_hold(entry, hf)
+                ok, msgs = index.preconditions(entry, hf)
                 rows = np.flatnonzero(snap_ids == k)
                 pre_ok[rows] = ok
                 for i in rows.tolist():

@@ -15,7 +15,8 @@ PYTHON=${PYTHON:-python3}
 # ethtool              NIC ring sizes, read and set by the nic_ring remediation
 # linux-perf           hardware counters, where the PMU exposes them
 # systemd              systemd-analyze verify checks the service units (packaging/systemd)
-APT_PACKAGES=(influxdb victoria-metrics chromium numactl ethtool linux-perf systemd)
+# nftables             random packet loss for the drill's network fault where the kernel has no sch_netem
+APT_PACKAGES=(influxdb victoria-metrics chromium numactl ethtool linux-perf systemd nftables)
 
 want_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do

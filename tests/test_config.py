@@ -61,7 +61,7 @@ _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Ca
     **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _SAME)] for k in (
         "combine", "vote_k", "reference", "top_k", "threshold_k", "min_windows", "min_cohort", "cohort_by",
         "cohort_tolerance", "one_sided", "activity_weight", "min_run", "threshold_rule")},
-    **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _td)] for k in ("history", "smooth")},
+    **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _td)] for k in ("history", "smooth", "refit")},
     # one warm-up: the analytics' and the knowledge-base detector's
     ("analytics", "warmup"): [(lambda c: c.analytics.warmup, _td),
                               (lambda c: timedelta(seconds=c.detection.warmup_s), _td)],
@@ -69,7 +69,7 @@ _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Ca
     **{("scheduler", k): [(lambda c, k=k: getattr(c.sweep, k), _td)] for k in (
         "chunk", "lag", "max_incident", "compact_every")},
     **{("scheduler", k): [(lambda c, k=k: getattr(c.sweep, k), _SAME)] for k in (
-        "incident_gap_s", "queue_remediations", "kb_path")},
+        "incident_gap_s", "queue_remediations", "kb_path", "engine")},
     ("scheduler", "retention"): [(lambda c: dict(c.sweep.retention), lambda v: {t: _td(d) for t, d in v.items()})],
     ("scheduler", "signature_detector"): [(lambda c: c.detection.signature, _SAME)],
     ("scheduler", "signature_min_confidence"): [(lambda c: c.detection.min_confidence, _SAME)],
@@ -109,6 +109,7 @@ def test_sample_with_every_commented_key_enabled_arrives_in_the_tree(
         ("[agent.tiers]\ncpu = 'sometimes'\n", r"\[agent\] tiers\.cpu: unknown tier 'sometimes'"),
         ("[scheduler]\nanalysis_step = '1500ms'\n", r"\[scheduler\] analysis_step \(0:00:01.500000\) must be a multiple of the stride"),
         ("[scheduler]\nchunck = '1h'\n", r"\[scheduler\]: unknown key\(s\) chunck"),
+        ("[scheduler]\nengine = 'threads'\n", r"\[scheduler\] engine: unknown engine 'threads'; expected serial"),
         ("[analytics]\nvote_k = 9\n", r"\[analytics\] vote_k must be between"),
         ("[remediation]\ntimeout_s = -1\n", r"\[remediation\] timeout_s: expected a positive number"),
         ("[remediation]\nqueue = 5\n", r"\[remediation\] queue: expected a file path"),

@@ -358,10 +358,12 @@ def _kernel_rows(layout: str, seed: int) -> pl.DataFrame:
         return df.sort("host", "tag", "node", "_t")
     if layout == "sparse":  # rows missing: not a grid
         return df.filter(pl.Series(rng.random(n) > 0.2)).sort("host", maintain_order=True)
+    if layout == "duplicated":  # a series with two rows at one time: both are samples
+        return pl.concat([df, df.sample(n=15, seed=seed)]).sort("host", "_t", maintain_order=True)
     return df.sample(fraction=1.0, shuffle=True, seed=seed)  # hosts interleaved, any order
 
 
-@pytest.mark.parametrize("layout", ["time_major_per_host", "series_major", "sparse", "shuffled"])
+@pytest.mark.parametrize("layout", ["time_major_per_host", "series_major", "sparse", "duplicated", "shuffled"])
 def test_bucket_kernel_equals_the_polars_group_by(layout: str) -> None:
     from polars.testing import assert_frame_equal
 

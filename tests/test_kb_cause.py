@@ -401,3 +401,24 @@ def test_quota_on_a_cgroup_v2_tree_created_after_the_agent_started(tmp_path: Pat
     assert inside.height >= 2, feats.select("window_start", col).rows()
     got = _rank1(match_windows(feats, None, load_kb()))
     assert all(got.get(t) == "cgroup_cpu_throttle" for t in inside["window_start"]), got
+
+
+def test_binomial_noise_of_a_bursty_group_is_not_a_quota_cut() -> None:
+    # a healthy job at ~80 % of its quota is throttled in ~3.5 % of the CFS periods (the
+    # simulator's realistic profile): a 3-s window counts 30 periods, so its share is
+    # k/30 with k ~ Binomial(30, 0.035) - mostly 0-2, now and then 4-6 (0.13-0.2). Those
+    # chance windows are no quota change; a real cut throttles most periods and is named.
+    rng = np.random.default_rng(1)
+    n = 400
+    share = (rng.binomial(30, 0.035, n) / 30).tolist()
+    for i in range(300, 330):  # the healthy tail, as often as it shows in half an hour
+        share[i] = (4 + i % 3) / 30
+    f = _frame(n, {"cgroup.throttled_share@workload.slice": share,
+                   "cgroup.quota_use_share@workload.slice": [0.82] * n})
+    got = _rank1(match_windows(f, None, load_kb()))
+    assert "cgroup_cpu_throttle" not in got.values()
+    cut = [*share[:300], *(rng.binomial(30, 0.6, 100) / 30).tolist()]
+    f2 = _frame(n, {"cgroup.throttled_share@workload.slice": cut,
+                    "cgroup.quota_use_share@workload.slice": [0.82] * 300 + [0.97] * 100})
+    got2 = _rank1(match_windows(f2, None, load_kb()))
+    assert sum(v == "cgroup_cpu_throttle" for t, v in got2.items() if t >= f2["window_start"][300]) >= 95

@@ -226,3 +226,41 @@ def test_warmup_cover_uses_the_cohorts_analytics_judged_with() -> None:
     det = detect(res, None, load_kb(), DetectionConfig(signature=False, warmup_s=120), keep=pl.lit(True))
     assert det.suppressed == 0
     assert early.select("host", "window_start").join(det.findings, on=["host", "window_start"], how="anti").is_empty()
+
+
+def _diverse_fleet(shift_at: int | None) -> pl.DataFrame:
+    """Four hosts of one cohort for 400 s; h3's GPU runs 9 degC warmer than its peers (a
+    warmer slot: benign diversity) from the start, or only from ``shift_at`` (a change)."""
+    rng = np.random.default_rng(0)
+    parts = []
+    for h in range(4):
+        starts = list(range(400))
+        hot = np.zeros(400)
+        if h == 3:
+            hot[(shift_at or 0):] = 9.0
+        parts.append(keys(f"h{h}", starts).with_columns(
+            pl.Series("gpu.temperature_max@gpu0", (55 + hot + rng.normal(0, 0.7, 400)).round()),
+            pl.Series("gpu.util@gpu0", 90 + rng.normal(0, 2, 400))))
+    return pl.concat(parts)
+
+
+def test_a_host_that_always_differed_from_its_peers_is_no_finding() -> None:
+    """Only the cohort flags h3 (its own history says it has always been this way) and no
+    entry names a cause: benign diversity, not an incident (on a healthy simulated fleet
+    these windows made long unmatched incidents, flipping on analysis-step edges). With
+    ``peer_only = True`` they are kept; a host that *changes* is still a finding."""
+    from analytics.pipeline import analyze
+
+    res = analyze({}, AnalyticsConfig(warmup=timedelta(0)), features=_diverse_fleet(None), score_since=ts(300))
+    flagged = res.findings.filter(pl.col("host") == "h3")
+    assert flagged.height > 50 and (flagged["reference"] == "cohort").all()  # the cohort does flag it
+    det = detect(res, None, load_kb(), keep=pl.lit(True))
+    assert det.findings.is_empty() and det.peer_only == flagged.height
+    kept = detect(res, None, load_kb(), DetectionConfig(peer_only=True), keep=pl.lit(True))
+    assert kept.findings.height == flagged.height and kept.peer_only == 0
+    moved = analyze({}, AnalyticsConfig(warmup=timedelta(0)), features=_diverse_fleet(330), score_since=ts(300))
+    got = detect(moved, None, load_kb(), keep=pl.lit(True)).findings
+    assert got.filter((pl.col("host") == "h3") & (pl.col("window_start") >= ts(335))).height > 30
+    assert SweepConfig.from_mapping({"peer_only_findings": True}).detection.peer_only is True
+    with pytest.raises(ValueError, match=r"\[scheduler\] peer_only_findings: expected true or false"):
+        SweepConfig.from_mapping({"peer_only_findings": "yes"})

@@ -173,3 +173,23 @@ def test_verification_spec_is_accepted_by_remediation() -> None:
         parse_spec(e.verification.spec(["gpu3"]))
     spec = kb.get("gpu_power_throttle").verification.spec(["gpu3", "gpu5"])  # type: ignore[union-attr]
     assert [f["name"] for f in spec["features"]] == ["gpu.power_limit_ratio@gpu3", "gpu.power_limit_ratio@gpu5"]
+
+
+def test_matcher_memo_follows_the_frame(rec: dict[str, pl.DataFrame], matches: pl.DataFrame) -> None:
+    """The references kept between calls on one features frame never leak into a call on
+    another frame of the same shape: it gives what a fresh call gives."""
+    import knowledge_base.matcher as matcher
+    from knowledge_base.facts import FactsIndex
+
+    kb = load_kb()
+    feats, facts = rec["features"], rec["host_facts"]
+    cols = [c for c in feats.columns if c.startswith("gpu.power_limit_ratio")]
+    other = feats.with_columns([pl.col(c) * 0.5 for c in cols])  # same shape, other values
+    match_findings(rec["findings"], feats, facts, kb)  # fills the memo with feats' references
+    got = match_findings(rec["findings"], other, facts, kb)
+    matcher._LAST_FRAME.clear()
+    FactsIndex._last = None
+    fresh = match_findings(rec["findings"], other, facts, kb)
+    assert got.equals(fresh)
+    assert not fresh.equals(matches)  # the other frame does change the verdicts
+    assert match_findings(rec["findings"], feats, facts, kb).equals(matches)

@@ -125,7 +125,7 @@ def test_the_scheduler_concludes_a_real_thp_remediation(thp_host: dict[str, str]
     conf = tmp_path / "unveil.toml"
     # max_incident: the THP incident is cut (and written, and its proposal queued) after a
     # minute, while THP is still never; warmup: statistical flags count after the healthy part
-    conf.write_text(f'[scheduler]\nmax_incident = "1m"\nwarmup = "30s"\nkb_path = "{kb}"\n')
+    conf.write_text(f'[scheduler]\nmax_incident = "1m"\nkb_path = "{kb}"\n[analytics]\nwarmup = "30s"\n')
     env = {**os.environ, "UNVEIL_CONFIG": str(conf), "PYTHONPATH": str(REPO)}
     qpath = default_path(lake)
     logs = {n: tmp_path / f"{n}.log" for n in ("agent", "scheduler", "workload")}

@@ -355,3 +355,23 @@ def test_infinite_scores_are_drawn_at_the_top_of_their_panel(tmp_path: Path) -> 
     marks = re.search(r'<g id="score-infinite-0">(.*?)</g>\s*</g>', svg, flags=re.S)
     assert marks and marks.group(1).count("<use") == 20, "the 20 infinite windows are not marked"
     assert "score = ∞ (drawn at the top)" in svg
+
+
+def test_gathered_facts_are_all_that_rendering_reads(tmp_path: Path) -> None:
+    """The report is gather -> render: the facts carry every section (typed), and the
+    document rendered from them after the lake is gone is the one write_report writes."""
+    from jobs.report import gather, render
+
+    lake = _small_lake(tmp_path / "lake", n_incidents=3, minutes=10)
+    facts = gather(lake, tmp_path / "r.html")
+    assert facts.summary.windows == 60 and facts.summary.incidents == 3 and facts.summary.plots == 2
+    assert facts.traces.hosts == ["h1"] and facts.traces.n_hosts == 1
+    assert facts.incidents.table is not None and facts.incidents.table.height == 3
+    assert facts.audit.findings is None and facts.remediations.actions is None  # no host_facts, no queue
+    written = write_report(lake, tmp_path / "r.html")
+    assert written.plots == facts.summary.plots and written.windows == facts.summary.windows
+    shutil.rmtree(lake)
+    stamp = re.compile(r"generated [^<]*</p>|<dc:date>[^<]*</dc:date>")
+    doc = stamp.sub("", render(facts))
+    assert doc == stamp.sub("", (tmp_path / "r.html").read_text(encoding="utf-8"))
+    assert 'id="traces"' in doc and 'id="incidents"' in doc and "none queued" in doc

@@ -1,24 +1,21 @@
 """Execution of the feature plans: telemetry LazyFrames -> one wide row per (host, window).
 
 1. **buckets**, one table at a time: Polars evaluates the plan's row expressions
-   (host, tag columns, sample time, bucket, one column per bucket aggregation), and
+   (host, tag columns, sample time, bucket, one column per bucket aggregation) and
    :func:`~analytics.features.kernels.reduce_buckets` reduces them to one row per
-   (host, device, bucket). Interrupts are reduced per IRQ series (host, action, node)
-   first; host_facts name each series' device and whether the node is the device's
-   own, the plan's bucket expressions are evaluated on those series' buckets (sums:
-   linear, the attributes constant per series), and the series summed per device.
-2. **windows**, on the small bucket frames: every host gets one grid of buckets from
-   its first to its last (over all tables); each table's devices x that grid (a
-   position without a bucket is null), trailing aggregations over the ``m`` buckets of
-   each kept window (:func:`~analytics.features.kernels.rolling`; a window is
-   evaluated at the row of its last bucket), then the plan's feature expressions in
-   Polars, one query for all tables with equally many devices. All tables share the
+   (host, device, bucket). Interrupts are reduced per (IRQ action's device, whether
+   the node is the device's own) first, with host_facts naming both, then the plan's
+   bucket expressions are evaluated on those buckets and summed per device.
+2. **windows**: every host gets one grid of buckets from its first to its last (over
+   all tables); each table's devices x that grid (a position without a bucket is
+   null), trailing aggregations over the ``m`` buckets of each kept window
+   (:func:`~analytics.features.kernels.rolling`, evaluated at the row of a window's
+   last bucket), then the plan's feature expressions in Polars. All tables share the
    grid's row order, so the wide frame is a horizontal stack, without joins.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -65,7 +62,7 @@ def compute_features(
     ``family@device``). Missing tables/columns simply give fewer columns; an empty input
     gives an empty frame with the key columns. The raw rows are touched once, one
     table at a time (peak memory is the largest table's rows, not all of them)."""
-    bks: dict[str, tuple[pl.DataFrame, Plan]] = {}
+    bks: dict[str, tuple[pl.DataFrame, Plan]] = {}  # bucket frames: each host's rows in one run
     for name, lf in frames.items():
         plan = _plan(name, lf)
         if plan is None:
@@ -75,16 +72,16 @@ def compute_features(
             bks[name] = (bk, plan)
     if not bks:
         return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
-    grid = _grid([bk for bk, _ in bks.values()], spec)
+    hosts = {name: kernels.runs(bk[HOST]) for name, (bk, _) in bks.items()}
+    grid = _grid([(bk, hosts[name]) for name, (bk, _) in bks.items()], spec)
     n_win = grid.index.height
     cols: dict[str, pl.Series] = {}
-    windows = _all_windows(bks, grid)
-    for name in bks:  # (in table order: the first of two equal feature names is kept)
-        devs, feats = windows[name]
+    for name, (bk, plan) in bks.items():  # (in table order: the first of two equal feature names is kept)
+        devs, feats = _windows(bk, hosts[name], plan, grid)
         fams = feats.columns
         for i, dev in enumerate(devs):
             part = feats.slice(i * n_win, n_win)
-            part.columns = [feature_name(fam, dev) for fam in fams]  # one rename, not one per column
+            part.columns = [feature_name(fam, dev) for fam in fams]
             for s in part.get_columns():
                 if s.name in cols:  # e.g. an imported table named like a built-in family
                     log.warning("measurement %r: feature %s already computed from another table; dropped", name, s.name)
@@ -98,6 +95,8 @@ def compute_features(
 
 #: host-wide: cores used by Unveil's own units (its cgroups, ingest.collectors.cgroup.is_own)
 OWN_CORES = "cpu.own_cores"
+#: suffix of the kernel's PSI 10-second averages (psi.cpu_some_avg10 ...): read, never judged
+AVG10 = "_avg10"
 
 
 def _own_cores(cols: Mapping[str, pl.Series]) -> pl.Series | None:
@@ -113,10 +112,13 @@ def _own_cores(cols: Mapping[str, pl.Series]) -> pl.Series | None:
 
 
 def feature_columns(features: pl.DataFrame) -> list[str]:
-    """The feature columns of a wide frame the detectors judge: everything but the keys
-    and Unveil's own CPU (``cpu.own_cores``, its own cgroups' columns): its own sweeps are
-    never an anomaly of the host (the knowledge base still reads them, to set them apart)."""
-    return [c for c in features.columns if c not in KEYS and c != OWN_CORES
+    """The feature columns of a wide frame the detectors judge: everything but the keys,
+    Unveil's own CPU (``cpu.own_cores``, its own cgroups' columns): its own sweeps are
+    never an anomaly of the host (the knowledge base still reads them, to set them apart),
+    and the kernel's PSI ``avg10`` averages: the exact shares (``psi.*_share``, from the
+    ``total`` counters) say the same without their lag, while an avg10 still decays for tens
+    of seconds after a stall has ended, an echo the detectors flagged as a new anomaly."""
+    return [c for c in features.columns if c not in KEYS and c != OWN_CORES and not c.endswith(AVG10)
             and not (c.startswith("cgroup.") and is_own(split_feature(c)[1]))]
 
 
@@ -195,10 +197,14 @@ def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec, host_facts: pl.
         return None
     parts = pl.col(_G).str.split_exact(_SEP, 1).struct
     cells = per_series.with_columns(parts.field("field_0").alias(DEV), (parts.field("field_1") == "1").alias(LOCAL)
-                                    ).select(HOST, DEV, pl.col(_B).alias(_T), _B,
+                                    ).select(HOST, _G, pl.col(_B).alias(_T), _B,
                                              *[e.alias(n) for n, (e, _) in plan.buckets.items()])
-    return kernels.reduce_buckets(cells, [HOST, DEV], {n: "sum" for n in plan.buckets}, lambda series: series[DEV],
-                                  DEV)
+
+    def device(groups: pl.DataFrame) -> pl.Series:
+        return groups.select(parts.field("field_0")).to_series()
+
+    # (host, group) cells are a grid (every group has every bucket of its host)
+    return kernels.reduce_buckets(cells, [HOST, _G], {n: "sum" for n in plan.buckets}, device, DEV)
 
 
 def _facts_nodes(host_facts: pl.DataFrame | None) -> pl.DataFrame:
@@ -250,32 +256,27 @@ def _irq_device_map(irq_names: Sequence[str], facts: pl.DataFrame) -> dict[str, 
 class _Grid:
     """Every host's buckets from its first to its last (over all tables), and which
     grid rows end a window that is kept. Windows are evaluated at the row of their LAST
-    bucket as trailing sums over ``m`` buckets, so all tables share one row order."""
+    bucket as trailing aggregations over ``m`` buckets, so all tables share one row order."""
 
-    frame: pl.DataFrame  # host, _b (sorted)
     keep: np.ndarray  # bool per grid row: a window ends here
     index: pl.DataFrame  # host, window_start, window_end of the kept rows
     dur: np.ndarray  # covered seconds of each kept window
     m: int  # buckets per window
-    hosts: pl.Series  # sorted; host i's buckets are frame rows off[i] .. off[i+1]-1
+    hosts: list[str]  # sorted; host i's buckets are grid rows off[i] .. off[i+1]-1
     off: np.ndarray
     first: np.ndarray  # first bucket of each host
     b_us: int
 
 
-def _grid(bks: Sequence[pl.DataFrame], spec: WindowSpec) -> _Grid:
+def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]], spec: WindowSpec) -> _Grid:
+    """The grid of bucket frames given with their host runs (:func:`kernels.runs`)."""
     b_us = round(spec.bucket * 1e6)
     s_us = round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
     span: dict[str, tuple[int, int]] = {}
-    for bk in bks:  # one host per table is the usual case: its extent without a query
-        hs = bk[HOST]
-        if hs.null_count() == 0 and (hs == hs[0]).all():
-            b = bk[_B].to_numpy()
-            ext = [(hs[0], int(b.min()), int(b.max()))]
-        else:
-            ext = bk.group_by(HOST).agg(pl.col(_B).min(), pl.col(_B).max().alias("_last")).rows()
-        for h, lo, hi in ext:
+    for bk, (at, hs) in bks:
+        b = bk[_B].to_numpy()
+        for h, lo, hi in zip(hs, np.minimum.reduceat(b, at).tolist(), np.maximum.reduceat(b, at).tolist(), strict=True):
             old = span.get(h)
             span[h] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
     # Polars' sort order: nulls first, then by code point (= UTF-8 byte order)
@@ -285,118 +286,74 @@ def _grid(bks: Sequence[pl.DataFrame], spec: WindowSpec) -> _Grid:
     # a host with less than one window of data still gets its grid extended to one window
     nbs = np.maximum((lasts - firsts) // b_us + 1, m).astype(np.int64)
     off = np.concatenate([[0], np.cumsum(nbs)])
-    local = np.arange(off[-1], dtype=np.int64) - np.repeat(off[:-1], nbs)
-    first = np.repeat(firsts, nbs)
-    last = np.repeat(lasts, nbs)
-    b = first + local * b_us
+    b = np.repeat(firsts, nbs) + (np.arange(off[-1], dtype=np.int64) - np.repeat(off[:-1], nbs)) * b_us
+    first, last = np.repeat(firsts, nbs), np.repeat(lasts, nbs)
     ws = b - (m - 1) * b_us
     # full windows aligned to the stride inside the host's data; a host shorter than one
     # window keeps the one window starting at its first bucket (normalised by coverage)
     keep = (ws >= first) & (((b <= last) & (ws % s_us == 0)) | ((ws == first) & (last < b)))
-    frame = pl.DataFrame({HOST: pl.Series(np.repeat(np.array(hosts, dtype=object), nbs), dtype=pl.String),
-                          _B: b})
     dur = (np.minimum(b, last)[keep] + b_us - ws[keep]) / 1e6
     start = pl.Series(WINDOW_START, ws[keep]).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
-    index = pl.DataFrame({HOST: frame[HOST].filter(pl.Series(keep)), WINDOW_START: start}).with_columns(
+    host = pl.Series(HOST, np.repeat(np.array(hosts, dtype=object), nbs)[keep], dtype=pl.String)
+    index = pl.DataFrame([host, start]).with_columns(
         (pl.col(WINDOW_START) + pl.duration(microseconds=round(spec.length_s * 1e6))).alias(WINDOW_END))
-    return _Grid(frame, keep, index, dur, m, pl.Series(HOST, hosts, dtype=pl.String), off, firsts, b_us)
+    return _Grid(keep, index, dur, m, hosts, off, firsts, b_us)
 
 
-
-
-@functools.lru_cache(maxsize=256)
-def _feature_exprs(plan: Plan) -> list[pl.Expr]:
-    """The plan's features as Float64 columns (built once per plan: rebuilding ~350
-    expressions cost a tenth of the features' time; lru_cache is thread-safe)."""
-    return [e.cast(pl.Float64).alias(f) for f, e in plan.features.items()]
-
-
-def _dense_index(bk: pl.DataFrame, grid: _Grid) -> tuple[list[str], np.ndarray | None]:
+def _dense_index(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], grid: _Grid
+                 ) -> tuple[list[str], np.ndarray | None]:
     """The table's devices (sorted) and, for each (device x grid) row, device-major, the
-    bucket row that lands there (-1: none); None where the bucket rows already are
-    those rows in that order. Positions are arithmetic: no join."""
-    n_grid = grid.frame.height
+    bucket row that lands there (-1: none); None where the bucket rows are those rows
+    in that order already. Positions are arithmetic: no join."""
     at, values = kernels.runs(bk[DEV])
-    run = np.repeat(np.arange(at.size), np.diff(np.r_[at, bk.height]))
     names = sorted(set(values))  # (Polars' string order: by code point)
     code = {name: i for i, name in enumerate(names)}
-    dev = np.array([code[v] for v in values], dtype=np.int64)[run]
-    b = bk[_B].to_numpy()
-    if grid.hosts.len() == 1:  # then every table's rows are of that host
-        pos = dev * n_grid + (b - grid.first[0]) // grid.b_us
-    else:
-        at, hosts = kernels.runs(bk[HOST])
-        run = np.repeat(np.arange(at.size), np.diff(np.r_[at, bk.height]))
-        h = grid.hosts.search_sorted(pl.Series(hosts, dtype=pl.String)).to_numpy()[run]
-        pos = dev * n_grid + grid.off[h] + (b - grid.first[h]) // grid.b_us
-    if pos.size == len(names) * n_grid and bool((pos == np.arange(pos.size)).all()):
+    dev = np.repeat(np.array([code[v] for v in values], dtype=np.int64), np.diff(np.r_[at, bk.height]))
+    at, hosts = host_runs
+    pos = {x: i for i, x in enumerate(grid.hosts)}
+    h = np.repeat(np.array([pos[x] for x in hosts], dtype=np.int64), np.diff(np.r_[at, bk.height]))
+    at = dev * grid.keep.size + grid.off[h] + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us
+    if at.size == len(names) * grid.keep.size and bool((at == np.arange(at.size)).all()):
         return names, None
-    src = np.full(len(names) * n_grid, -1, dtype=np.int64)
-    src[pos] = np.arange(pos.size)
+    src = np.full(len(names) * grid.keep.size, -1, dtype=np.int64)
+    src[at] = np.arange(bk.height)
     return names, src
 
 
-def _all_windows(bks: Mapping[str, tuple[pl.DataFrame, Plan]], grid: _Grid) -> dict[str, tuple[list[str], pl.DataFrame]]:
-    """Every table's devices and feature frame (``len(devices) * n_windows`` rows,
-    device-major, each device's rows in the grid's window order). Tables with equally
-    many devices share one query (their rows have equal heights and order), unless
-    their bucket or feature names collide."""
-    groups: dict[int, list[tuple[str, list[str], np.ndarray | None]]] = {}
-    names_of: dict[str, set[str]] = {}
-    alone: list[tuple[str, list[str], np.ndarray | None]] = []
-    for name, (bk, plan) in bks.items():
-        devs, src = _dense_index(bk, grid)
-        names = names_of[name] = {*plan.buckets, *plan.features}
-        members = groups.setdefault(len(devs), [])
-        if DUR in names or any(names & names_of[other] for other, _, _ in members):
-            alone.append((name, devs, src))
-        else:
-            members.append((name, devs, src))
-    out: dict[str, tuple[list[str], pl.DataFrame]] = {}
-    for n_dev, members in groups.items():
-        feats = _windows([(*bks[name], src) for name, _, src in members], n_dev, grid)
-        for name, devs, _ in members:
-            out[name] = (devs, feats[list(bks[name][1].features)])
-    for name, devs, src in alone:
-        out[name] = (devs, _windows([(*bks[name], src)], len(devs), grid))
-    return out
-
-
-def _windows(parts: Sequence[tuple[pl.DataFrame, Plan, np.ndarray | None]], n_dev: int, grid: _Grid) -> pl.DataFrame:
-    """The features of tables with ``n_dev`` devices each (bucket frame, plan,
-    :func:`_dense_index`): each bucket column the features read rolled over the ``m``
-    buckets of every kept window, then the plan's features in one Polars query;
-    non-finite values (0/0, x/0) are null (missing evidence), or 0 for ``zero_fill``
-    families (sparse tables: no rows in a window means no events)."""
+def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Plan, grid: _Grid
+             ) -> tuple[list[str], pl.DataFrame]:
+    """A table's devices and features (``len(devices) * n_windows`` rows, device-major,
+    each device's rows in the grid's window order): each bucket column the features read
+    rolled over the ``m`` buckets of every kept window, then the plan's features in one
+    Polars query; non-finite values (0/0, x/0) are null (missing evidence), or 0 for
+    ``zero_fill`` families (sparse tables: no rows in a window means no events)."""
+    devs, src = _dense_index(bk, host_runs, grid)
+    miss = None if src is None else src < 0
+    at = None if src is None or miss is None else np.where(miss, 0, src)
     sel = grid.keep[grid.m - 1:]  # (the first m-1 rows of a grid are never kept)
     kept = None if sel.all() else np.flatnonzero(sel)
+    roots = {r for e in plan.features.values() for r in e.meta.root_names()}
     cols: list[pl.Series] = []
-    for bk, plan, src in parts:
-        roots = {r for e in plan.features.values() for r in e.meta.root_names()}
-        for name, (_, agg) in plan.buckets.items():
-            if name not in roots:
-                continue
+    for name, (_, agg) in plan.buckets.items():
+        if name in roots:
             v, valid = kernels.values(bk[name])
             v = kernels.filled(v, valid, agg)
-            if src is not None:  # (device x grid) rows; none there: missing
-                miss = src < 0
-                at = np.where(miss, 0, src)
-                v, valid = v[at], ~miss if valid is None else valid[at] & ~miss
+            if at is not None and miss is not None:  # (device x grid) rows; none there: missing
+                v = v[at]
                 v[miss] = kernels.identity(v.dtype.kind == "f", agg)
-            got, ok = kernels.rolling(v, valid, agg, n_dev, grid.m, kept)
-            cols.append(kernels._masked(name, got, ok))
-    cols.append(pl.Series(DUR, np.tile(grid.dur, n_dev)))
-    raw = pl.DataFrame(cols).select([e for _, p, _ in parts for e in _feature_exprs(p)])
-    zero = {f for _, p, _ in parts for f in p.zero_fill}
+                valid = valid[at] & ~miss if valid is not None else ~miss if miss.any() else None
+            got, ok = kernels.rolling(v, valid, agg, len(devs), grid.m, kept)
+            cols.append(kernels.masked(name, got, ok))
+    cols.append(pl.Series(DUR, np.tile(grid.dur, len(devs))))
+    raw = pl.DataFrame(cols).select([e.cast(pl.Float64).alias(f) for f, e in plan.features.items()])
     out = []
-    for col in raw.get_columns():  # (the finite check in numpy: a when/then per feature costs twice as much)
+    for col in raw.get_columns():
         x = col.to_numpy()  # (nulls read NaN: not finite either)
         ok = np.isfinite(x)
-        if ok.all():
-            out.append(col)
-        else:
-            out.append(pl.Series(col.name, np.where(ok, x, 0.0 if col.name in zero else np.nan), nan_to_null=True))
-    return pl.DataFrame(out)
+        out.append(col if ok.all() else pl.Series(col.name, np.where(ok, x, 0.0 if col.name in plan.zero_fill else np.nan),
+                                                  nan_to_null=True))
+    return devs, pl.DataFrame(out)
+
 
 
 def _zero_fill_families() -> frozenset[str]:

@@ -1,14 +1,12 @@
 """The two numpy kernels of the feature engine, behind narrow typed interfaces.
 
 * :func:`reduce_buckets`: rows -> one row per (group, bucket) with each column's
-  bucket aggregation (sum, count of non-null, mean, max, min); the semantics of one
-  Polars ``group_by(keys, bucket).agg(...)`` (tested against it), at a third of its cost
-  on telemetry: a host's rows are a (samples x series) grid, reduced by reshapes.
+  bucket aggregation; the meaning of one Polars ``group_by(group, bucket).agg(...)``.
 * :func:`rolling`: trailing aggregations over ``m`` buckets at chosen rows; the
-  semantics of Polars' ``rolling_*(m, min_samples=1)`` (tested against it), at a
-  quarter of its cost (Polars computes every row, here only the kept ones).
+  meaning of Polars' ``rolling_*(m, min_samples=1)``.
 
-Both take and return plain arrays and frames; they know nothing of plans or features.
+The tests hold those Polars references. Both kernels take and return plain arrays and
+frames; they know nothing of plans or features (docs/analytics.md says why they exist).
 """
 
 from __future__ import annotations
@@ -31,9 +29,7 @@ _OPS: dict[str, np.ufunc] = {"sum": np.add, "count": np.add, "mean": np.add, "ma
 
 def values(s: pl.Series) -> tuple[np.ndarray, np.ndarray | None]:
     """A column as int64/float64 values (read-only; whatever lies under a null) and its
-    validity (None: no nulls), from the Arrow buffers without a copy: Polars'
-    ``fill_null``/``is_not_null`` cost ~0.2 ms each even on small tables, and a filled
-    copy of every column with nulls tripled the page faults of the features."""
+    validity (None: no nulls), read from the Arrow buffers without a copy."""
     if s.dtype not in (pl.Int64, pl.Float64):
         s = s.cast(pl.Float64 if s.dtype.is_float() else pl.Int64)
     if not s.null_count():
@@ -60,6 +56,39 @@ def identity(is_float: bool, agg: Agg) -> float:
     return np.inf if is_float else int(big.max)
 
 
+def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
+                   group_of: Callable[[pl.DataFrame], pl.Series], out: str = GROUP) -> pl.DataFrame:
+    """``rows`` (``keys``, ``_t``, ``_b`` and the ``aggs`` columns; no null times)
+    reduced to one row per (group, bucket): the series (distinct ``keys`` values) are
+    named by ``group_of`` (a frame of distinct key values -> one group name per row,
+    null: dropped), then every column aggregated over the rows of each group and bucket.
+    Returns ``keys[0]`` (the host: each group is per host), the group (named ``out``),
+    ``_b`` and the aggregations (sums keep their integer dtype, means are floats, counts
+    int64; null where a group's bucket has no value; NaN skipped by max/min).
+
+    Each host's rows are reduced as a (samples x series) grid by reshapes; rows in any
+    other order, or series sampled at different times, are first sorted and padded into
+    one (a missing sample is a null row)."""
+    if not rows.height:
+        return pl.DataFrame([rows[keys[0]], pl.Series(out, [], dtype=pl.String), rows[B], *[rows[n] for n in aggs]])
+    at, hosts = runs(rows[keys[0]])
+    if len(set(hosts)) != len(hosts):  # hosts interleaved
+        rows = rows.sort(keys[0], maintain_order=True)
+        at, hosts = runs(rows[keys[0]])
+    ends = np.r_[at[1:], rows.height]
+    parts = [_reduce_grid(*_as_grid(rows.slice(lo, hi - lo), keys), keys, aggs, group_of, out)
+             for lo, hi in zip(at.tolist(), ends.tolist(), strict=True)]
+    return pl.concat(parts, rechunk=True) if len(parts) != 1 else parts[0]
+
+
+def runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
+    """The first row of each run of equal values of ``s`` and the runs' values, by
+    64-bit hashes (a false merge of two runs needs a hash collision of neighbours)."""
+    h = s.hash().to_numpy()
+    at = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    return at, s.gather(at).to_list()
+
+
 def _grid_shape(t: np.ndarray, b: np.ndarray) -> tuple[int, int, bool] | None:
     """(samples, series, time_major) of one host's rows, or None: time-major (one sample
     of k series per run of equal times, buckets never going back) or series-major
@@ -81,9 +110,7 @@ def _grid_shape(t: np.ndarray, b: np.ndarray) -> tuple[int, int, bool] | None:
 
 def _keys_follow(rows: pl.DataFrame, keys: Sequence[str], n_t: int, k: int, time_major: bool) -> bool:
     """Whether every row carries its series' key values (time-major: the row k back;
-    series-major: the previous row, except where a series starts). Compared by 64-bit
-    hashes: a tenth of the cost of comparing long strings (a false match needs a hash
-    collision at the same offset)."""
+    series-major: the previous row, except where a series starts), by 64-bit hashes."""
     for key in keys:
         h = rows[key].hash().to_numpy()
         if time_major:
@@ -97,51 +124,50 @@ def _keys_follow(rows: pl.DataFrame, keys: Sequence[str], n_t: int, k: int, time
     return True
 
 
-def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
-                   group_of: Callable[[pl.DataFrame], pl.Series], out: str = GROUP) -> pl.DataFrame:
-    """``rows`` (``keys``, ``_t``, ``_b`` and the ``aggs`` columns; no null times)
-    reduced to one row per (group, bucket): the series (distinct ``keys`` values) are
-    named by ``group_of`` (a frame of distinct key values -> one group name per row,
-    null: dropped), then every column aggregated over the rows of each group and bucket.
-    Returns ``keys[0]`` (the host: each group is per host), the group (named ``out``), ``_b`` and the
-    aggregations (sums keep their integer dtype, means are floats, counts int64; null
-    where a group's bucket has no value; NaN skipped by max/min). Float sums add in an
-    order of their own (equal to a ``group_by``'s up to rounding)."""
-    if rows.height:
-        at, hosts = runs(rows[keys[0]])
-        if len(set(hosts)) == len(hosts):  # each host in one run
-            ends = np.r_[at[1:], rows.height]
-            parts = [_grid_host(rows.slice(lo, hi - lo), keys, aggs, group_of, out)
-                     for lo, hi in zip(at.tolist(), ends.tolist(), strict=True)]
-            grids = [p for p in parts if p is not None]
-            if len(grids) == len(parts):
-                return pl.concat(grids, rechunk=True) if len(grids) != 1 else grids[0]
-    return _sorted_cells(rows, keys, aggs, group_of, out)
+def _as_grid(rows: pl.DataFrame, keys: Sequence[str]
+             ) -> tuple[pl.DataFrame, tuple[int, int, bool], np.ndarray | None]:
+    """One host's rows as a grid: (rows, (samples, series, time_major), which rows are
+    real: None when all are, else the grid was padded with null rows)."""
+    shape = _grid_shape(rows[T].to_numpy(), rows[B].to_numpy())
+    if shape is not None and _keys_follow(rows, keys[1:], *shape):
+        return rows, shape, None
+    n = rows.height
+    h = rows.select(pl.struct(keys[1:]).hash()).to_series().to_numpy() if len(keys) > 1 else np.zeros(n, np.uint64)
+    _, first, sid = np.unique(h, return_index=True, return_inverse=True)  # series (by hash) of each row
+    t = rows[T].to_numpy()
+    order = np.lexsort((t, sid))  # by series, then time
+    ts, ss = t[order], sid[order]
+    # a slot is (time, how many earlier rows of the series had that time): a duplicate stays a sample
+    lead = np.flatnonzero(np.r_[True, (ss[1:] != ss[:-1]) | (ts[1:] != ts[:-1])])
+    occ = np.arange(n) - np.repeat(lead, np.diff(np.r_[lead, n]))
+    times, ti = np.unique(ts, return_inverse=True)
+    width = np.zeros(times.size, dtype=np.int64)  # slots of each time
+    np.maximum.at(width, ti, occ + 1)
+    slot = np.r_[0, np.cumsum(width)][ti] + occ
+    n_t, k = int(width.sum()), first.size
+    src = np.full(n_t * k, -1, dtype=np.int64)
+    src[slot * k + ss] = order  # time-major
+    real = src >= 0
+    b = np.empty(n_t, dtype=np.int64)
+    b[slot] = rows[B].to_numpy()[order]
+    grid = pl.DataFrame([*rows.select(keys).gather(np.tile(first, n_t)).get_columns(),
+                         pl.Series(T, np.repeat(np.repeat(times, width), k)), pl.Series(B, np.repeat(b, k)),
+                         *rows.drop([*keys, T, B]).gather(pl.Series(src).set(pl.Series(~real), None)).get_columns()])
+    return grid, (n_t, k, True), real
 
 
-def _name_series(rows: pl.DataFrame, keys: Sequence[str], first: np.ndarray,
-                 group_of: Callable[[pl.DataFrame], pl.Series]) -> tuple[list[str], np.ndarray]:
-    """Each series' group (host, name) as an index in order of first appearance (-1:
-    dropped), and the groups' names."""
+def _reduce_grid(rows: pl.DataFrame, shape: tuple[int, int, bool], real: np.ndarray | None, keys: Sequence[str],
+                 aggs: Mapping[str, Agg], group_of: Callable[[pl.DataFrame], pl.Series], out: str) -> pl.DataFrame:
+    """One host's (samples x series) grid reduced over each bucket's samples by reshapes,
+    then over the series of each group (a group's series in order of first appearance)."""
+    n_t, k, time_major = shape
+    b = rows[B].to_numpy()
+    first = np.arange(k) if time_major else np.arange(k) * n_t  # each series' first row
     series = rows[list(keys)].gather(first)
     idx: dict[tuple[object, str], int] = {}
     code = np.array([-1 if g is None else idx.setdefault((h, g), len(idx))
                      for h, g in zip(series[keys[0]].to_list(), group_of(series).to_list(), strict=True)],
-                    dtype=np.int64)
-    return [g for _, g in idx], code
-
-
-def _grid_host(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
-               group_of: Callable[[pl.DataFrame], pl.Series], out: str) -> pl.DataFrame | None:
-    """One host's rows as a (samples x series) grid: reduce over each bucket's samples
-    by reshapes, then over the series of each group. None: not a grid."""
-    b = rows[B].to_numpy()
-    shape = _grid_shape(rows[T].to_numpy(), b)
-    if shape is None or not _keys_follow(rows, keys[1:], *shape):
-        return None
-    n_t, k, time_major = shape
-    first = np.arange(k) if time_major else np.arange(k) * n_t  # each series' first row
-    groups, code = _name_series(rows, keys, first, group_of)
+                    dtype=np.int64)  # each series' group (-1: dropped)
     kept = np.flatnonzero(code >= 0)
     perm = kept[np.argsort(code[kept], kind="stable")]  # series sorted by group
     g_at = np.flatnonzero(np.r_[True, np.diff(code[perm]) != 0])
@@ -149,7 +175,7 @@ def _grid_host(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
     r_at = np.flatnonzero(np.r_[True, bb[1:] != bb[:-1]])  # bucket starts among samples
     n_r = r_at.size
     run = n_t // n_r if n_t % n_r == 0 and (np.diff(r_at) == n_t // n_r).all() else 0  # equal buckets
-    alone = perm.size == k and g_at.size == k and bool((perm == np.arange(k)).all())
+    alone = g_at.size == k and bool((perm == np.arange(k)).all())  # each series its own group, in order
 
     def reduce(v: np.ndarray, op: np.ufunc) -> np.ndarray:
         """(groups, buckets): over each bucket's samples (views), then each group's series."""
@@ -163,77 +189,44 @@ def _grid_host(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
             r = np.einsum("krl->kr", m3) if op is np.add else op.reduce(m3, axis=2)
         else:
             r = op.reduceat(v.reshape(n_t, k).T if time_major else v.reshape(k, n_t), r_at, axis=1)
-        return np.asarray(r) if alone else op.reduceat(r[perm], g_at, axis=0)
+        return r if alone else op.reduceat(r[perm], g_at, axis=0)
 
     # samples per (group, bucket) of a column without nulls
     full = np.outer(np.diff(np.r_[g_at, perm.size]), np.diff(np.r_[r_at, n_t]))
-    group = np.empty(k, dtype=np.int64)  # each series' output row (-1: dropped)
+    group = np.full(k, -1, dtype=np.int64)  # each series' output row (-1: dropped)
     group[perm] = np.repeat(np.arange(g_at.size), np.diff(np.r_[g_at, perm.size]))
-    group[code < 0] = -1
+    has = None if real is None else reduce(real.astype(np.int64), np.add) > 0
     cols = []
     for name, agg in aggs.items():
         v, valid = values(rows[name])
         cnt, fix = full, None
-        if valid is not None:
-            if (~valid).sum() * 16 <= v.size:  # few nulls (a counter's first delta per series)
-                null = np.flatnonzero(~valid)  # are corrected at their cells, not masked
-                t, j = np.divmod(null, k) if time_major else np.divmod(null, n_t)[::-1]
-                g, keep = group[j], group[j] >= 0
-                at = (g[keep], np.searchsorted(r_at, t[keep], side="right") - 1)
-                cnt = full.copy()
-                np.subtract.at(cnt, at, 1)
-                if agg == "sum" and v.dtype.kind == "i":  # (integers: subtract exactly what lies there)
-                    fix = (at, v[null[keep]])
-                else:
-                    v = v.copy()
-                    v[null] = identity(v.dtype.kind == "f", agg)
+        if valid is not None and (~valid).sum() * 16 <= v.size:  # few nulls (a counter's first delta
+            null = np.flatnonzero(~valid)  # per series): corrected at their cells, not masked
+            t, j = np.divmod(null, k) if time_major else np.divmod(null, n_t)[::-1]
+            cnt, keep = full.copy(), group[j] >= 0
+            at = (group[j][keep], np.searchsorted(r_at, t[keep], side="right") - 1)
+            np.subtract.at(cnt, at, 1)
+            if agg == "sum" and v.dtype.kind == "i":  # integers: what lies there is taken off after
+                fix = (at, v[null[keep]])
             else:
-                cnt = reduce(valid.astype(np.int64), np.add)
-                v = filled(v, valid, agg)
-        r = cnt if agg == "count" else reduce(v, _OPS[agg])
+                v = v.copy()
+                v[null] = identity(v.dtype.kind == "f", agg)
+            valid = None
+        elif valid is not None:
+            cnt = reduce(valid.astype(np.int64), np.add)
+        r = cnt if agg == "count" else reduce(filled(v, valid, agg), _OPS[agg])
         if fix is not None:
             r = np.array(r)  # (not a view of Polars' buffer)
-            np.subtract.at(r, fix[0], fix[1])
+            np.subtract.at(r, *fix)
         if agg == "mean":
             with np.errstate(invalid="ignore", divide="ignore"):
                 r = r / cnt
-        cols.append(_masked(name, r.ravel(), None if agg in ("sum", "count") else (cnt > 0).ravel()))
-    n_g = len(groups)
-    host = pl.Series(keys[0], [rows[keys[0]][0]], dtype=rows.schema[keys[0]]).new_from_index(0, n_g * n_r)
-    return pl.DataFrame([host, _repeat_each(out, groups, n_r), pl.Series(B, np.tile(bb[r_at], n_g)), *cols])
-
-
-def _sorted_cells(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
-                  group_of: Callable[[pl.DataFrame], pl.Series], out: str) -> pl.DataFrame:
-    """Any other layout (sparse tables, shuffled rows, hosts interleaved): the rows
-    sorted by (group, bucket), then each run of equal cells reduced."""
-    if not rows.height:
-        return pl.DataFrame([rows[keys[0]], pl.Series(out, [], dtype=pl.String), rows[B],
-                             *[rows[n] for n in aggs]])
-    sid = rows.select(pl.struct(list(keys)).rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
-    _, first = np.unique(sid, return_index=True)
-    groups, code = _name_series(rows, keys, first, group_of)
-    gid = code[sid]
-    b = rows[B].to_numpy()
-    b0, b_us = int(b.min()), int(np.gcd.reduce(b - b.min())) or 1
-    cell = gid * ((int(b.max()) - b0) // b_us + 1) + (b - b0) // b_us
-    order = np.argsort(cell, kind="stable")
-    order = order[gid[order] >= 0]
-    cell = cell[order]
-    at = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]]) if cell.size else np.empty(0, dtype=np.int64)
-    cols = []
-    for name, agg in aggs.items():
-        v, valid = values(rows[name])
-        v = filled(v, valid, agg)
-        cnt = np.add.reduceat(np.ones(order.size, np.int64) if valid is None else valid[order].astype(np.int64), at)
-        r = cnt if agg == "count" else _OPS[agg].reduceat(v[order], at) if at.size else v[:0]
-        if agg == "mean":
-            with np.errstate(invalid="ignore", divide="ignore"):
-                r = r / cnt
-        cols.append(_masked(name, r, None if agg in ("sum", "count") else cnt > 0))
-    src = order[at]
-    return pl.DataFrame([rows[keys[0]].gather(src), pl.Series(out, groups, dtype=pl.String).gather(gid[src]),
-                         pl.Series(B, b[src]), *cols])
+        ok = has if agg in ("sum", "count") else (cnt > 0) if has is None else (cnt > 0) & has
+        cols.append(masked(name, r.ravel(), None if ok is None else ok.ravel()))
+    groups = pl.Series(out, [g for _, g in idx], dtype=pl.String)
+    host = pl.Series(keys[0], [rows[keys[0]][0]], dtype=rows.schema[keys[0]]).new_from_index(0, len(groups) * n_r)
+    return pl.DataFrame([host, groups.gather(np.repeat(np.arange(len(groups)), n_r)),
+                         pl.Series(B, np.tile(bb[r_at], len(groups))), *cols])
 
 
 def rolling(v: np.ndarray, valid: np.ndarray | None, agg: Agg, n_dev: int, m: int,
@@ -270,25 +263,9 @@ def rolling(v: np.ndarray, valid: np.ndarray | None, agg: Agg, n_dev: int, m: in
     return acc.ravel(), None if has is None or has.all() else has
 
 
-def runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
-    """The first row of each run of equal values of ``s`` and the runs' values (rows
-    come in runs: a few per table), by 64-bit hashes (Polars' ``rle`` costs several
-    queries; a false merge of two runs needs a hash collision of neighbours)."""
-    h = s.hash().to_numpy()
-    at = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
-    return at, s.gather(at).to_list()
-
-
-def _masked(name: str, v: np.ndarray, valid: np.ndarray | None) -> pl.Series:
+def masked(name: str, v: np.ndarray, valid: np.ndarray | None) -> pl.Series:
     """A series of ``v``, null where ``valid`` is False (a validity mask: a NaN stays NaN)."""
     if valid is None or valid.all():
         return pl.Series(name, v)
     return pl.Series(name, pa.array(v, mask=~valid))
 
-
-def _repeat_each(name: str, names: Sequence[str], each: int) -> pl.Series:
-    """A string column of ``names``, each repeated ``each`` times."""
-    s = pl.Series(name, names, dtype=pl.String)
-    if len(names) <= 64:  # a few constant blocks: ~4x cheaper than a gather of every row
-        return pl.concat([s.new_from_index(i, each) for i in range(len(names))] or [s], rechunk=True)
-    return s.gather(np.repeat(np.arange(len(names)), each))

@@ -14,9 +14,10 @@ import copy
 import logging
 import time as _time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -34,6 +35,8 @@ from ingest.sink import Sink
 log = logging.getLogger(__name__)
 
 _US = 1_000_000
+#: runs a function over items and returns the results in order (``jobs.engine.Engine.map``)
+Mapper = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
 FACTS_PERIOD_S = schema.TIER_PERIOD_S["static"]
 
 
@@ -249,26 +252,80 @@ def labels_frame(sc: Scenario, hr: HostRun, costs: dict[int, float | None] | Non
                                                                schema.get("labels").polars_schema().items()}))
 
 
-def simulate(sc: Scenario, sinks: Sequence[Sink], *, tables: Sequence[str] | None = None) -> SimResult:
-    """Simulate every host of ``sc`` into ``sinks``; returns row counts and the labels."""
+def simulate(sc: Scenario, sinks: Sequence[Sink] | Callable[[], Sequence[Sink]], *,
+             tables: Sequence[str] | None = None, mapper: Mapper | None = None) -> SimResult:
+    """Simulate every host of ``sc`` into ``sinks``; returns row counts and the labels.
+
+    ``sinks`` is a list of sinks (flushed, not closed: they are the caller's), or a
+    callable that opens them (they are then closed here). Hosts are independent (a run is a
+    pure function of the scenario, the seed and the host's name), so with ``mapper`` (an
+    engine's map, ``jobs.engine``) each host runs as one item, possibly in another process
+    that opens its own sinks: ``sinks`` must then be a picklable callable that returns
+    them (a top-level function, or a ``functools.partial`` of one)."""
     t0 = _time.perf_counter()
     res = SimResult(sc)
+    if mapper is not None:
+        if not callable(sinks):
+            raise TypeError("simulate: with a mapper, sinks must be a picklable callable that returns the sinks "
+                            "(each worker opens its own), not sink objects")
+        done = mapper(_host_job, [HostJob(sc, i, sinks, tables) for i in range(len(sc.hosts))])
+    elif callable(sinks):
+        done = [_host_job(HostJob(sc, i, sinks, tables)) for i in range(len(sc.hosts))]
+    else:
+        done = [_simulate_host(sc, i, sinks, tables) for i in range(len(sc.hosts))]
+        for s in sinks:
+            s.flush()
     labels: list[pl.DataFrame] = []
-    for i in range(len(sc.hosts)):
-        hr = plan_host(sc, i)
-        log.info("simulating %s (%s) for %.0f s with %d injection(s)", hr.spec.name, hr.schedule.kind,
-                 sc.duration_s, len(hr.injections))
-        for table, df in host_frames(sc, hr, tables):
-            if table == "labels":
-                labels.append(df)
-            for s in sinks:
-                s.write(table, df)
-            res.rows[table] = res.rows.get(table, 0) + df.height
-    for s in sinks:
-        s.flush()
+    for rows, lab in done:
+        for table, n in rows.items():
+            res.rows[table] = res.rows.get(table, 0) + n
+        labels.extend(lab)
     res.labels = pl.concat(labels) if labels else schema.empty_frame("labels")
     res.wall_s = _time.perf_counter() - t0
     return res
+
+
+def _simulate_host(sc: Scenario, index: int, sinks: Sequence[Sink], tables: Sequence[str] | None
+                   ) -> tuple[dict[str, int], list[pl.DataFrame]]:
+    """Host ``index`` of ``sc`` into ``sinks``: its rows per table and its labels."""
+    hr = plan_host(sc, index)
+    log.info("simulating %s (%s) for %.0f s with %d injection(s)", hr.spec.name, hr.schedule.kind,
+             sc.duration_s, len(hr.injections))
+    rows: dict[str, int] = {}
+    labels: list[pl.DataFrame] = []
+    for table, df in host_frames(sc, hr, tables):
+        if table == "labels":
+            labels.append(df)
+        for s in sinks:
+            s.write(table, df)
+        rows[table] = rows.get(table, 0) + df.height
+    return rows, labels
+
+
+@dataclass(frozen=True)
+class HostJob:
+    """One host of a scenario, into sinks it opens itself (a mapper's item)."""
+
+    sc: Scenario
+    index: int
+    open_sinks: Callable[[], Sequence[Sink]]
+    tables: Sequence[str] | None = None
+
+    def __repr__(self) -> str:  # what an error names
+        return f"<host {self.sc.hosts[self.index].name} of scenario {self.sc.name!r}>"
+
+
+def _host_job(job: HostJob) -> tuple[dict[str, int], list[pl.DataFrame]]:
+    """``job`` run (top-level, so it pickles): its sinks are flushed and closed."""
+    sinks = list(job.open_sinks())
+    try:
+        out = _simulate_host(job.sc, job.index, sinks, job.tables)
+        for s in sinks:
+            s.flush()
+        return out
+    finally:
+        for s in sinks:
+            s.close()
 
 
 def simulate_frames(sc: Scenario, *, tables: Sequence[str] | None = None, keep_raw: bool = False

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from jobs.commands.sweep import _settings
 
-    lake, analytics, detection = _settings(args)
+    lake, analytics, detection, _ = _settings(args)
     if args.since is None or args.until is None:
         lo, hi = _telemetry_span(lake)
         start = parse_time(args.since) if args.since else lo

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ingest import objstore
 from ingest.lake import CorruptFileError
+from jobs import config as config_mod
 from jobs.commands import warn_corrupt
 from jobs.query import FORMATS, named_queries, parse_param_args, run_query, write_output
 from jobs.timeparse import parse_time
@@ -21,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "See docs/query.md.",
     )
     p.add_argument("query", nargs="?", metavar="SQL|NAME", help="a SQL statement, or the name of a query in sql/")
-    p.add_argument("--lake", default="lake", metavar="PATH", help="lake root directory (default ./lake)")
+    p.add_argument("--lake", default="lake", metavar="PATH", help="lake root: a directory (default ./lake) or s3://bucket/prefix")
     p.add_argument("--since", metavar="T", help="only rows from T on: ISO-8601 or relative (24h, 90m); default: all")
     p.add_argument("--until", metavar="T", help="only rows before T; default: no bound")
     p.add_argument("--hosts", nargs="+", metavar="HOST", help="only these hosts (default: all)")
@@ -50,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     end = parse_time(args.until) if args.until else None
     if start is not None and end is not None and start >= end:
         raise ValueError(f"empty interval: --since {start.isoformat()} is not before --until {end.isoformat()}")
+    if objstore.is_url(args.lake):
+        config_mod.use_lake_storage(config_mod.load(args.config, analysis=False))
     corrupt: list[CorruptFileError] = []
     df = run_query(args.lake, args.query, start=start, end=end, hosts=args.hosts,
                    params=parse_param_args(args.param), corrupt=corrupt)

@@ -12,6 +12,7 @@ from jobs import config as config_mod
 from jobs.commands import warn_corrupt
 from jobs.config import SweepConfig, duration
 from jobs.cycle import CycleSummary, maintain, run_cycle
+from jobs.engine import parse_spec
 from jobs.timeparse import parse_time
 
 
@@ -40,7 +41,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-chunks", type=int, metavar="N", help="at most N chunks per cycle (bounded catch-up)")
     p.add_argument("--hosts", nargs="+", metavar="HOST", help="only these hosts (default: every host in the lake)")
     p.add_argument("--no-remediation", action="store_true", help="do not queue remediations")
+    add_engine(p)
     p.set_defaults(func=run)
+
+
+def add_engine(p: argparse.ArgumentParser) -> None:
+    """``--engine SPEC`` (``unveil schedule`` and ``unveil sweep``)."""
+    p.add_argument("--engine", metavar="SPEC",
+                   help="where the sweep's per-host work runs: serial, processes[:N], ray[:N] (a local Ray) or "
+                   "ray://HOST:PORT (a Ray cluster) (default: [scheduler] engine, else processes: every local core)")
 
 
 def sweep_config(args: argparse.Namespace, cfg: config_mod.Config, lake: Path) -> SweepConfig:
@@ -62,6 +71,8 @@ def sweep_config(args: argparse.Namespace, cfg: config_mod.Config, lake: Path) -
         over["max_chunks"] = args.max_chunks
     if getattr(args, "no_remediation", False):
         over["queue_remediations"] = False
+    if getattr(args, "engine", None):
+        over["engine"] = parse_spec(args.engine, "--engine")
     return replace(cfg.sweep, **over) if over else cfg.sweep  # type: ignore[arg-type]
 
 

@@ -8,12 +8,14 @@ a scenario shipped with the package (``--list`` shows them). ``--hosts``, ``--du
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from ingest.lake import LakeSink
 from ingest.simulator import INEFFICIENCIES, Scenario, named, resolve_scenario, simulate
 from ingest.simulator.scenario import counted_hosts, parse_duration_s, parse_start
 from ingest.sink import Sink
+from jobs.engine import make_engine, parse_spec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,8 +34,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", choices=["llm_serving", "training", "idle", "mixed"],
                    help="workload of counted hosts without a scenario (default llm_serving)")
     p.add_argument("--influx-url", metavar="URL", help="also write to InfluxDB at this URL")
+    p.add_argument("--engine", metavar="SPEC", default=None,
+                   help="where hosts are simulated, each independently: serial, processes[:N], ray[:N] or "
+                   "ray://HOST:PORT (default processes: one worker per local core); the lake is the same")
     p.add_argument("--list", action="store_true", help="list shipped scenarios and injection types, then exit")
     p.set_defaults(func=run)
+
+
+def open_sinks(lake: str, influx_url: str | None = None) -> list[Sink]:
+    """The lake (and InfluxDB at ``influx_url``) as sinks; top-level, so a worker process
+    can be told to call it."""
+    sinks: list[Sink] = [LakeSink(lake)]
+    if influx_url:
+        from ingest.influx import InfluxConfig, InfluxSink
+
+        sinks.append(InfluxSink(InfluxConfig(url=influx_url)))
+    return sinks
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,17 +70,10 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         start=parse_start(args.start, "--start") if args.start else None,
     )
-    # every frame is one (table, host, hour) partition already: no point in buffering
-    sinks: list[Sink] = [LakeSink(args.lake)]
-    if args.influx_url:
-        from ingest.influx import InfluxConfig, InfluxSink
-
-        sinks.append(InfluxSink(InfluxConfig(url=args.influx_url)))
-    try:
-        res = simulate(sc, sinks)
-    finally:
-        for s in sinks:
-            s.close()
+    spec = parse_spec(args.engine, "--engine")
+    # hosts are independent: each runs as one item of the engine, with sinks of its own
+    with make_engine(spec) as engine:
+        res = simulate(sc, functools.partial(open_sinks, args.lake, args.influx_url), mapper=engine.map)
     n_lab = 0 if res.labels is None else res.labels.height
     print(
         f"simulated {len(sc.hosts)} host(s) x {sc.duration_s / 3600:g} h (scenario {sc.name!r}, seed {sc.seed}) "

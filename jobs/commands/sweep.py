@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from analytics.pipeline import AnalyticsConfig
 from ingest.lake import LakeError
 from jobs.commands import warn_corrupt
+from jobs.commands.schedule import add_engine
+from jobs.engine import parse_spec
 from jobs.sweep import run_sweep
 from jobs.timeparse import parse_range
 
@@ -29,6 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "their rows are appended a second time")
     p.add_argument("--no-signature", action="store_true",
                    help="statistical detectors only (the knowledge base still matches their findings)")
+    add_engine(p)
     p.set_defaults(func=run)
 
 
@@ -39,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from exc
 
 
-def _settings(args: argparse.Namespace) -> tuple[str, AnalyticsConfig, DetectionConfig]:
-    """The lake path, the analytics settings ([analytics] of --config, else defaults) and the
+def _settings(args: argparse.Namespace) -> tuple[str, AnalyticsConfig, DetectionConfig, str]:
+    """The lake path, the analytics settings ([analytics] of --config, else defaults), the
     detection settings (signature_detector, signature_min_confidence, warmup, restart_gap of
-    its [scheduler] table)."""
+    its [scheduler] table) and the engine (--engine, else [scheduler] engine)."""
     from dataclasses import replace
 
     from jobs import config as config_mod
@@ -51,7 +54,8 @@ def _settings(args: argparse.Namespace) -> tuple[str, AnalyticsConfig, Detection
     det = cfg.detection
     if getattr(args, "no_signature", False):
         det = replace(det, signature=False)
-    return str(config_mod.resolve_lake(args.lake, cfg)), cfg.analytics, det
+    engine = parse_spec(args.engine, "--engine") if getattr(args, "engine", None) else cfg.sweep.engine
+    return str(config_mod.resolve_lake(args.lake, cfg)), cfg.analytics, det, engine
 
 
 def check_watermarks(lake: str, start: datetime, hosts: list[str] | None) -> None:
@@ -73,11 +77,12 @@ def check_watermarks(lake: str, start: datetime, hosts: list[str] | None) -> Non
 
 
 def _run(args: argparse.Namespace) -> int:
-    lake, analytics, detection = _settings(args)
+    lake, analytics, detection, engine = _settings(args)
     start, end = parse_range(args.since, args.until, default_since="1h")
     if not (args.dry_run or args.force):
         check_watermarks(lake, start, args.hosts)
-    summary = run_sweep(lake, start, end, args.hosts, analytics, write=not args.dry_run, detection=detection)
+    summary = run_sweep(lake, start, end, args.hosts, analytics, write=not args.dry_run, detection=detection,
+                        engine=engine)
     print(f"sweep {start.isoformat()} .. {end.isoformat()}: {len(summary.hosts)} hosts, "
           f"{summary.windows} windows, {summary.flagged} flagged, {summary.signature} signature matches, "
           f"{summary.findings} findings")

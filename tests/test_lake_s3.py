@@ -1,0 +1,366 @@
+"""The lake on S3-compatible object storage, against a real S3 server on loopback (moto's
+server mode, a separate process: tests/s3server.py). Each test has its own bucket."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import polars as pl
+import pyarrow.fs as pafs
+import pytest
+from polars.testing import assert_frame_equal
+
+from ingest import lake, objstore
+from tests.s3server import S3Server, s3_server  # noqa: F401  (the session fixture)
+from tests.test_lake import T0, cpu_rows, sample
+
+
+@pytest.fixture
+def s3_lake(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:  # noqa: F811
+    """``s3://<new bucket>/lake``, with the standard AWS variables pointing at the server."""
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    yield f"s3://{s3_server.create_bucket()}/lake"
+
+
+def _sorted(df: pl.DataFrame) -> pl.DataFrame:
+    return df.sort(df.columns)
+
+
+def test_write_then_read_is_the_local_result(s3_lake: str, tmp_path: Path) -> None:
+    """Every read API gives on S3 exactly what it gives on a local lake with the same writes."""
+    local = str(tmp_path / "lake")
+    rows = cpu_rows(3, hosts=("a", "b"))
+    facts = sample("host_facts", host="a")
+    for root in (local, s3_lake):
+        lake.write_table(root, "cpu", rows)
+        lake.write_table(root, "host_facts", facts, partition_by_hour=False)
+    assert lake.tables(s3_lake) == lake.tables(local) == ["cpu", "host_facts"]
+    assert lake.hosts(s3_lake, "cpu") == ["a", "b"]
+    for kw in ({}, {"start": T0 + timedelta(minutes=70), "end": T0 + timedelta(minutes=130), "hosts": ["b"]}):
+        want = lake.read(local, "cpu", **kw)  # type: ignore[arg-type]
+        got = lake.read(s3_lake, "cpu", **kw)  # type: ignore[arg-type]
+        assert got.height > 0
+        assert_frame_equal(_sorted(got), _sorted(want))
+    assert_frame_equal(lake.read(s3_lake, "host_facts"), lake.read(local, "host_facts"))
+    # the scan is lazy and typed like a local one, also when empty
+    assert lake.scan(s3_lake, "cpu", start=T0 + timedelta(days=9)).collect().schema == \
+        lake.scan(local, "cpu").collect().schema
+
+
+def test_pruning_lists_only_the_asked_host_and_hour(s3_lake: str) -> None:
+    lake.write_table(s3_lake, "cpu", cpu_rows(5, hosts=("a", "b", "c")))
+    files = lake.files(s3_lake, "cpu", start=T0 + timedelta(hours=2), end=T0 + timedelta(hours=3), hosts=["b"])
+    assert len(files) == 1
+    assert files[0].parent.as_posix().endswith("cpu/host=b/date=2024-01-01/hour=02")
+    # on the server, not in a local directory named "s3:" (what a Path of the URL would make)
+    assert len(_objects(s3_lake, "cpu", "b")) == 5
+    assert not Path("s3:").exists()
+
+
+def test_missing_table_and_bucket_errors_name_them(s3_lake: str, s3_server: S3Server) -> None:  # noqa: F811
+    lake.write_table(s3_lake, "cpu", cpu_rows(1))
+    with pytest.raises(lake.LakeError, match="no table 'mem'.*tables: cpu"):
+        lake.read(s3_lake, "mem")
+    with pytest.raises(lake.LakeError, match="bucket 'no-such-bucket' does not exist"):
+        lake.tables("s3://no-such-bucket/lake")
+    with pytest.raises(lake.LakeError, match="bad lake URL"):
+        lake.tables("s3:///lake")
+
+
+def test_sink_commit_is_idempotent_per_token(s3_lake: str) -> None:
+    """The agent's replay contract holds on S3: a second commit with the same token writes nothing."""
+    sink = lake.LakeSink(s3_lake)
+    rows = cpu_rows(2)
+    assert sink.commit("cpu", rows, "0123abcd") == rows.height
+    assert sink.commit("cpu", rows, "0123abcd") == 0
+    sink.write("cpu", cpu_rows(1).with_columns(pl.col("user") + 1000))
+    sink.close()
+    assert lake.read(s3_lake, "cpu").height == rows.height + 10
+
+
+# ------------------------------------------------------------------ compaction
+
+
+def _objects(s3_lake: str, table: str, host: str) -> list[str]:
+    st = objstore.store(s3_lake)
+    sel = pafs.FileSelector((st.root / table / f"host={host}").as_posix(), recursive=True)
+    return sorted(i.path for i in st.fs.get_file_info(sel) if i.path.endswith(".parquet"))
+
+
+def _write_small_files(root: str, host: str, n: int = 6) -> pl.DataFrame:
+    rows = cpu_rows(1, hosts=(host,), per_hour=n * 3)
+    for k in range(n):
+        lake.write_table(root, "cpu", rows.slice(3 * k, 3))
+    return rows
+
+
+LATER = T0 + timedelta(days=1)
+
+
+def test_compaction_merges_one_hosts_files_and_deletes_inputs_after_the_grace(s3_lake: str) -> None:
+    a = _write_small_files(s3_lake, "a")
+    _write_small_files(s3_lake, "b")
+    before = lake.read(s3_lake, "cpu")
+    assert len(lake.compaction_candidates(s3_lake, now=LATER)) == 2  # a listing: one per host
+    with pytest.raises(lake.LakeError, match="pass hosts="):
+        lake.compact(s3_lake, "cpu", now=LATER)
+    stats = lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER, grace=timedelta(minutes=5))
+    assert (stats.merges, stats.files_before, stats.rows) == (1, 6, a.height)
+    # the inputs are still there (a scan listed before the merge can read them) but hidden
+    assert len(_objects(s3_lake, "cpu", "a")) == 7
+    assert len(lake.files(s3_lake, "cpu", hosts=["a"])) == 1
+    assert len(lake.files(s3_lake, "cpu", hosts=["b"])) == 6  # not this writer's host
+    assert_frame_equal(_sorted(lake.read(s3_lake, "cpu")), _sorted(before))
+    # within the grace nothing changes; after it the inputs go
+    assert lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER + timedelta(minutes=1)).merges == 0
+    assert len(_objects(s3_lake, "cpu", "a")) == 7
+    stats = lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER + timedelta(minutes=6))
+    assert stats.recovered == 1
+    assert len(_objects(s3_lake, "cpu", "a")) == 1
+    assert_frame_equal(_sorted(lake.read(s3_lake, "cpu")), _sorted(before))
+
+
+_CRASHING_COMPACTOR = """
+import os, sys
+from datetime import datetime, timedelta
+from ingest import lake, objstore
+url, point, now = sys.argv[1], sys.argv[2], datetime.fromisoformat(sys.argv[3])
+put = objstore.ObjectStore.put
+def crashing_put(self, path, data):
+    if path.name.startswith("part-") and point == "before-output":
+        os._exit(9)  # the process dies: no cleanup, like a kill -9
+    put(self, path, data)
+    if path.name.startswith("part-") and point == "after-output":
+        os._exit(9)
+objstore.ObjectStore.put = crashing_put
+lake.compact(url, "cpu", hosts=["a"], now=now, grace=timedelta(0))
+"""
+
+
+@pytest.mark.parametrize("point", ["before-output", "after-output"])
+def test_a_compactor_killed_at_either_side_of_its_commit(s3_lake: str, point: str) -> None:
+    """Killed after its journal but before the output's PUT, or after the PUT but before the
+    inputs' deletion: readers see every row exactly once, and the next compaction of the
+    host finishes (or undoes) the merge."""
+    _write_small_files(s3_lake, "a")
+    before = lake.read(s3_lake, "cpu")
+    proc = subprocess.run([sys.executable, "-c", _CRASHING_COMPACTOR, s3_lake, point, LATER.isoformat()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr
+    objects = _objects(s3_lake, "cpu", "a")
+    assert len(objects) == (7 if point == "after-output" else 6)
+    assert_frame_equal(_sorted(lake.read(s3_lake, "cpu")), _sorted(before))  # no duplicates, nothing lost
+    stats = lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER, grace=timedelta(0))
+    assert stats.recovered == 1
+    assert stats.merges == (0 if point == "after-output" else 1)  # rolled forward, or undone and redone
+    assert len(_objects(s3_lake, "cpu", "a")) == 1
+    assert_frame_equal(_sorted(lake.read(s3_lake, "cpu")), _sorted(before))
+
+
+# ------------------------------------------------------- readers during writes
+
+_WRITER = """
+import sys
+from datetime import datetime, timedelta, timezone
+import numpy as np, polars as pl
+from ingest import lake, objstore
+url, rows = sys.argv[1], int(sys.argv[2])
+t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+rng = np.random.default_rng(0)
+for k in range(1000):
+    df = pl.DataFrame({"time": [t0 + timedelta(hours=k % 3)] * rows, "host": "w", "commit": k,
+                       "v": rng.random(rows)})  # random floats: a file of several MB, uploaded in parts
+    lake.write_table(url, "blobs", df)
+    print(k, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_readers_never_see_half_a_commit_and_a_killed_writer_loses_nothing_committed(s3_lake: str) -> None:
+    """A writer process uploads multi-megabyte files (multipart uploads) and is SIGKILLed at
+    a random moment; a reader reading all the while sees only whole commits, and afterwards
+    every commit the writer reported is there, whole."""
+    rows = 1_400_000  # ~10.5 MB of random float64 per file: two parts of a multipart upload
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, s3_lake, str(rows)], stdout=subprocess.PIPE, text=True)
+    try:
+        seen, reads = 0, 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (reads < 5 or seen < 3):
+            with contextlib.suppress(lake.LakeError):  # the table's first object is not there yet
+                df = lake.read(s3_lake, "blobs", columns=["commit"])
+                counts = df.group_by("commit").len()
+                assert (counts["len"] == rows).all(), counts.filter(pl.col("len") != rows)
+                seen = max(seen, counts.height)
+                reads += 1
+        time.sleep(random.uniform(0.0, 0.5))
+    finally:
+        proc.kill()
+        out, _ = proc.communicate()
+    reported = [int(x) for x in out.split()]
+    assert reads >= 5 and len(reported) >= 3
+    counts = lake.read(s3_lake, "blobs", columns=["commit"]).group_by("commit").len()
+    assert (counts["len"] == rows).all()
+    assert set(reported) <= set(counts["commit"].to_list())  # + at most the one whose PUT ended unreported
+    assert counts.height <= len(reported) + 1
+
+
+# ------------------------------------------------- query, the sweep's read, config
+
+
+def test_unveil_query_reads_an_s3_lake_like_a_local_one(s3_lake: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import main
+
+    local = str(tmp_path / "lake")
+    for root in (local, s3_lake):
+        lake.write_table(root, "cpu", cpu_rows(3, hosts=("a", "b")))
+    sql = "SELECT host, count(*) AS n, sum(\"user\") AS s FROM cpu GROUP BY host ORDER BY host"
+    outs = []
+    for root in (local, s3_lake):
+        assert main(["query", "--lake", root, "--since", "2024-01-01T01:00:00Z", "--hosts", "b",
+                     "--format", "csv", sql]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and outs[1].splitlines()[1].startswith("b,20,")  # hours 1 and 2
+
+
+def test_the_sweeps_telemetry_read_works_on_s3(s3_lake: str, tmp_path: Path) -> None:
+    """jobs.telemetry (what a sweep chunk reads: hosts, first times, data presence, frames)."""
+    from jobs import telemetry
+
+    local = str(tmp_path / "lake")
+    for root in (local, s3_lake):
+        lake.write_table(root, "cpu", cpu_rows(3, hosts=("a", "b")))
+        lake.write_table(root, "host_facts", sample("host_facts", host="a"), partition_by_hour=False)
+    assert telemetry.fleet_hosts(s3_lake) == telemetry.fleet_hosts(local) == ["a", "b"]
+    assert telemetry.first_times(s3_lake, None) == telemetry.first_times(local, None) == {"a": T0, "b": T0}
+    t1, t2 = T0 + timedelta(hours=1), T0 + timedelta(hours=2)
+    assert telemetry.has_data(s3_lake, t1, t2, ["a"])
+    assert not telemetry.has_data(s3_lake, T0 + timedelta(days=2), T0 + timedelta(days=3), ["a"])
+    got, want = telemetry.load_lake(s3_lake, t1, t2, ["b"]), telemetry.load_lake(local, t1, t2, ["b"])
+    assert_frame_equal(got.frames["cpu"].collect(), want.frames["cpu"].collect())
+    assert got.facts is not None and want.facts is not None
+    assert_frame_equal(got.facts, want.facts)
+
+
+def test_lake_endpoint_and_region_come_from_the_config(s3_server: S3Server, tmp_path: Path,  # noqa: F811
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs import config as config_mod
+
+    bucket = s3_server.create_bucket()
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
+    p = tmp_path / "unveil.toml"
+    p.write_text(f'[lake]\npath = "s3://{bucket}/lake"\nendpoint = "{s3_server.endpoint}"\nregion = "us-east-1"\n')
+    cfg = config_mod.load(p, analysis=False)
+    assert (cfg.lake, cfg.lake_endpoint, cfg.lake_region) == (f"s3://{bucket}/lake", s3_server.endpoint, "us-east-1")
+    try:
+        config_mod.use_lake_storage(cfg)
+        assert cfg.lake is not None
+        lake.write_table(cfg.lake, "cpu", cpu_rows(1))
+        assert lake.read(cfg.lake, "cpu").height == 10
+    finally:
+        objstore.configure()
+    p.write_text('[lake]\nendpoint = "127.0.0.1:9000"\n')
+    with pytest.raises(config_mod.ConfigError, match=r"\[lake\]\.endpoint must start with http"):
+        config_mod.load(p, analysis=False)
+
+
+def test_commands_that_need_a_lake_directory_refuse_an_s3_lake_clearly(
+        s3_lake: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sweep state (staging, watermarks, locks) and the agent's journal need a directory:
+    an s3:// lake is refused with the reason, never treated as a relative path."""
+    from jobs.cli import main
+    from jobs.cycle import run_cycle
+
+    for cmd in (["schedule", "--once"], ["agent"], ["sweep"]):
+        assert main([*cmd, "--lake", s3_lake]) == 2
+        err = capsys.readouterr().err
+        assert "is on object storage: this command needs a lake directory" in err, (cmd, err)
+    with pytest.raises(ValueError, match="sweeps need a lake directory"):
+        run_cycle(s3_lake)
+    from ingest.agent import Agent, AgentConfig
+    from ingest.sink import SinkError
+
+    with pytest.raises(SinkError, match="is on object storage; the agent's journal"):
+        Agent(AgentConfig(host="h1", duration_s=0.1), [lake.LakeSink(s3_lake)], [])
+    assert not Path("s3:").exists()
+
+
+def test_the_grace_keeps_inputs_for_scans_listed_before_a_merge(s3_lake: str) -> None:
+    """Why merged inputs are deleted late on object storage: a lazy scan listed before the
+    merge reads them at collect. Without the grace it fails (the local behaviour, which
+    read() absorbs by listing again)."""
+    _write_small_files(s3_lake, "a")
+    want = _sorted(lake.read(s3_lake, "cpu"))
+    listed_before = lake.scan(s3_lake, "cpu")
+    assert lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER).merges == 1  # default grace
+    assert_frame_equal(_sorted(listed_before.collect()), want)
+    assert lake.compact(s3_lake, "cpu", hosts=["a"], now=LATER + timedelta(minutes=6)).recovered == 1
+    with pytest.raises((FileNotFoundError, pl.exceptions.ComputeError)):
+        listed_before.collect()  # its inputs are gone now
+    assert_frame_equal(_sorted(lake.read(s3_lake, "cpu")), want)
+
+
+def test_a_sink_keeps_its_rows_while_the_server_is_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local sink's failure contract on S3: a failed PUT keeps the rows, a later flush
+    writes them, close() raises if they are still unwritten."""
+    from tests.servers import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = S3Server(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1",
+                                       endpoint_override=server.endpoint, allow_bucket_creation=True)
+                fs.create_dir("down-test")
+                return proc
+            except OSError:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise
+                time.sleep(0.2)
+
+    for k, v in S3Server(f"http://127.0.0.1:{port}").env().items():
+        monkeypatch.setenv(k, v)
+    proc = start()
+    try:
+        url = "s3://down-test/lake"
+        sink = lake.LakeSink(url, max_buffer_rows=1000)
+        proc.kill()
+        proc.wait()
+        sink.write("cpu", cpu_rows(1))
+        sink.flush()  # fails: logged, rows kept
+        assert sink._rows["cpu"] == 10
+        proc = start()  # a new (empty) server on the same port: the bucket is back
+        sink.flush()
+        sink.close()
+        assert lake.read(url, "cpu").height == 10
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_unveil_simulate_writes_a_fleet_into_an_s3_lake(s3_lake: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import main
+
+    assert main(["simulate", "--lake", s3_lake, "--hosts", "2", "--duration", "2m", "--seed", "3"]) == 0
+    capsys.readouterr()
+    assert lake.hosts(s3_lake, "cpu") == ["sim-00", "sim-01"]
+    assert main(["query", "--lake", s3_lake, "--format", "csv", "SELECT count(*) AS n FROM gpu"]) == 0
+    n = int(capsys.readouterr().out.splitlines()[1])
+    assert n == 2 * 8 * 1200  # 2 hosts x 8 GPUs x 2 min of 100 ms samples
