@@ -3,7 +3,7 @@
 An applied action with a verification spec waits in ``verifying`` (holding its host). Once its
 ``within_s`` has passed since the apply, or the lake's features of that host already reach that
 far (the after-window is complete), the windows before the apply (``within_s`` long) and after
-it (up to ``within_s``) are read from the ``features`` table the sweeps wrote and judged by
+it (up to ``within_s``; from the action's incident start when that is later) are read from the ``features`` table the sweeps wrote and judged by
 :func:`remediation.verify.verify_action`: improved -> ``succeeded``; otherwise the action is
 rolled back and ends ``failed``. A verification that cannot be judged (no windows after the
 apply, a feature without values) is retried until ``grace_s`` after it was due and then ends
@@ -68,6 +68,20 @@ def _latest_window_end(lake: Path, host: str, since: datetime) -> datetime | Non
     return None if df.is_empty() else df["window_end"].max()  # type: ignore[return-value]
 
 
+def _degraded_since(lake: Path, action: Action, lo: datetime, t_apply: datetime) -> datetime:
+    """Where the before-windows start: ``lo`` (``within_s`` before the apply), or the start
+    of the action's incident when that is later. A fix applied soon after the onset would
+    otherwise be judged against healthy windows from before the fault (seen on a real
+    host: the THP fix 30 s after the onset 'did not improve' coverage)."""
+    if not action.incident_id or "incidents" not in lake_mod.tables(lake):
+        return lo
+    inc = lake_mod.read(lake, "incidents", start=lo, end=t_apply + timedelta(microseconds=1), hosts=[action.host],
+                        columns=["incident_id", "start"], on_corrupt="skip")
+    starts = inc.filter(pl.col("incident_id") == action.incident_id)["start"]
+    onset = starts.min() if starts.len() else None
+    return max(lo, onset) if isinstance(onset, datetime) and onset < t_apply else lo
+
+
 def conclude(lake: Path, executor: Executor, action: Action, *, now: datetime, grace_s: float = GRACE_S,
              actor: str = "scheduler", force: bool = False) -> Outcome:
     """Judge one ``verifying`` action when it is due (``force``: now, whatever its due time)."""
@@ -90,7 +104,7 @@ def conclude(lake: Path, executor: Executor, action: Action, *, now: datetime, g
     complete = latest is not None and latest >= due
     if not (force or complete or now >= due):
         return out("verifying", f"due at {due.isoformat()} (or once the lake's features reach it)")
-    before = _features(lake, action.host, t_apply - within, t_apply)
+    before = _features(lake, action.host, _degraded_since(lake, action, t_apply - within, t_apply), t_apply)
     after = _features(lake, action.host, t_apply, due)
     try:
         effect = verify_action(executor, action.id, before, after, actor=actor)

@@ -285,3 +285,61 @@ def test_a_split_incident_produces_no_duplicate_proposal(tmp_path: Path) -> None
         q.reject(a.id, by="bob")
         queue_remediations(tmp_path, thp_incidents(("inc-d", m(30), m(35))), facts, load_kb(), now=m(40))
         assert [x.incident_id for x in q.actions(host="h1")] == ["inc-a", "inc-d"]
+
+
+# sim-00: THP off from minute 17 to 20, where the fix lands (the simulator restores it then);
+# healthy for the 7 minutes before that within the entry's 600 s before-window
+LATE_ONSET = """
+name = "late-onset"
+seed = 7
+start = "{start}"
+duration = "32m"
+
+[[hosts]]
+name = "sim-00"
+workload = "llm_serving"
+
+[[hosts]]
+name = "sim-01"
+workload = "llm_serving"
+
+[[injections]]
+type = "thp_coverage_loss"
+host = "sim-00"
+start = "17m"
+duration = "3m"
+severity = 0.8
+"""
+
+
+def test_a_fix_soon_after_the_onset_is_judged_against_the_incident_not_the_healthy_minutes(tmp_path: Path) -> None:
+    """The before-windows start at the action's incident, not ``within_s`` before the apply:
+    a fix applied 3 minutes after the onset is judged against those 3 minutes (seen on a
+    real host: the THP fix 30 s after the onset failed against healthy windows)."""
+    from jobs.cli import main
+
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=20)
+    scenario = tmp_path / "late.toml"
+    scenario.write_text(LATE_ONSET.format(start=start.strftime("%Y-%m-%dT%H:%M:%SZ")))
+    lk = tmp_path / "lake"
+    assert main(["simulate", "--lake", str(lk), "--scenario", str(scenario)]) == 0
+    root = tmp_path / "root"
+    shutil.copytree(DATA / "sysroot", root)
+    (root / "sys/kernel/mm/transparent_hugepage/enabled").write_text("always madvise [never]\n")
+    c = SweepConfig(lag=timedelta(0), max_incident=timedelta(minutes=2), remediation_root=str(root))
+    assert run_cycle(lk, c, now=start + timedelta(minutes=20)) is not None
+    with Queue(default_path(lk)) as q:
+        [action] = q.actions()
+        assert (action.host, action.entry_id, action.state) == ("sim-00", "thp_coverage_loss", "proposed")
+        q.approve(action.id, by="alice")
+        assert Executor(q, ExecutorConfig(root=str(root))).execute(action.id, actor="alice").state == "verifying"
+    onset = lake.read(lk, "incidents").filter(pl.col("incident_id") == action.incident_id)["start"].min()
+    assert isinstance(onset, datetime) and onset >= start + timedelta(minutes=16)  # (the case under test)
+    s = run_cycle(lk, c, now=start + timedelta(minutes=32))
+    assert s is not None and s.verifications == {"succeeded": 1}
+    with Queue(default_path(lk)) as q:
+        done = q.get(action.id)
+    assert done.effect is not None and done.effect["verdict"] == "improved"
+    assert done.effect["after"]["mem.hugepage_coverage"] > done.effect["before"]["mem.hugepage_coverage"] + 0.2
+    # the before-windows are those of the incident: about 3 minutes of 1 s strides, not 10
+    assert 0 < done.effect["windows_before"] <= 4 * 60
