@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: stage -> function names that implement it (matched in the project's own files, any
 #: module, so moving a function between modules keeps the breakdown working)
 STAGES: dict[str, tuple[str, ...]] = {
-    "lake read (scan, history)": ("load_lake",),
+    "lake read (scan, history)": ("load_lake", "_raw"),  # (_raw: one host's raw telemetry, jobs.telemetry)
     "features": ("compute_features",),
     "standardise + detectors + attribution": ("analyze", "_analysed"),
     "signature matching + findings": ("detect",),

@@ -5,9 +5,12 @@ grid) in chunks of at most ``chunk``, and commits each chunk through
 
 Per chunk ``[s, e)`` of a group of hosts sharing the watermark ``s``:
 
-* telemetry ``[s - L + 1us - history, e)`` is read from the lake (corrupt files skipped
-  and returned to the caller, who warns once per file), and the windows ending in
-  ``(s, e]`` are judged by the sweep step (:func:`jobs.step.sweep_step`; ``L`` = window
+* each host's features are computed alone (:func:`jobs.telemetry.host_features`, run by
+  the ``mapper``): from its raw telemetry ``[s - L + 1us, e)`` only, its ``history`` read
+  back from the lake's ``features`` table (raw telemetry only where that lacks it), so
+  memory holds one host's raw rows at a time; corrupt files are skipped and returned to
+  the caller, who warns once per file. The windows ending in ``(s, e]`` of all the hosts'
+  features together (cohort references need peers) are judged by the sweep step (:func:`jobs.step.sweep_step`; ``L`` = window
   length: a window straddling ``s`` was incomplete in the previous chunk and is judged
   now): scores, findings (statistical outside warm-up, or a knowledge-base signature),
   their rank-1 matches;
@@ -39,10 +42,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
+from analytics.features import KEYS, concat_features
 from ingest import lake as lake_mod
 from ingest import objstore, schema
 from jobs import watermarks as wm
@@ -59,12 +63,14 @@ from jobs.remediations import (
 from jobs.step import TS, sweep_step, with_time
 from jobs.telemetry import (
     Corrupt,
+    HostChunk,
+    HostFeatures,
     Loaded,
     earliest,
     first_times,
     fleet_hosts,
     has_data,
-    load_lake,
+    host_features,
     merge_corrupt,
 )
 from jobs.writeback import WriteBack
@@ -75,6 +81,16 @@ from knowledge_base.loader import KnowledgeBase
 log = logging.getLogger(__name__)
 
 HOST = schema.HOST
+T = TypeVar("T")
+R = TypeVar("R")
+#: ``mapper(fn, items) -> [fn(item) for item in items]``, in order: serial here; a process
+#: pool or a cluster runs the per-host steps elsewhere (their functions are top-level and
+#: their items plain data, so they pickle)
+Mapper = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
+
+
+def serial_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    return [fn(x) for x in items]
 
 
 @dataclass
@@ -158,16 +174,27 @@ def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequ
 def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],
                   s: datetime, e: datetime, marks: Mapping[str, wm.HostMark], hook: wm.PublishHook | None,
                   queue_path: Path | None = None,
-                  history_known: dict[str, datetime] | None = None
+                  history_known: dict[str, datetime] | None = None, mapper: Mapper | None = None
                   ) -> tuple[ChunkSummary, dict[str, wm.HostMark], list[Corrupt]]:
     """Analyse, stage, seal and publish one chunk; returns its summary and the new marks.
-    ``history_known`` caches each host's first telemetry time (warm-up); filled here."""
+    ``history_known`` caches each host's first telemetry time (warm-up); filled here.
+    ``mapper(fn, items)``: how the per-host work runs (default: serially, in order)."""
+    mapper = mapper or serial_map
     lake_p = Path(lake)
     a = cfg.analytics
     sid = sweep_id(s, e, hosts)
     first = s - timedelta(seconds=a.window.length_s) + US  # the first window ending after s
+    parts: list[HostFeatures] = []
     if has_data(lake, first, e, hosts):  # nothing to score: skip the (history) read
-        loaded = load_lake(lake, first - a.history, e, hosts)
+        # map: each host's features alone (raw rows of one host at a time); the cohort
+        # reference and the detectors then judge the compact features of all of them
+        parts = mapper(host_features, [HostChunk(str(lake), h, first, e, a.history, a.window) for h in hosts])
+        facts = [p.facts for p in parts if p.facts is not None and p.facts.height]
+        loaded = Loaded({}, pl.concat(facts, how="diagonal_relaxed") if facts else None,
+                        merge_corrupt([], [c for p in parts for c in p.corrupt]),
+                        concat_features([p.features for p in parts if p.features.height]))
+        for p in parts:  # (the joined frame is the one copy kept)
+            p.features = p.features.clear()
     else:
         loaded = Loaded({}, None)
     known = first_times(lake, hosts, history_known)
@@ -185,7 +212,12 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
             lake_p, queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e), corrupt)
     staged = wm.StagedSweep(lake, sid)
     if out.features.height:
-        staged.write("features", with_time(out.features))
+        # each host's own columns (not the fleet's union): the next chunks read them back
+        # as that host's history exactly as host_features computed them
+        for p in parts:
+            mine = out.features.filter(pl.col(HOST) == p.host)
+            if mine.height:
+                staged.write("features", with_time(mine.select(*KEYS, *p.chunk_columns)))
         staged.write("scores", with_time(out.scores))
     if out.findings.height:
         staged.write("findings", with_time(out.findings))
@@ -231,10 +263,11 @@ def _chunks_left(marks: Mapping[str, wm.HostMark], horizon: datetime, chunk: tim
 def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, now: datetime | None = None,
               until: datetime | None = None, hosts: Sequence[str] | None = None,
               progress: bool | None = None, queue_path: Path | None = None,
-              should_stop: Callable[[], bool] | None = None) -> CycleSummary | None:
+              should_stop: Callable[[], bool] | None = None, mapper: Mapper | None = None) -> CycleSummary | None:
     """One scheduler cycle (see the module doc). Returns None when another process holds the
     lake's scheduler lock (this cycle is skipped, with a log line). ``should_stop`` is asked
-    between chunks (SIGTERM during a long catch-up stops after the current chunk)."""
+    between chunks (SIGTERM during a long catch-up stops after the current chunk).
+    ``mapper``: how each chunk's per-host work runs (:func:`process_chunk`)."""
     cfg = cfg or SweepConfig()
     if objstore.is_url(lake):  # staged outputs and watermarks publish by rename (docs/lake.md)
         raise ValueError(f"lake {lake} is on object storage: sweeps need a lake directory (local or shared disk)")
@@ -284,7 +317,7 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                         summary.caught_up = False
                         break
                     chunk, new, corrupt = process_chunk(lake_p, cfg, kb, group, s, e, marks, hook, queue_path,
-                                                        first_times)
+                                                        first_times, mapper)
                     marks.update(new)
                     summary.chunks.append(chunk)
                     merge_corrupt(summary.corrupt, corrupt)

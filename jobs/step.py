@@ -91,8 +91,8 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
     """Judge the windows starting at or after ``since`` (None: all) and ending at or before
     ``until`` (None: no bound) of ``hosts`` (None: all); see the module doc.
 
-    ``loaded`` must start at or before ``since - history`` (its ``frames`` are analysed,
-    its ``facts`` serve the detectors and matcher). ``history_known``: host -> its first
+    ``loaded`` must start at or before ``since - history`` (its ``frames``, or its
+    precomputed ``features``, are analysed, its ``facts`` serve the detectors and matcher). ``history_known``: host -> its first
     telemetry time in the lake (warm-up of hosts whose start is not loaded).
 
     ``result``: the analysis of these windows, already done (the evaluation analyses once
@@ -124,11 +124,11 @@ def _sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: d
     if result is not None:
         out = _judged(detect(result, loaded.facts, kb, cfg.detection, keep=keep, frame_start=frame_start,
                              history_known=history_known, signature=signature), loaded.corrupt)
-    elif not loaded.frames:
+    elif not loaded.frames and (loaded.features is None or loaded.features.is_empty()):
         out = StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings(), loaded.corrupt)
     elif step is None or since is None or until is None:
         read = None if since is None else since - a.history
-        res = analyze(loaded.frames, a, host_facts=loaded.facts, score_since=since)
+        res = analyze(loaded.frames, a, host_facts=loaded.facts, score_since=since, features=loaded.features)
         out = _judged(detect(res, loaded.facts, kb, cfg.detection, keep=keep, frame_start=read,
                              history_known=history_known), loaded.corrupt)
     else:
@@ -167,6 +167,14 @@ def _keep(since: datetime | None, until: datetime | None, hosts: Sequence[str] |
     return out
 
 
+def features_of(loaded: Loaded, cfg: SweepConfig) -> pl.DataFrame:
+    """The wide features of ``loaded``: precomputed (per host, the scheduler's chunks) or
+    computed from its telemetry frames."""
+    if loaded.features is not None:
+        return loaded.features
+    return compute_features(loaded.frames, cfg.analytics.window, host_facts=loaded.facts)
+
+
 def _judged(det: Detection, corrupt: list[Corrupt]) -> StepResult:
     return StepResult(det.features, det.scores, det.findings, corrupt, det.suppressed, det.signature)
 
@@ -176,7 +184,7 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
              history_known: Mapping[str, datetime] | None) -> StepResult:
     """The windows ending in ``(since + L - 1us, until]``, analysed step by step (module doc)."""
     a = cfg.analytics
-    feats = compute_features(loaded.frames, a.window, host_facts=loaded.facts)
+    feats = features_of(loaded, cfg)
     if feats.is_empty():
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings(), loaded.corrupt)
     feats = feats.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))

@@ -1,6 +1,8 @@
 """Where a sweep reads its telemetry: the lake's telemetry tables and hosts, each host's
 first data time (warm-up), corrupt files skipped and named, and an interval loaded from
-the lake or read back from InfluxDB."""
+the lake or read back from InfluxDB; or, for the scheduler's chunks, one host's features
+(:func:`host_features`: its raw telemetry of the chunk only, its history from the lake's
+``features`` table), so memory holds one host's raw rows at a time."""
 
 from __future__ import annotations
 
@@ -8,15 +10,22 @@ import contextlib
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
-from analytics.features import SKIPPED
+from analytics.features import (
+    KEYS,
+    SKIPPED,
+    WINDOW_START,
+    WindowSpec,
+    compute_features,
+    concat_features,
+)
 from ingest import lake as lake_mod
 from ingest import schema
 from ingest.influx import InfluxConfig, InfluxSource
-from jobs.grid import utc
+from jobs.grid import US, floor_grid, utc
 
 #: downstream tables the jobs write (never read as telemetry)
 NOT_TELEMETRY = frozenset(SKIPPED | {"audit", "matches"})
@@ -93,6 +102,9 @@ class Loaded:
     frames: dict[str, pl.LazyFrame]
     facts: pl.DataFrame | None
     corrupt: list[Corrupt] = field(default_factory=list)  # files skipped, one entry each
+    #: the wide features of the interval, already computed (then ``frames`` is empty):
+    #: :func:`host_features` per host, joined by :func:`analytics.features.concat_features`
+    features: pl.DataFrame | None = None
 
 
 def load_lake(lake: str | os.PathLike[str], start: datetime, end: datetime,
@@ -126,3 +138,116 @@ def load_influx(config: InfluxConfig, start: datetime, end: datetime, hosts: Seq
     finally:
         src.close()
     return Loaded(frames, facts if facts.height else None)
+
+
+# ------------------------------------------------------------ one host's features
+
+
+@dataclass(frozen=True)
+class HostChunk:
+    """One host's part of a scheduler chunk: windows starting at or after ``first`` and
+    ending at or before ``end`` are judged, those starting in ``[first - history, first)``
+    are its history (reference only). Plain data: picklable, so :func:`host_features`
+    can run in another process."""
+
+    lake: str
+    host: str
+    first: datetime
+    end: datetime
+    history: timedelta
+    window: WindowSpec
+
+
+@dataclass
+class HostFeatures:
+    host: str
+    features: pl.DataFrame  # history and chunk windows, sorted by window_start
+    facts: pl.DataFrame | None
+    corrupt: list[Corrupt] = field(default_factory=list)
+    chunk_columns: list[str] = field(default_factory=list)  # the host's own columns in the chunk (what is written)
+    reused: int = 0  # history windows read from the features table
+    refeaturised: int = 0  # history windows computed from raw telemetry (the features table lacked them)
+
+
+def _raw(lake: str, host: str, start: datetime, end: datetime, found: list[Corrupt]) -> dict[str, pl.LazyFrame]:
+    frames: dict[str, pl.LazyFrame] = {}
+    for t in telemetry_tables(lake):
+        df = lake_mod.read(lake, t, start=start, end=end, hosts=[host], on_corrupt="skip", report=found)
+        if df.height:
+            frames[t] = df.lazy()
+    return frames
+
+
+def _anchored(frames: dict[str, pl.LazyFrame], at: datetime) -> dict[str, pl.LazyFrame]:
+    """``frames`` with a copy of one real row moved to ``at``: a host's bucket grid then
+    starts there, as it does when its history is read with the chunk (a host resuming
+    after a gap gets the same windows). The copy's bucket ends before every judged window
+    starts, so no judged value changes; it is a row of an existing device (no new column)."""
+    name = next(iter(frames))
+    row = frames[name].sort(schema.TIME).head(1).with_columns(pl.lit(at).cast(schema.TIME_DTYPE).alias(schema.TIME))
+    return {**frames, name: pl.concat([row, frames[name]], how="vertical_relaxed")}
+
+
+def host_features(job: HostChunk) -> HostFeatures:
+    """The features of one host over a chunk and its history (see :class:`HostChunk`).
+
+    The chunk's windows are computed from its raw telemetry ``[first, end)`` only (a
+    window needs only its own rows); the history is read back from the lake's
+    ``features`` table, which earlier chunks wrote, and computed from raw telemetry only
+    where the table lacks it (the first chunk, history before the first sweep). Raw rows
+    are dropped once reduced: memory holds this host's chunk, not the fleet's.
+
+    Values are those of the fleet-wide computation (``tests/test_sweep_per_host.py``);
+    the column set may differ by columns without evidence: a stored file carries the
+    columns of its whole chunk, so history read from part of it can name a device that
+    sent no rows in this interval (and a device whose only rows carry no value, a first
+    sample, gets no column); such columns are null, or 0 for the zero-fill families,
+    and the detectors ignore columns constant in their reference."""
+    found: list[Corrupt] = []
+    lake, h, win = job.lake, job.host, job.window
+    w, stride = timedelta(seconds=win.length_s), timedelta(seconds=win.stride_s)
+    start = job.first - job.history
+    facts = None
+    if "host_facts" in lake_mod.tables(lake):
+        facts = lake_mod.read(lake, "host_facts", hosts=[h], on_corrupt="skip", report=found)
+    hist = pl.DataFrame()
+    if job.history > timedelta(0) and "features" in lake_mod.tables(lake):
+        hist = lake_mod.read(lake, "features", start=start, end=job.first, hosts=[h], on_corrupt="skip",
+                             report=found)
+        if hist.height:
+            hist = hist.drop(schema.TIME).filter(pl.col(WINDOW_START) >= start).sort(WINDOW_START)
+
+    def raw_windows(lo: datetime, hi: datetime) -> pl.DataFrame:
+        """Windows starting in [lo, hi) from raw telemetry (rows through the last one's end)."""
+        frames = _raw(lake, h, lo, min(floor_grid(hi - US, win.stride_s) + w, job.end), found)
+        if not frames:
+            return pl.DataFrame()
+        feats = compute_features(frames, win, host_facts=facts)
+        return feats.filter((pl.col(WINDOW_START) >= lo) & (pl.col(WINDOW_START) < hi))
+
+    # history the table lacks, from raw telemetry: before its first window (never swept),
+    # and between two of its windows (a gap in the data across a chunk's start: the
+    # fleet-wide computation has windows over it, as its grid spans the gap)
+    fresh: list[pl.DataFrame] = []
+    lo = job.first  # where the chunk's raw read starts
+    if hist.height:
+        ws = [utc(t) for t in hist[WINDOW_START].to_list()]
+        holes = [(start, ws[0])] if ws[0] > start else []
+        holes += [(a + stride, b) for a, b in zip(ws, ws[1:], strict=False) if b - a > stride]
+        fresh = [raw_windows(a, b) for a, b in holes]
+        if ws[-1] + stride < job.first:  # the windows up to the chunk: with it (its rows end the gap)
+            lo = ws[-1] + stride
+    else:
+        lo = start  # no stored history: read it with the chunk, as the fleet-wide path does
+    frames = _raw(lake, h, lo, job.end, found)
+    chunk = pl.DataFrame()
+    if frames:
+        if hist.height:
+            frames = _anchored(frames, lo - US)
+        chunk = compute_features(frames, win, host_facts=facts).filter(pl.col(WINDOW_START) >= lo)
+        del frames
+    n_fresh = sum(f.height for f in fresh) + (chunk.filter(pl.col(WINDOW_START) < job.first).height
+                                               if lo < job.first and chunk.height else 0)
+    feats = concat_features([p for p in (*fresh, hist, chunk) if p.height])
+    return HostFeatures(h, feats, facts, merge_corrupt([], sorted(found, key=lambda e: e.path)),
+                        [c for c in chunk.columns if c not in KEYS], hist.height, n_fresh)

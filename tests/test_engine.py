@@ -103,11 +103,13 @@ def ray_env() -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def ray_address(ray_env: Path) -> Iterator[str]:
-    """``ray://127.0.0.1:PORT`` of a real 2-CPU Ray head started for this module. Tests ask
-    for it before they open a process pool: a head started while this process held a spawn
-    pool could not start its client servers (seen here, cause not found)."""
+    """``ray://127.0.0.1:PORT`` of a real 2-CPU Ray head started for this module, before
+    any of its tests (autouse): a head started while this process held a spawn pool could
+    not start its client servers (seen here, cause not found). Ready once a client ran a
+    task on it: on a fresh 2-core machine the head's first client server failed to start
+    although its port accepted (CI, stop 22)."""
     ray_bin = Path(sys.executable).parent / "ray"
     if not ray_bin.exists():
         pytest.fail(f"{ray_bin} is missing: pip install 'ray[client]' (a dependency of unveil)", pytrace=False)
@@ -136,7 +138,9 @@ def ray_address(ray_env: Path) -> Iterator[str]:
                 pytest.fail(f"ray start did not start in {START_TIMEOUT_S:.0f} s:\n"
                             f"{(Path(tmp) / 'start.log').read_text()[-3000:]}")
             time.sleep(0.5)
-        yield f"ray://127.0.0.1:{client}"
+        address = f"ray://127.0.0.1:{client}"
+        _wait_ready(address, deadline, Path(tmp))
+        yield address
     finally:
         proc.terminate()  # `ray start --block` stops the node's processes on SIGTERM
         try:
@@ -163,6 +167,23 @@ def bounded() -> Iterator[None]:
 
 
 ENGINES = ["serial", "processes:2", "ray"]
+
+
+def _wait_ready(address: str, deadline: float, tmp: Path) -> None:
+    """Until a client maps one item on the cluster (each try a fresh connection)."""
+    errors: list[str] = []
+    while True:
+        try:
+            with make_engine(address) as eng:
+                if eng.map(frame_stats, [3]) == [frame_stats(3)]:
+                    return
+        except (EngineError, ConnectionError) as exc:
+            errors.append(str(exc).splitlines()[0])
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-1500:]}"
+                              for p in sorted(tmp.rglob("ray_client_server*.err")))
+            pytest.fail(f"the Ray head at {address} ran no task in {START_TIMEOUT_S:.0f} s: {errors}\n{logs}")
+        time.sleep(2.0)
 
 
 @pytest.fixture

@@ -18,9 +18,10 @@ from analytics.features.engine import (
            WINDOW_END,
            WINDOW_START,
            compute_features,
+           concat_features,
            feature_columns,
 )
 from analytics.features.plans import HOST, SKIPPED, THROTTLE_BITS, TIME, WindowSpec
 
 __all__ = ["HOST", "KEYS", "SKIPPED", "THROTTLE_BITS", "TIME", "WINDOW_END", "WINDOW_START", "WindowSpec",
-           "compute_features", "feature_columns"]
+           "compute_features", "concat_features", "feature_columns"]

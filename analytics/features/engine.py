@@ -358,3 +358,42 @@ def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Pl
         out.append(col if ok.all() else pl.Series(col.name, np.where(ok, x, 0.0 if col.name in plan.zero_fill else np.nan),
                                                   nan_to_null=True))
     return devs, pl.DataFrame(out)
+
+
+
+def _zero_fill_families() -> frozenset[str]:
+    from analytics.features.plans import PLANS
+
+    out: set[str] = set()
+    for build in PLANS.values():
+        try:
+            out.update(build(set()).zero_fill)
+        except (KeyError, ValueError):  # a builder that needs its columns: no zero-fill family there
+            continue
+    return frozenset(out)
+
+
+#: families whose missing value means 0 (the plans' ``zero_fill``)
+ZERO_FILL: frozenset[str] = _zero_fill_families()
+
+
+def concat_features(parts: Sequence[pl.DataFrame]) -> pl.DataFrame:
+    """Wide feature frames of disjoint hosts (each from :func:`compute_features` on that
+    host's telemetry alone, or read back from the lake) as :func:`compute_features` gives
+    them for all those hosts at once: rows by host then window, columns sorted; a column
+    another host lacks is null there, except the zero-fill families (sparse tables: no
+    rows means no events) and ``cpu.own_cores``, which the fleet-wide computation gives 0
+    wherever any host has them. So features can be computed (and memory held) one host at
+    a time and judged together."""
+    parts = [p for p in parts if p.width]
+    if not parts:
+        return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
+    df = parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal_relaxed")
+    rest = sorted(c for c in df.columns if c not in KEYS)
+    zero = [c for c in rest if c == OWN_CORES or split_feature(c)[0] in ZERO_FILL]
+    if zero:
+        df = df.with_columns(pl.col(zero).fill_null(0.0))
+    df = df.select(*KEYS, *rest)  # (a concat without rechunk and a select share the parts' buffers)
+    h, ws = df[HOST], df[WINDOW_START]
+    ordered = bool(((h.shift(-1) > h) | ((h.shift(-1) == h) & (ws.shift(-1) >= ws))).head(-1).all())
+    return df if ordered else df.sort(HOST, WINDOW_START, maintain_order=True)  # (a sort copies every column)
