@@ -148,6 +148,8 @@ _FAMILIES: list[FeatureFamily] = [
     _fam("net.rx_bytes_rate", "network", "bytes/s", "both", 1e6, "received bytes per second"),
     _fam("net.tx_bytes_rate", "network", "bytes/s", "both", 1e6, "sent bytes per second"),
     _fam("net.drop_rate", "network", "packets/s", "up", 1.0, "packets dropped (rx+tx dropped, rx FIFO overruns) per second"),
+    _fam("net.drop_share", "network", "fraction", "up", 1e-4,
+         "received packets dropped (rx_dropped + rx_fifo) / packets offered (received + dropped)"),
     _fam("net.error_rate", "network", "packets/s", "up", 1.0, "rx+tx errors per second"),
     _fam("net.retrans_share", "network", "fraction", "up", 0.005, "TCP segments retransmitted / segments sent"),
     _fam("net.retrans_rate", "network", "segments/s", "up", 5.0, "TCP retransmissions per second"),

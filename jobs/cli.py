@@ -38,6 +38,7 @@ if _command_word(sys.argv[1:]) == "agent":
 
 from ingest.lake import LakeError  # noqa: E402
 from ingest.sink import SinkError  # noqa: E402
+from jobs.engine import EngineError  # noqa: E402
 
 #: the subcommands' modules under jobs.commands, in the order of --help
 COMMANDS = (
@@ -118,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = args.func(args)
     except KeyboardInterrupt:
         return 130
-    except (UserError, FileNotFoundError, ValueError, LakeError, SinkError) as exc:
+    except (UserError, FileNotFoundError, ValueError, LakeError, SinkError, EngineError) as exc:
         # notes say where (an engine names the item that failed in a worker)
         notes = "".join(f" ({n})" for n in getattr(exc, "__notes__", ()))
         print(f"unveil {args.command}: error: {exc}{notes}", file=sys.stderr)

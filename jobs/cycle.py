@@ -42,15 +42,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import polars as pl
 
-from analytics.features import KEYS, concat_features
+from analytics.features import KEYS
 from ingest import lake as lake_mod
 from ingest import objstore, schema
 from jobs import watermarks as wm
 from jobs.config import SweepConfig
+from jobs.engine import Mapper, SerialEngine
 from jobs.grid import US, floor_grid, stamp, utc
 from jobs.progress import Progress
 from jobs.remediations import (
@@ -71,6 +72,7 @@ from jobs.telemetry import (
     fleet_hosts,
     has_data,
     host_features,
+    joined,
     merge_corrupt,
 )
 from jobs.writeback import WriteBack
@@ -81,16 +83,6 @@ from knowledge_base.loader import KnowledgeBase
 log = logging.getLogger(__name__)
 
 HOST = schema.HOST
-T = TypeVar("T")
-R = TypeVar("R")
-#: ``mapper(fn, items) -> [fn(item) for item in items]``, in order: serial here; a process
-#: pool or a cluster runs the per-host steps elsewhere (their functions are top-level and
-#: their items plain data, so they pickle)
-Mapper = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
-
-
-def serial_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    return [fn(x) for x in items]
 
 
 @dataclass
@@ -179,7 +171,8 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     """Analyse, stage, seal and publish one chunk; returns its summary and the new marks.
     ``history_known`` caches each host's first telemetry time (warm-up); filled here.
     ``mapper(fn, items)``: how the per-host work runs (default: serially, in order)."""
-    mapper = mapper or serial_map
+    # (one host's step is not worth a pickle round trip to a worker)
+    mapper = SerialEngine().map if mapper is None or len(hosts) < 2 else mapper
     lake_p = Path(lake)
     a = cfg.analytics
     sid = sweep_id(s, e, hosts)
@@ -189,12 +182,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         # map: each host's features alone (raw rows of one host at a time); the cohort
         # reference and the detectors then judge the compact features of all of them
         parts = mapper(host_features, [HostChunk(str(lake), h, first, e, a.history, a.window) for h in hosts])
-        facts = [p.facts for p in parts if p.facts is not None and p.facts.height]
-        loaded = Loaded({}, pl.concat(facts, how="diagonal_relaxed") if facts else None,
-                        merge_corrupt([], [c for p in parts for c in p.corrupt]),
-                        concat_features([p.features for p in parts if p.features.height]))
-        for p in parts:  # (the joined frame is the one copy kept)
-            p.features = p.features.clear()
+        loaded = joined(parts)
     else:
         loaded = Loaded({}, None)
     known = first_times(lake, hosts, history_known)

@@ -28,6 +28,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from jobs.config import SweepConfig
 from jobs.cycle import CycleSummary, maintain, run_cycle
+from jobs.engine import Engine, make_engine
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class Scheduler:
         self.lake_poll = lake_poll  # seconds between looks for a lake that is not there yet
         self.cycles = 0
         self.failures = 0
+        self._engine: Engine | None = None  # opened by run(): the per-host work of every cycle
         self._stop = threading.Event()
         grace = max(1, int(every.total_seconds()))
         self._sched = BackgroundScheduler(
@@ -65,7 +67,8 @@ class Scheduler:
             return
         try:
             summary = run_cycle(self.lake, self.cfg, until=self.until, hosts=self.hosts, progress=self.progress,
-                                should_stop=self._stop.is_set)
+                                should_stop=self._stop.is_set,
+                                mapper=None if self._engine is None else self._engine.map)
         except Exception:  # a failed cycle is retried next period; the watermarks did not move
             self.failures += 1
             log.exception("sweep cycle failed; retrying in %s", self.every)
@@ -118,6 +121,7 @@ class Scheduler:
             log.info("scheduler stopped before the lake appeared")
             return 0
         now = datetime.now(UTC)
+        self._engine = make_engine(self.cfg.engine)  # (a process pool starts at its first map)
         self._sched.add_job(self._sweep, IntervalTrigger(seconds=self.every.total_seconds(), timezone=UTC),
                             id="sweep", name="sweep", next_run_time=now)
         if self.cfg.compact_every is not None:
@@ -131,5 +135,7 @@ class Scheduler:
                 pass
         finally:
             self._sched.shutdown(wait=True)  # lets the running job finish
+            self._engine.close()
+            self._engine = None
             log.info("scheduler stopped after %d cycle(s)", self.cycles)
         return 1 if self.cycles and self.failures == self.cycles else 0

@@ -23,8 +23,9 @@ from analytics.pipeline import AnalyticsConfig
 from ingest.lake import CorruptFileError, write_table
 from ingest.schema import HOST
 from jobs.config import SweepConfig
+from jobs.engine import make_engine
 from jobs.step import StepResult, sweep_step, with_time
-from jobs.telemetry import first_times, load_lake
+from jobs.telemetry import HostChunk, first_times, fleet_hosts, host_features, joined
 from knowledge_base.detector import DetectionConfig
 
 if TYPE_CHECKING:
@@ -108,8 +109,12 @@ def run_sweep(
 
     config = config or AnalyticsConfig()
     cfg = SweepConfig(analytics=config, detection=detection or DetectionConfig(), analysis_step=None, engine=engine)
-    # the scheduler's reader: a corrupt file is skipped and named, the rest analysed
-    loaded = load_lake(lake, start - config.history, end, hosts)
+    # each host's features alone (its raw rows only; by the engine when there are several),
+    # judged together; a corrupt file is skipped and named, the rest analysed
+    names = list(hosts) if hosts else fleet_hosts(lake)
+    jobs = [HostChunk(str(lake), h, start, end, config.history, config.window, stored_history=False) for h in names]
+    with make_engine(engine if len(jobs) > 1 else "serial") as eng:
+        loaded = joined(eng.map(host_features, jobs))
     det = sweep_step(loaded, cfg, kb or load_kb(), since=start, hosts=hosts,
                      history_known=first_times(lake, hosts), incidents=False)
     summary = summarize(det, start, end)

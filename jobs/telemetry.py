@@ -156,6 +156,10 @@ class HostChunk:
     end: datetime
     history: timedelta
     window: WindowSpec
+    #: read the history back from the ``features`` table (the scheduler's chunks wrote it
+    #: exactly once); False computes it from raw telemetry (a by-hand sweep: that table
+    #: may hold a repeated sweep's copy, or nothing)
+    stored_history: bool = True
 
 
 @dataclass
@@ -211,7 +215,7 @@ def host_features(job: HostChunk) -> HostFeatures:
     if "host_facts" in lake_mod.tables(lake):
         facts = lake_mod.read(lake, "host_facts", hosts=[h], on_corrupt="skip", report=found)
     hist = pl.DataFrame()
-    if job.history > timedelta(0) and "features" in lake_mod.tables(lake):
+    if job.stored_history and job.history > timedelta(0) and "features" in lake_mod.tables(lake):
         hist = lake_mod.read(lake, "features", start=start, end=job.first, hosts=[h], on_corrupt="skip",
                              report=found)
         if hist.height:
@@ -251,3 +255,16 @@ def host_features(job: HostChunk) -> HostFeatures:
     feats = concat_features([p for p in (*fresh, hist, chunk) if p.height])
     return HostFeatures(h, feats, facts, merge_corrupt([], sorted(found, key=lambda e: e.path)),
                         [c for c in chunk.columns if c not in KEYS], hist.height, n_fresh)
+
+
+def joined(parts: Sequence[HostFeatures]) -> Loaded:
+    """The hosts' features (:func:`host_features`) as one :class:`Loaded` for the sweep
+    step: features joined (:func:`concat_features`), facts and skipped files merged. The
+    parts' feature frames are emptied: the joined frame is the one copy kept."""
+    facts = [p.facts for p in parts if p.facts is not None and p.facts.height]
+    loaded = Loaded({}, pl.concat(facts, how="diagonal_relaxed") if facts else None,
+                    merge_corrupt([], [c for p in parts for c in p.corrupt]),
+                    concat_features([p.features for p in parts if p.features.height]))
+    for p in parts:
+        p.features = p.features.clear()
+    return loaded

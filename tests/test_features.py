@@ -135,6 +135,20 @@ def test_memory_numa_disk_net_cgroup_ratios() -> None:
     assert r["cgroup.throttled_time_share@kubepods"] == pytest.approx(0.25)
 
 
+def test_drop_share_of_offered_packets() -> None:
+    # rx_packets counts delivered packets only: the share lost is drops / (delivered + drops);
+    # tx drops are no loss of received traffic; an idle port (no packets at all) has no share
+    n = 3
+    t = times(n, 1000)
+    net = frame("net", time=t * 2, host=["h"] * 2 * n, interface=["ib0"] * n + ["eno1"] * n,
+                rx_packets=[97] * n + [0] * n, rx_dropped=[1] * n + [0] * n, rx_fifo=[2] * n + [0] * n,
+                tx_dropped=[5] * n + [0] * n)
+    r = compute_features({"net": net}).row(0, named=True)
+    assert r["net.drop_share@ib0"] == pytest.approx(0.03)
+    assert r["net.drop_rate@ib0"] == pytest.approx(8.0)
+    assert r["net.drop_share@eno1"] is None
+
+
 def test_bad_input_gives_defined_results() -> None:
     n = 60
     t = times(n)

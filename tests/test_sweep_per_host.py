@@ -6,13 +6,9 @@ telemetry of ``[first - history, end)`` loaded at once and featurised together."
 
 from __future__ import annotations
 
-import multiprocessing
 import shutil
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pytest
@@ -22,8 +18,10 @@ from analytics.features import compute_features, concat_features
 from ingest import lake
 from jobs.config import SweepConfig, analytics_from_mapping
 from jobs.cycle import run_cycle
+from jobs.engine import make_engine
 from jobs.grid import US
 from jobs.step import sweep_step
+from jobs.sweep import run_sweep
 from jobs.telemetry import (
     HostChunk,
     Loaded,
@@ -108,17 +106,14 @@ def swept(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _pool_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(fn, items))
-
-
 def test_per_host_work_runs_in_other_processes(template: Path, swept: Path, tmp_path: Path) -> None:
     """The per-host step pickles (a top-level function of plain data): swept with a process
-    pool as the mapper, the lake gets the same features, scores and findings."""
+    pool as the mapper (what ``unveil schedule`` passes), the lake gets the same features,
+    scores and findings."""
     root = tmp_path / "lake"
     shutil.copytree(template, root)
-    run_cycle(root, _cfg(), now=T0 + timedelta(minutes=MINUTES), mapper=_pool_map)
+    with make_engine("processes:2") as eng:
+        run_cycle(root, _cfg(), now=T0 + timedelta(minutes=MINUTES), mapper=eng.map)
     for t in ("features", "scores", "findings"):
         keys = ["host", "window_start", *(["detector", "reference"] if t == "scores" else [])]
         assert_frame_equal(lake.read(root, t).sort(keys), lake.read(swept, t).sort(keys))
@@ -176,3 +171,34 @@ def test_a_host_resuming_after_a_gap_gets_the_fleet_wide_windows(template: Path,
     assert gap.height > 0  # (the fleet-wide path has windows over the gap: the case under test)
     _same_features(got.features, ref.features)  # type: ignore[arg-type]
     _same_verdicts(root, cfg, got, ref, first, end)
+
+
+def test_unveil_sweep_per_host_on_a_process_pool_equals_the_fleet_wide_path(template: Path, tmp_path: Path) -> None:
+    """The by-hand sweep: its hosts featurised one by one on the engine, history from raw
+    telemetry (never from a features table a repeated sweep may have doubled), gives the
+    fleet-wide path's features, scores and findings; serially too."""
+    cfg = _cfg()
+    a = cfg.analytics
+    start, end = T0 + timedelta(minutes=5), T0 + timedelta(minutes=MINUTES)
+    ref_loaded = load_lake(template, start - a.history, end, HOSTS)
+    ref = sweep_step(ref_loaded, SweepConfig(analytics=a, detection=cfg.detection, analysis_step=None), load_kb(),
+                     since=start, hosts=HOSTS, history_known=first_times(template, HOSTS), incidents=False)
+    assert ref.findings.height > 0  # (the throttle on sim-01: the case under test)
+    for spec in ("processes:2", "serial"):
+        root = tmp_path / spec.replace(":", "-") / "lake"
+        shutil.copytree(template, root)
+        if spec == "serial":  # a features table from an earlier sweep of the same interval is not read
+            run_sweep(root, start, end, config=a, detection=cfg.detection, engine=spec)
+        summary = run_sweep(root, start, end, config=a, detection=cfg.detection, engine=spec, write=False)
+        assert summary.windows > 0
+        got = run_sweep(root, start, end, config=a, detection=cfg.detection, engine=spec, write=True)
+        assert got.rows_written["findings"] == ref.findings.height
+        feats = lake.read(root, "features").filter(pl.col("time").is_not_null())
+        n = 2 if spec == "serial" else 1  # (the serial lake was swept twice: two copies)
+        assert feats.height == n * ref.features.height
+        scores = lake.read(root, "scores").drop("time", "date", "hour", strict=False)
+        keys = ["host", "window_start", "detector", "reference"]
+        want = ref.scores
+        if n == 2:
+            want = pl.concat([want, want])
+        assert_frame_equal(scores.sort(keys), want.select(scores.columns).sort(keys), check_dtypes=False)

@@ -97,6 +97,9 @@ def compute_features(
 OWN_CORES = "cpu.own_cores"
 #: suffix of the kernel's PSI 10-second averages (psi.cpu_some_avg10 ...): read, never judged
 AVG10 = "_avg10"
+#: read by the knowledge base, never judged: on a quiet port a share of a few packets is
+#: noise (one lost of 20 is 5 %); net.drop_rate carries the same anomaly to the detectors
+UNJUDGED = frozenset({"net.drop_share"})
 
 
 def _own_cores(cols: Mapping[str, pl.Series]) -> pl.Series | None:
@@ -117,8 +120,10 @@ def feature_columns(features: pl.DataFrame) -> list[str]:
     never an anomaly of the host (the knowledge base still reads them, to set them apart),
     and the kernel's PSI ``avg10`` averages: the exact shares (``psi.*_share``, from the
     ``total`` counters) say the same without their lag, while an avg10 still decays for tens
-    of seconds after a stall has ended, an echo the detectors flagged as a new anomaly."""
+    of seconds after a stall has ended, an echo the detectors flagged as a new anomaly,
+    and the families in ``UNJUDGED``."""
     return [c for c in features.columns if c not in KEYS and c != OWN_CORES and not c.endswith(AVG10)
+            and split_feature(c)[0] not in UNJUDGED
             and not (c.startswith("cgroup.") and is_own(split_feature(c)[1]))]
 
 

@@ -256,6 +256,13 @@ def _plan_net(cols: set[str]) -> Plan:
     drops = [c for c in ("rx_dropped", "tx_dropped", "rx_fifo") if c in b]
     if drops:
         f["net.drop_rate"] = pl.sum_horizontal([_c(c) for c in drops]) / _c(DUR)
+    rx_drops = [c for c in ("rx_dropped", "rx_fifo") if c in b]
+    if rx_drops and "rx_packets" in b:
+        # the share of offered packets the receive side lost (rx_packets counts only those
+        # delivered): a ring overflow loses a share of the traffic, while a fixed trickle of
+        # benign drops (unknown protocols, micro-bursts on a busy RDMA port) is a rate
+        lost = pl.sum_horizontal([_c(c) for c in rx_drops])
+        f["net.drop_share"] = lost / (_c("rx_packets") + lost)
     errs = [c for c in ("rx_errors", "tx_errors") if c in b]
     if errs:
         f["net.error_rate"] = pl.sum_horizontal([_c(c) for c in errs]) / _c(DUR)

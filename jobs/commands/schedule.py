@@ -12,7 +12,7 @@ from jobs import config as config_mod
 from jobs.commands import warn_corrupt
 from jobs.config import SweepConfig, duration
 from jobs.cycle import CycleSummary, maintain, run_cycle
-from jobs.engine import parse_spec
+from jobs.engine import make_engine, parse_spec
 from jobs.timeparse import parse_time
 
 
@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     sc = sweep_config(args, cfg, lake)
     until = parse_time(args.until) if args.until else None
     if args.once:
-        summary = run_cycle(lake, sc, until=until, hosts=args.hosts, progress=args.progress)
+        with make_engine(sc.engine) as engine:
+            summary = run_cycle(lake, sc, until=until, hosts=args.hosts, progress=args.progress, mapper=engine.map)
         print_summary(summary)
         if args.maintain and summary is not None:
             out = maintain(lake, sc)

@@ -1,0 +1,72 @@
+"""nic_drops reads a share of the traffic lost, not a drop count (issue 15).
+
+Healthy RDMA NICs drop a few packets in micro-bursts (the simulator's ``realistic`` profile:
+1e-6 of received packets, gamma-mixed per second), which on busy 4-NIC training hosts gives
+``net.drop_rate`` peaks of 20-50/s over a median of ~0 and used to clear the entry's
+``min_change = 20`` for 10-25 s flickers. A receive-ring overflow loses a *share* of the
+packets (here 2e-3 x severity): real simulator, real feature code, the shipped knowledge base.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import polars as pl
+import pytest
+
+from analytics.features import compute_features
+from analytics.features.engine import feature_columns
+from ingest.simulator import from_dict, simulate_frames
+from knowledge_base import load_kb, match_windows
+
+SETTLE_S = 10  # the first windows after onset are part healthy
+
+
+@pytest.fixture(scope="module")
+def fleet() -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    # three busy training hosts with four RDMA NICs each; a low-severity overflow on one NIC
+    # of the third from minute 1 (seed 1 is a tuning seed)
+    hosts = [{"name": f"train-{i}", "workload": "training", "nics": 4} for i in range(3)]
+    doc = {"seed": 1, "duration": "4m", "profile": "realistic", "hosts": hosts,
+           "injections": [{"type": "nic_drops", "host": "train-2", "start": "1m", "duration": "3m",
+                           "severity": 0.25}]}
+    frames, _ = simulate_frames(from_dict(doc, name="nic-drops"))
+    facts = frames.pop("host_facts")
+    labels = frames.pop("labels")
+    frames.pop("workload", None)
+    feats = compute_features({k: v.lazy() for k, v in frames.items()}, host_facts=facts)
+    matches = match_windows(feats, facts, load_kb()).filter((pl.col("rank") == 1) & pl.col("matched"))
+    return feats, labels, matches
+
+
+def test_benign_drop_bursts_on_healthy_rdma_nics_are_not_an_overflow(
+        fleet: tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]) -> None:
+    feats, _, matches = fleet
+    # the bursts are there (the flicker's raw material) ...
+    peak = feats.filter(pl.col("host") == "train-0").select(pl.max_horizontal(pl.col("^net\\.drop_rate@ens.*$")).max()).item()
+    assert peak > 20.0
+    # ... and are no ring overflow
+    got = matches.filter(pl.col("host").is_in(["train-0", "train-1"]) & (pl.col("entry_id") == "nic_drops"))
+    assert got.is_empty(), got.select("host", "window_start", "explanation").rows()[:3]
+
+
+def test_ring_overflow_of_a_share_of_packets_is_named(fleet: tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]) -> None:
+    feats, labels, matches = fleet
+    lab = labels.row(0, named=True)
+    settled = feats.filter((pl.col("host") == "train-2") & (pl.col("window_start") >= lab["time"] + timedelta(seconds=SETTLE_S))
+                           & (pl.col("window_end") <= lab["end"]))
+    got = matches.filter((pl.col("host") == "train-2") & (pl.col("entry_id") == "nic_drops"))
+    right = got.join(settled.select("window_start"), on="window_start").height
+    assert right >= 0.9 * settled.height, f"{right}/{settled.height} settled windows named nic_drops"
+    assert got.filter(pl.col("window_end") <= lab["time"]).is_empty()
+    assert all("ens1np0" in d for d in got["devices"].to_list())
+
+
+def test_drop_share_is_read_by_the_knowledge_base_not_judged_by_the_detectors(
+        fleet: tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]) -> None:
+    feats, _, _ = fleet
+    # a quiet management port loses a few unknown-protocol packets of a few per second:
+    # shares of several percent from single packets, noise the detectors must not see
+    mgmt = feats.filter(pl.col("host") == "train-0")["net.drop_share@eno1"]
+    assert mgmt.max() > 0.01
+    assert not [c for c in feature_columns(feats) if c.startswith("net.drop_share")]
