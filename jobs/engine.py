@@ -169,6 +169,21 @@ def _check_picklable(fn: Callable[..., Any], engine: str) -> None:
                         f"function): {exc}") from None
 
 
+def _exit_with_parent(parent: int) -> None:
+    """A pool worker's initializer: exit once the process that started it is gone. A
+    worker blocks on its call queue and would outlive a killed parent (SIGKILL, the OOM
+    killer) for good, holding its memory and the parent's stdout/stderr open."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 class ProcessEngine(Engine):
     """A spawn-started :class:`~concurrent.futures.ProcessPoolExecutor` (see the module doc),
     started at the first ``map`` and restarted after a worker died."""
@@ -186,7 +201,8 @@ class ProcessEngine(Engine):
 
     def _executor(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = cf.ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = cf.ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_exit_with_parent, initargs=(os.getpid(),))
         return self._pool
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:

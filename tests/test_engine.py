@@ -269,6 +269,32 @@ def test_a_worker_killed_mid_map_raises_a_clear_error(spec: str, engine_of: Call
     assert eng.map(frame_stats, [3]) == [(3, 1.5, "item-3")]  # type: ignore[attr-defined] # a new worker
 
 
+def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+    """A command killed with SIGKILL (the OOM killer, a crash test) leaves no pool workers
+    behind: they would hold their memory, and the command's stdout/stderr, for good."""
+    script = ("import os, signal, sys\n"
+              "from jobs.engine import make_engine\n"
+              "from tests.test_engine import pid_of\n"
+              "eng = make_engine('processes:2')\n"
+              "print(*sorted(set(eng.map(pid_of, range(6)))), flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # stdout is a file, not a pipe: a left-over worker must not be what the test waits on
+    out = tmp_path / "out"
+    with out.open("w") as f:
+        r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                           timeout=120)
+    assert r.returncode == -signal.SIGKILL, out.read_text()
+    workers = [int(p) for p in out.read_text().split()]
+    assert len(workers) == 2
+    deadline = time.monotonic() + 10
+    while (alive := [p for p in workers if Path(f"/proc/{p}").exists()
+                     and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1][:3]]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive, f"pool workers {alive} outlived their killed parent"
+
+
 def test_workers_are_spawned_not_forked(monkeypatch: pytest.MonkeyPatch) -> None:
     """A forked worker would carry this process's state (Polars' thread pool, open files,
     the scheduler's lock); a spawned one starts from a fresh import."""
