@@ -81,6 +81,10 @@ class CorruptFileError(LakeError):
         self.reason = reason
         super().__init__(f"corrupt lake file {self.path}: {reason}")
 
+    def __reduce__(self) -> tuple[type[CorruptFileError], tuple[Path, str]]:
+        # (a sweep's per-host worker returns the files it skipped: they cross processes)
+        return type(self), (self.path, self.reason)
+
 
 # --------------------------------------------------------------------------- helpers
 

@@ -219,7 +219,8 @@ class ProcessEngine(Engine):
                 except BrokenProcessPool as exc:
                     self._discard()
                     raise EngineError(
-                        f"processes engine: a worker process died (killed, or out of memory) while running "
+                        f"processes engine: a worker process died (killed, or out of memory; or its result did not unpickle: "
+                        f"see the cause) while running "
                         f"{_name(fn)}; unfinished items: {_unfinished(items, i)}") from exc
                 except Exception as exc:  # fn's own (its remote traceback is the __cause__)
                     _noted(exc, fn, i, items[i])

@@ -617,3 +617,13 @@ def test_kill_9_while_compacting_with_a_concurrent_reader(tmp_path: Path) -> Non
     assert not list((tmp_path / "cpu" / lake.JOURNAL_DIR).glob("*.json"))
     assert not [p for p in (tmp_path / "cpu").rglob(".tmp-compact-*")]
     assert reads["ok"] > 0
+
+
+def test_a_corrupt_file_error_crosses_processes(tmp_path: Path) -> None:
+    """A sweep's per-host worker returns the files it skipped to the command: the error
+    pickles with its path and reason."""
+    import pickle
+
+    err = lake.CorruptFileError(tmp_path / "x.parquet", "Parquet magic bytes not found")
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), back.path, back.reason, str(back)) == (type(err), err.path, err.reason, str(err))
