@@ -6,7 +6,7 @@ grid) in chunks of at most ``chunk``, and commits each chunk through
 Per chunk ``[s, e)`` of a group of hosts sharing the watermark ``s``:
 
 * each host's features are computed alone (:func:`jobs.telemetry.host_features`, run by
-  the ``mapper``): from its raw telemetry ``[s - L + 1us, e)`` only, its ``history`` read
+  the ``engine``): from its raw telemetry ``[s - L + 1us, e)`` only, its ``history`` read
   back from the lake's ``features`` table (raw telemetry only where that lacks it), so
   memory holds one host's raw rows at a time; corrupt files are skipped and returned to
   the caller, who warns once per file. The windows ending in ``(s, e]`` of all the hosts'
@@ -51,7 +51,7 @@ from ingest import lake as lake_mod
 from ingest import objstore, schema
 from jobs import watermarks as wm
 from jobs.config import SweepConfig
-from jobs.engine import Mapper, SerialEngine
+from jobs.engine import Engine, SerialEngine
 from jobs.grid import US, floor_grid, stamp, utc
 from jobs.progress import Progress
 from jobs.remediations import (
@@ -166,13 +166,13 @@ def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequ
 def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],
                   s: datetime, e: datetime, marks: Mapping[str, wm.HostMark], hook: wm.PublishHook | None,
                   queue_path: Path | None = None,
-                  history_known: dict[str, datetime] | None = None, mapper: Mapper | None = None
+                  history_known: dict[str, datetime] | None = None, engine: Engine | None = None
                   ) -> tuple[ChunkSummary, dict[str, wm.HostMark], list[Corrupt]]:
     """Analyse, stage, seal and publish one chunk; returns its summary and the new marks.
     ``history_known`` caches each host's first telemetry time (warm-up); filled here.
-    ``mapper(fn, items)``: how the per-host work runs (default: serially, in order)."""
-    # (one host's step is not worth a pickle round trip to a worker)
-    mapper = SerialEngine().map if mapper is None or len(hosts) < 2 else mapper
+    ``engine``: runs the per-host features and the blocks of analysis steps (None: here)."""
+    # (one host's features are not worth a pickle round trip to a worker)
+    per_host = engine if engine is not None and len(hosts) > 1 else SerialEngine()
     lake_p = Path(lake)
     a = cfg.analytics
     sid = sweep_id(s, e, hosts)
@@ -181,7 +181,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     if has_data(lake, first, e, hosts):  # nothing to score: skip the (history) read
         # map: each host's features alone (raw rows of one host at a time); the cohort
         # reference and the detectors then judge the compact features of all of them
-        parts = mapper(host_features, [HostChunk(str(lake), h, first, e, a.history, a.window) for h in hosts])
+        parts = per_host.map(host_features, [HostChunk(str(lake), h, first, e, a.history, a.window) for h in hosts])
         loaded = joined(parts)
     else:
         loaded = Loaded({}, None)
@@ -189,7 +189,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     found: list[Corrupt] = []
     prior = _read_open_findings(lake_p, marks, hosts, s, found)
     out = sweep_step(loaded, cfg, kb, since=first, until=e, hosts=hosts, history_known=known, horizon=e,
-                     prior=prior)
+                     prior=prior, engine=engine)
     corrupt = [*out.corrupt, *found]
     incidents, open_since = out.incidents, out.open_since
     incidents = _changed_incidents(lake_p, marks, hosts, incidents, corrupt)
@@ -251,11 +251,11 @@ def _chunks_left(marks: Mapping[str, wm.HostMark], horizon: datetime, chunk: tim
 def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, now: datetime | None = None,
               until: datetime | None = None, hosts: Sequence[str] | None = None,
               progress: bool | None = None, queue_path: Path | None = None,
-              should_stop: Callable[[], bool] | None = None, mapper: Mapper | None = None) -> CycleSummary | None:
+              should_stop: Callable[[], bool] | None = None, engine: Engine | None = None) -> CycleSummary | None:
     """One scheduler cycle (see the module doc). Returns None when another process holds the
     lake's scheduler lock (this cycle is skipped, with a log line). ``should_stop`` is asked
     between chunks (SIGTERM during a long catch-up stops after the current chunk).
-    ``mapper``: how each chunk's per-host work runs (:func:`process_chunk`)."""
+    ``engine``: where each chunk's parallel work runs (:func:`process_chunk`)."""
     cfg = cfg or SweepConfig()
     if objstore.is_url(lake):  # staged outputs and watermarks publish by rename (docs/lake.md)
         raise ValueError(f"lake {lake} is on object storage: sweeps need a lake directory (local or shared disk)")
@@ -305,7 +305,7 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                         summary.caught_up = False
                         break
                     chunk, new, corrupt = process_chunk(lake_p, cfg, kb, group, s, e, marks, hook, queue_path,
-                                                        first_times, mapper)
+                                                        first_times, engine)
                     marks.update(new)
                     summary.chunks.append(chunk)
                     merge_corrupt(summary.corrupt, corrupt)

@@ -68,7 +68,7 @@ class Scheduler:
         try:
             summary = run_cycle(self.lake, self.cfg, until=self.until, hosts=self.hosts, progress=self.progress,
                                 should_stop=self._stop.is_set,
-                                mapper=None if self._engine is None else self._engine.map)
+                                engine=self._engine)
         except Exception:  # a failed cycle is retried next period; the watermarks did not move
             self.failures += 1
             log.exception("sweep cycle failed; retrying in %s", self.every)

@@ -47,6 +47,7 @@ from analytics.pipeline import (
 )
 from ingest import schema
 from jobs.config import SweepConfig
+from jobs.engine import Engine
 from jobs.grid import US, floor_grid, steps
 from jobs.telemetry import Corrupt, Loaded, first_times
 from knowledge_base import INCIDENT_SCHEMA, build_incidents
@@ -87,7 +88,7 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
                history_known: Mapping[str, datetime] | None = None, result: AnalysisResult | None = None,
                frame_start: datetime | None = None, signature: pl.DataFrame | None = None,
                incidents: bool = True, horizon: datetime | None = None,
-               prior: pl.DataFrame | None = None) -> StepResult:
+               prior: pl.DataFrame | None = None, engine: Engine | None = None) -> StepResult:
     """Judge the windows starting at or after ``since`` (None: all) and ending at or before
     ``until`` (None: no bound) of ``hosts`` (None: all); see the module doc.
 
@@ -103,7 +104,11 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
     Incidents (unless ``incidents`` is False) are built from ``prior`` (findings of a
     segment still open from earlier steps) and the step's findings: with ``horizon=None``
     every incident is closed (a finished interval), else segments that may still grow
-    are open (:func:`incidents_of`)."""
+    are open (:func:`incidents_of`).
+
+    ``engine``: runs the analysis steps in contiguous blocks, one per worker (the steps are
+    independent: each reads its own history), when there are several steps and workers
+    and no ``analytics.refit`` (whose epochs span steps); None: here."""
     # one BLAS thread: a step's matrices are small (a few hundred features), and BLAS
     # threads spinning on them cost more CPU than they save (measured: Mahalanobis scoring
     # 8.7 -> 0.2 CPU-s in a 30-step sweep of 8 hosts on the loaded 2-core VM); sweeps run
@@ -111,13 +116,14 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
     with threadpool_limits(limits=1, user_api="blas"):
         return _sweep_step(loaded, cfg, kb, since=since, until=until, hosts=hosts, history_known=history_known,
                            result=result, frame_start=frame_start, signature=signature, incidents=incidents,
-                           horizon=horizon, prior=prior)
+                           horizon=horizon, prior=prior, engine=engine)
 
 
 def _sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: datetime | None,
                 until: datetime | None, hosts: Sequence[str] | None, history_known: Mapping[str, datetime] | None,
                 result: AnalysisResult | None, frame_start: datetime | None, signature: pl.DataFrame | None,
-                incidents: bool, horizon: datetime | None, prior: pl.DataFrame | None) -> StepResult:
+                incidents: bool, horizon: datetime | None, prior: pl.DataFrame | None,
+                engine: Engine | None) -> StepResult:
     a = cfg.analytics
     step = None if result is not None else cfg.analysis_step
     keep = _keep(since, until, hosts)
@@ -132,7 +138,7 @@ def _sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: d
         out = _judged(detect(res, loaded.facts, kb, cfg.detection, keep=keep, frame_start=read,
                              history_known=history_known), loaded.corrupt)
     else:
-        out = _stepped(loaded, cfg, kb, since, until, hosts, step, history_known)
+        out = _stepped(loaded, cfg, kb, since, until, hosts, step, history_known, engine)
     if incidents:
         findings = out.findings
         if prior is not None and prior.height:
@@ -181,7 +187,7 @@ def _judged(det: Detection, corrupt: list[Corrupt]) -> StepResult:
 
 def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetime, until: datetime,
              hosts: Sequence[str] | None, step: timedelta,
-             history_known: Mapping[str, datetime] | None) -> StepResult:
+             history_known: Mapping[str, datetime] | None, engine: Engine | None) -> StepResult:
     """The windows ending in ``(since + L - 1us, until]``, analysed step by step (module doc)."""
     a = cfg.analytics
     feats = features_of(loaded, cfg)
@@ -189,28 +195,69 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings(), loaded.corrupt)
     feats = feats.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
     length = timedelta(seconds=a.window.length_s)
+    bounds = list(steps(since + length - US, until, step))
+    n = 1 if engine is None or a.refit is not None else max(1, min(engine.workers, len(bounds)))
+    per = -(-len(bounds) // n)
+    blocks = [bounds[i:i + per] for i in range(0, len(bounds), per)]
+    starts = _host_starts(feats)
+    keep = None if hosts is None else list(hosts)
+    known = None if history_known is None else dict(history_known)
+    jobs = [StepBlock(feats if len(blocks) == 1 else _block_frame(feats, blk, a), loaded.facts, kb, cfg, blk,
+                      keep, known, starts) for blk in blocks]
+    done = run_steps(jobs[0]) if len(jobs) == 1 or engine is None else \
+        [r for rs in engine.map(run_steps, jobs) for r in rs]
+    findings = _concat([o.findings for o in done])
+    return StepResult(_concat([o.features for o in done]), _concat([o.scores for o in done]),
+                      findings if findings.height else empty_findings(), loaded.corrupt,
+                      sum(o.suppressed for o in done))
+
+
+@dataclass
+class StepBlock:
+    """Contiguous analysis steps of a sweep and the windows they read (plain data: a
+    block runs in a worker process as well as here)."""
+
+    features: pl.DataFrame
+    facts: pl.DataFrame | None
+    kb: KnowledgeBase
+    cfg: SweepConfig
+    bounds: list[tuple[datetime, datetime]]
+    hosts: list[str] | None
+    history_known: dict[str, datetime] | None
+    starts: dict[str, np.ndarray]  # host -> its window starts in the whole sweep (warm-up)
+
+
+def _block_frame(feats: pl.DataFrame, bounds: Sequence[tuple[datetime, datetime]], a: AnalyticsConfig
+                 ) -> pl.DataFrame:
+    """The windows the steps ``bounds`` read: from the first one's history to the last's end."""
+    first = floor_grid(bounds[0][0] - a.history, a.window.stride_s)
+    return feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= bounds[-1][1]))
+
+
+def run_steps(job: StepBlock) -> list[StepResult]:
+    """The block's steps, one after the other (see :func:`sweep_step`)."""
+    a, feats = job.cfg.analytics, job.features
+    length = timedelta(seconds=a.window.length_s)
     # the running medians of a step's windows reach back half of `smooth` (more at the
     # start of a host's data): the frame a step is scored on starts this far before it
     lead = 2 * max(a.smooth, timedelta(seconds=a.window.stride_s)) + length
-    starts = _host_starts(feats)
     epochs: dict[datetime, Reference] = {}
     outs: list[StepResult] = []
-    for b, b2 in steps(since + length - US, until, step):
-        first = floor_grid(b - a.history, a.window.stride_s)
-        part = feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= b2))
-        if part.is_empty():
-            outs.append(StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings()))
-            continue
-        b_since = b - length + US
-        res = _analysed(feats, part, a, loaded.facts, b, b2, b_since, first, lead, starts, epochs)
-        # the signature matcher judges a window against the host's own past only
-        det = detect(res, loaded.facts, kb, cfg.detection, keep=_keep(b_since, b2, hosts), frame_start=first,
-                     history_known=history_known, match_config=MatchConfig(reference_before=b_since))
-        outs.append(_judged(det, []))
-    findings = _concat([o.findings for o in outs])
-    return StepResult(_concat([o.features for o in outs]), _concat([o.scores for o in outs]),
-                      findings if findings.height else empty_findings(), loaded.corrupt,
-                      sum(o.suppressed for o in outs))
+    with threadpool_limits(limits=1, user_api="blas"):  # (a worker process too: see sweep_step)
+        for b, b2 in job.bounds:
+            first = floor_grid(b - a.history, a.window.stride_s)
+            part = feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= b2))
+            if part.is_empty():
+                outs.append(StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings()))
+                continue
+            b_since = b - length + US
+            res = _analysed(feats, part, a, job.facts, b, b2, b_since, first, lead, job.starts, epochs)
+            # the signature matcher judges a window against the host's own past only
+            det = detect(res, job.facts, job.kb, job.cfg.detection, keep=_keep(b_since, b2, job.hosts),
+                         frame_start=first, history_known=job.history_known,
+                         match_config=MatchConfig(reference_before=b_since))
+            outs.append(_judged(det, []))
+    return outs
 
 
 def _host_starts(feats: pl.DataFrame) -> dict[str, np.ndarray]:

@@ -108,15 +108,17 @@ def swept(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_per_host_work_runs_in_other_processes(template: Path, swept: Path, tmp_path: Path) -> None:
     """The per-host step pickles (a top-level function of plain data): swept with a process
-    pool as the mapper (what ``unveil schedule`` passes), the lake gets the same features,
+    pool as the engine (what ``unveil schedule`` passes: per-host features and blocks of steps), the lake gets the same features,
     scores and findings."""
     root = tmp_path / "lake"
     shutil.copytree(template, root)
     with make_engine("processes:2") as eng:
-        run_cycle(root, _cfg(), now=T0 + timedelta(minutes=MINUTES), mapper=eng.map)
+        run_cycle(root, _cfg(), now=T0 + timedelta(minutes=MINUTES), engine=eng)
     for t in ("features", "scores", "findings"):
         keys = ["host", "window_start", *(["detector", "reference"] if t == "scores" else [])]
-        assert_frame_equal(lake.read(root, t).sort(keys), lake.read(swept, t).sort(keys))
+        # (columns in any order: a table read unites its files' columns in file-name order,
+        # and the names end in a random suffix)
+        assert_frame_equal(lake.read(root, t).sort(keys), lake.read(swept, t).sort(keys), check_column_order=False)
 
 
 def test_per_host_features_and_verdicts_equal_the_fleet_wide_path(swept: Path) -> None:

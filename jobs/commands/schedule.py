@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     until = parse_time(args.until) if args.until else None
     if args.once:
         with make_engine(sc.engine) as engine:
-            summary = run_cycle(lake, sc, until=until, hosts=args.hosts, progress=args.progress, mapper=engine.map)
+            summary = run_cycle(lake, sc, until=until, hosts=args.hosts, progress=args.progress, engine=engine)
         print_summary(summary)
         if args.maintain and summary is not None:
             out = maintain(lake, sc)
