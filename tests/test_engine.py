@@ -63,6 +63,10 @@ def state_of(_: int) -> str:
     return STATE
 
 
+def polars_threads(_: int) -> int:
+    return pl.thread_pool_size()
+
+
 def fail_on_three(n: int) -> int:
     if n == 3:
         raise ValueError(f"no good: {n}")
@@ -267,6 +271,19 @@ def test_a_worker_killed_mid_map_raises_a_clear_error(spec: str, engine_of: Call
         eng.map(die_on_two, [0, 1, 2, 3])  # type: ignore[attr-defined]
     assert time.monotonic() - t < 60
     assert eng.map(frame_stats, [3]) == [(3, 1.5, "item-3")]  # type: ignore[attr-defined] # a new worker
+
+
+def test_workers_share_the_cores_out_between_their_polars_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """N workers on C cores run Polars on C // N threads each (not C each), unless the
+    operator set POLARS_MAX_THREADS; this process's environment is left as it was."""
+    monkeypatch.delenv("POLARS_MAX_THREADS", raising=False)
+    for n in (1, 2):
+        with make_engine(f"processes:{n}") as eng:
+            assert set(eng.map(polars_threads, range(2 * n))) == {max(1, local_cores() // n)}
+    assert "POLARS_MAX_THREADS" not in os.environ
+    monkeypatch.setenv("POLARS_MAX_THREADS", "3")
+    with make_engine("processes:2") as eng:
+        assert set(eng.map(polars_threads, range(4))) == {3}
 
 
 def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
