@@ -405,6 +405,30 @@ def test_unveil_simulate_writes_the_same_lake_on_every_engine(tmp_path: Path, ra
             assert got[t].equals(df), f"{spec}: table {t} differs"
 
 
+def test_unveil_schedule_writes_the_same_verdicts_on_every_engine(tmp_path: Path, ray_address: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The sweep's two map steps (per-host features, blocks of analysis steps) on 2 worker
+    processes and on the Ray cluster: the same features, scores and findings as serially."""
+    scenario = tmp_path / "three.toml"
+    scenario.write_text(SCENARIO)
+    template = tmp_path / "template"
+    assert main(["simulate", "--lake", str(template), "--scenario", str(scenario), "--engine", "serial"]) == 0
+    got = {}
+    for spec in ("serial", "processes:2", ray_address):
+        lake = tmp_path / spec.replace(":", "_").replace("/", "")
+        shutil.copytree(template, lake)
+        assert main(["schedule", "--once", "--lake", str(lake), "--until", "2026-01-05T09:01:00Z", "--no-progress",
+                     "--engine", spec]) == 0
+        capsys.readouterr()
+        tables = _tables(lake)
+        got[spec] = {t: tables[t].select(sorted(tables[t].columns)) for t in ("features", "scores", "findings")}
+    ref = got.pop("serial")
+    assert ref["findings"].height > 0 and ref["features"]["host"].n_unique() == 3
+    for spec, tables in got.items():
+        for t, df in ref.items():
+            assert tables[t].equals(df), f"{spec}: table {t} differs"
+
+
 def test_a_failing_host_is_named_by_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
