@@ -20,7 +20,6 @@ from __future__ import annotations
 # ruff: noqa: T201  (a benchmark prints its figures)
 import argparse
 import collections
-import hashlib
 import json
 import shutil
 import sys
@@ -33,7 +32,7 @@ from typing import Any
 
 import polars as pl
 
-from benchmarks.id_matrix import CYCLE, T0, TAIL_CYCLES, final_incidents, sim_version
+from benchmarks.id_matrix import CYCLE, T0, TAIL_CYCLES, cached_lake, final_incidents
 
 
 def fleet_doc(seed: int, hosts: int, minutes: int, profile: str) -> dict[str, Any]:
@@ -45,24 +44,7 @@ def fleet_doc(seed: int, hosts: int, minutes: int, profile: str) -> dict[str, An
 
 def lake_of(doc: dict[str, Any], dest: Path, cache: Path | None) -> None:
     """Simulate ``doc`` into the fresh lake ``dest`` (copied from ``cache`` when there)."""
-    from ingest import lake
-    from ingest.simulator import from_dict, simulate
-
-    key = hashlib.sha1((json.dumps(doc, sort_keys=True) + sim_version()).encode()).hexdigest()[:16]
-    src = cache / f"healthy-{key}" if cache is not None else None
-    if src is not None and (src / ".complete").exists():
-        shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".complete"))
-        return
-    sink = lake.LakeSink(dest)
-    simulate(from_dict(doc, name="healthy"), [sink])
-    sink.close()
-    if src is not None:
-        tmp = src.with_name(src.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(dest, tmp)
-        (tmp / ".complete").write_text(key)
-        shutil.rmtree(src, ignore_errors=True)
-        tmp.rename(src)
+    cached_lake(doc, "healthy", dest, cache)
 
 
 def breakdown(final: pl.DataFrame, findings: pl.DataFrame) -> list[dict[str, Any]]:

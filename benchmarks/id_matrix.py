@@ -400,17 +400,22 @@ def sim_version() -> str:
 def simulated_lake(cell: Cell, dest: Path, cache: Path | None) -> None:
     """Write the cell's simulated telemetry into the fresh lake ``dest`` (from the cache when
     a lake of the same scenario and simulator version is there)."""
+    cached_lake(cell.doc(), cell.name, dest, cache)
+
+
+def cached_lake(doc: dict[str, Any], name: str, dest: Path, cache: Path | None) -> None:
+    """Simulate the scenario ``doc`` into the fresh lake ``dest``, or copy it from ``cache``
+    when a lake of the same scenario and simulator version is there (and store it there)."""
     from ingest import lake
     from ingest.simulator import from_dict, simulate
 
-    doc = cell.doc()
     key = hashlib.sha1((json.dumps(doc, sort_keys=True) + sim_version()).encode()).hexdigest()[:16]
-    src = cache / f"{cell.name}-{key}" if cache is not None else None
+    src = cache / f"{name}-{key}" if cache is not None else None
     if src is not None and (src / ".complete").exists():
         shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".complete"))
         return
     sink = lake.LakeSink(dest)
-    simulate(from_dict(doc, name=cell.name), [sink])
+    simulate(from_dict(doc, name=name), [sink])
     sink.close()
     if src is not None:
         tmp = src.with_name(src.name + ".tmp")
