@@ -437,10 +437,12 @@ class CellResult:
     seconds: float = 0.0
 
 
-def run_cell(cell: Cell, cfg: Any, cache: Path | None, tmp: Path) -> CellResult:
-    """Simulate, sweep cycle by cycle as the scheduler does, score."""
+def run_cell(cell: Cell, cfg: Any, cache: Path | None, tmp: Path, engine: str = "serial") -> CellResult:
+    """Simulate, sweep cycle by cycle as the scheduler does (its per-host work on
+    ``engine``, as ``unveil schedule --engine`` runs it), score."""
     from ingest import lake
     from jobs.cycle import run_cycle
+    from jobs.engine import make_engine
 
     t0 = time.perf_counter()
     root = tmp / cell.name
@@ -448,11 +450,12 @@ def run_cell(cell: Cell, cfg: Any, cache: Path | None, tmp: Path) -> CellResult:
     simulated_lake(cell, root, cache)
     end = T0 + timedelta(minutes=cell.minutes)
     horizons: list[datetime] = []
-    for k in range(1, cell.minutes + TAIL_CYCLES + 1):
-        summary = run_cycle(root, cfg, now=T0 + k * CYCLE + cfg.lag)
-        if summary is None or summary.horizon is None:
-            raise RuntimeError(f"{cell.name}: cycle {k} did not run (lake lock held?)")
-        horizons.append(summary.horizon)
+    with make_engine(engine) as eng:
+        for k in range(1, cell.minutes + TAIL_CYCLES + 1):
+            summary = run_cycle(root, cfg, now=T0 + k * CYCLE + cfg.lag, engine=eng)
+            if summary is None or summary.horizon is None:
+                raise RuntimeError(f"{cell.name}: cycle {k} did not run (lake lock held?)")
+            horizons.append(summary.horizon)
     tables = lake.tables(root)
     rows = lake.read(root, "incidents") if "incidents" in tables else pl.DataFrame()
     labels = lake.read(root, "labels") if "labels" in tables else pl.DataFrame(
@@ -565,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, help="keep simulated lakes here (keyed by scenario + simulator code)")
     p.add_argument("--json", type=Path, help="write every figure as JSON here")
     p.add_argument("--jobs", type=int, default=1, help="cells run at once in worker processes (default 1)")
+    p.add_argument("--engine", default="serial",
+                   help="where each cycle's per-host work runs (unveil schedule --engine; default serial): "
+                        "the verdicts must not depend on it")
     p.add_argument("--list", action="store_true", help="print the cells and exit")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -573,6 +579,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, not {args.jobs}")
+    from jobs.engine import parse_spec
+
+    try:
+        args.engine = parse_spec(args.engine, "--engine")
+    except ValueError as exc:
+        p.error(str(exc))
     overlap_seeds = set(args.tuning_seeds) & set(args.held_out_seeds)
     if overlap_seeds:
         p.error(f"seed(s) {sorted(overlap_seeds)} are in both the tuning and the held-out set")
@@ -604,10 +616,10 @@ def main(argv: list[str] | None = None) -> int:
             # results are the same in any order
             with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
                 if pool is not None:
-                    futures = [pool.submit(run_cell, cell, cfg, args.cache, Path(tmp)) for cell in cells]
+                    futures = [pool.submit(run_cell, cell, cfg, args.cache, Path(tmp), args.engine) for cell in cells]
                     done: Iterable[CellResult] = (f.result() for f in futures)
                 else:
-                    done = (run_cell(cell, cfg, args.cache, Path(tmp)) for cell in cells)
+                    done = (run_cell(cell, cfg, args.cache, Path(tmp), args.engine) for cell in cells)
                 results = []
                 for i, res in enumerate(done, 1):
                     results.append(res)
