@@ -32,7 +32,9 @@ from typing import Any
 
 import polars as pl
 
-from benchmarks.id_matrix import CYCLE, T0, TAIL_CYCLES, cached_lake, final_incidents
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks.id_matrix import CYCLE, T0, TAIL_CYCLES, cached_lake, final_incidents  # noqa: E402
 
 
 def fleet_doc(seed: int, hosts: int, minutes: int, profile: str) -> dict[str, Any]:
