@@ -32,6 +32,7 @@ import os
 import pickle
 import re
 import sys
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
@@ -262,6 +263,25 @@ class ProcessEngine(Engine):
         self._discard()
 
 
+#: how often a ray:// connection is tried when the cluster fails to start the connection's
+#: own client server (Ray starts one process per client; on a loaded 2-core machine that
+#: start failed now and then while the next one worked: seen in CI)
+RAY_CLIENT_TRIES = 3
+
+
+def _init_ray(ray: Any, address: str | None, kw: dict[str, Any]) -> None:
+    for attempt in range(1, RAY_CLIENT_TRIES + 1):
+        try:
+            ray.init(address, **kw)
+            return
+        except ConnectionError as exc:
+            if attempt == RAY_CLIENT_TRIES or "Starting Ray client server failed" not in str(exc):
+                raise
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            time.sleep(2.0 * attempt)
+
+
 class RayEngine(Engine):
     """Ray tasks (``max_retries=0``: see the module doc). ``address`` None starts a local
     cluster of ``num_cpus`` CPUs (default all) on loopback, shut down by :meth:`close`; a
@@ -289,7 +309,7 @@ class RayEngine(Engine):
                 if num_cpus is not None:
                     kw["num_cpus"] = num_cpus
             try:
-                ray.init(address, **kw)
+                _init_ray(ray, address, kw)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 hint = ("" if address is None or os.environ.get("RAY_AUTH_MODE") else
                         " (a cluster with token authentication also times out when this environment lacks "

@@ -337,6 +337,38 @@ def test_a_local_ray_listens_on_loopback_with_the_cpus_asked(bounded: None) -> N
 
 
 @pytest.mark.filterwarnings("ignore:Ray Client connection timed out")
+def test_a_client_server_that_failed_to_start_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray starts a server process per client; when that start fails (seen on a loaded CI
+    machine) the connection is tried again, and only that failure is. (Ray's init is
+    replaced here: the failure cannot be caused on demand.)"""
+    import ray
+
+    from jobs import engine as engine_mod
+
+    calls: list[str] = []
+
+    def flaky(address: str | None, **_: object) -> None:
+        calls.append(str(address))
+        if len(calls) < 3:
+            raise ConnectionAbortedError("Initialization failure from server: RuntimeError: Starting Ray client "
+                                         "server failed. See ray_client_server_23003.err for detailed logs.")
+
+    monkeypatch.setattr(engine_mod.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(ray, "init", flaky)
+    engine_mod._init_ray(ray, "ray://127.0.0.1:1", {})
+    assert calls == ["ray://127.0.0.1:1"] * 3
+    calls.clear()
+
+    def refused(address: str | None, **_: object) -> None:
+        calls.append(str(address))
+        raise ConnectionError("ray client connection timeout")
+
+    monkeypatch.setattr(ray, "init", refused)
+    with pytest.raises(ConnectionError, match="timeout"):
+        engine_mod._init_ray(ray, "ray://127.0.0.1:1", {})
+    assert len(calls) == 1  # an unreachable cluster is not retried
+
+
 def test_an_unreachable_ray_cluster_is_an_engine_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from ray.util.client import worker
 
