@@ -191,7 +191,6 @@ def _exit_with_parent(parent: int) -> None:
     worker blocks on its call queue and would outlive a killed parent (SIGKILL, the OOM
     killer) for good, holding its memory and the parent's stdout/stderr open."""
     import threading
-    import time
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -211,17 +211,24 @@ severity = 0.8
 """
 
 
-def test_one_proposal_per_cause_and_a_returning_fault_is_linked(tmp_path: Path) -> None:
+def _thp_off_world(tmp_path: Path, scenario_text: str, minutes_ago: int) -> tuple[datetime, Path, Path]:
+    """A lake simulated from ``scenario_text`` whose minute ``minutes_ago`` is now, and a fake
+    /sys with THP ``never`` (what the faults left on the host): (start, lake, sysroot)."""
     from jobs.cli import main
 
-    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=17)
-    scenario = tmp_path / "recurring.toml"
-    scenario.write_text(RECURRING.format(start=start.strftime("%Y-%m-%dT%H:%M:%SZ")))
-    lake = tmp_path / "lake"
-    assert main(["simulate", "--lake", str(lake), "--scenario", str(scenario)]) == 0
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=minutes_ago)
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(scenario_text.format(start=start.strftime("%Y-%m-%dT%H:%M:%SZ")))
+    lk = tmp_path / "lake"
+    assert main(["simulate", "--lake", str(lk), "--scenario", str(scenario)]) == 0
     root = tmp_path / "root"
     shutil.copytree(DATA / "sysroot", root)
     (root / "sys/kernel/mm/transparent_hugepage/enabled").write_text("always madvise [never]\n")
+    return start, lk, root
+
+
+def test_one_proposal_per_cause_and_a_returning_fault_is_linked(tmp_path: Path) -> None:
+    start, lake, root = _thp_off_world(tmp_path, RECURRING, 17)
     c = SweepConfig(lag=timedelta(0), max_incident=timedelta(minutes=5), remediation_root=str(root))
     at = lambda minutes: start + timedelta(minutes=minutes)  # noqa: E731
     qpath = default_path(lake)
@@ -316,16 +323,7 @@ def test_a_fix_soon_after_the_onset_is_judged_against_the_incident_not_the_healt
     """The before-windows start at the action's incident, not ``within_s`` before the apply:
     a fix applied 3 minutes after the onset is judged against those 3 minutes (seen on a
     real host: the THP fix 30 s after the onset failed against healthy windows)."""
-    from jobs.cli import main
-
-    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=20)
-    scenario = tmp_path / "late.toml"
-    scenario.write_text(LATE_ONSET.format(start=start.strftime("%Y-%m-%dT%H:%M:%SZ")))
-    lk = tmp_path / "lake"
-    assert main(["simulate", "--lake", str(lk), "--scenario", str(scenario)]) == 0
-    root = tmp_path / "root"
-    shutil.copytree(DATA / "sysroot", root)
-    (root / "sys/kernel/mm/transparent_hugepage/enabled").write_text("always madvise [never]\n")
+    start, lk, root = _thp_off_world(tmp_path, LATE_ONSET, 20)
     c = SweepConfig(lag=timedelta(0), max_incident=timedelta(minutes=2), remediation_root=str(root))
     assert run_cycle(lk, c, now=start + timedelta(minutes=20)) is not None
     with Queue(default_path(lk)) as q:
