@@ -486,30 +486,26 @@ def _margin(s: np.ndarray, median: float, threshold: float) -> np.ndarray:
 
 
 def _recalibrate_cohort(config: AnalyticsConfig, blocks: Sequence[_Block]) -> None:
-    """One threshold per detector for a cohort, from the *out-of-sample* scores of its
-    hosts (each scored against its peers): the median over hosts of each host's own
-    label-free threshold (its :class:`ThresholdRule` on its scores). In-sample
-    thresholds are too low for a host never seen in its reference (host-specific
-    offsets of many features add up); the median over hosts keeps a minority of
-    anomalous hosts (or one anomalous all along) from moving it."""
+    """One threshold per detector for a cohort, from the *out-of-sample* scores of all
+    its hosts pooled (each host scored against its peers): the detector's
+    :class:`ThresholdRule` on the pool. In-sample thresholds are too low for a host never
+    seen in its reference (host-specific offsets of many features add up). Within one
+    analysis step a host's windows share nearly one smoothed row, so its scores are
+    nearly one value: the spread that matters is between hosts, and only the pool has it
+    (a threshold from each host's own scores sits on that host's level; the median of
+    those put half of every cohort above it). The rule's robust centre and spread keep a
+    minority of anomalous hosts from moving it."""
     if not blocks:
         return
     margins: dict[int, list[np.ndarray]] = {id(b): [] for b in blocks}
     for d, det in blocks[0].fit.models.items():
-        thrs, meds = [], []
-        for b in blocks:
-            v = b.scores[d] if b.judged is None else b.scores[d][b.judged]
-            v = v[np.isfinite(v)]
-            if v.size:
-                t = ThresholdRule.parse(det.threshold_rule).threshold(v, det.threshold_k, log_scale=det._log_scale)
-                thrs.append(np.log(max(t, 1e-12)) if det._log_scale else t)
-                meds.append(float(np.median(np.log(np.maximum(v, 1e-12)) if det._log_scale else v)))
-        if not thrs:
+        pool = np.concatenate([b.scores[d] if b.judged is None else b.scores[d][b.judged] for b in blocks])
+        pool = pool[np.isfinite(pool)]
+        if not pool.size:
             continue
-        thr, med = float(np.median(thrs)), float(np.median(meds))
-        if det._log_scale:
-            thr, med = float(np.exp(thr)), float(np.exp(med))
-        thr = det._bounded(thr)
+        rule = ThresholdRule.parse(det.threshold_rule)
+        thr = det._bounded(rule.threshold(pool, det.threshold_k, log_scale=det._log_scale))
+        med = float(np.exp(np.median(np.log(np.maximum(pool, 1e-12))))) if det._log_scale else float(np.median(pool))
         for b in blocks:
             b.thresholds[d] = thr
             b.medians[d] = med

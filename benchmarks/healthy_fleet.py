@@ -52,7 +52,9 @@ def lake_of(doc: dict[str, Any], dest: Path, cache: Path | None) -> None:
 def breakdown(final: pl.DataFrame, findings: pl.DataFrame) -> list[dict[str, Any]]:
     """One dict per final incident: host, status, entry, start, length, start second, and
     the detectors that flagged its windows (counts over its findings)."""
-    out = []
+    out: list[dict[str, Any]] = []
+    if final.is_empty():
+        return out
     for r in final.sort("host", "start").iter_rows(named=True):
         f = findings.filter((pl.col("host") == r["host"]) & (pl.col("window_start") >= r["start"])
                             & (pl.col("window_end") <= r["end"])) if findings.height else findings

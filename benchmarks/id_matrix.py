@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import shutil
 import statistics
 import sys
@@ -571,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default="serial",
                    help="where each cycle's per-host work runs (unveil schedule --engine; default serial): "
                         "the verdicts must not depend on it")
+    p.add_argument("--only", metavar="REGEX", help="run only the cells whose name matches (re.search)")
     p.add_argument("--list", action="store_true", help="print the cells and exit")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -600,6 +602,12 @@ def main(argv: list[str] | None = None) -> int:
     sets = [("tuning", args.tuning_seeds), ("held-out", args.held_out_seeds)]
     sets = [s for s in sets if args.sets in ("both", s[0])]
     plan = [(name, seeds, quick_cells(seeds) if args.quick else full_cells(seeds, types)) for name, seeds in sets]
+    if args.only:
+        try:
+            only = re.compile(args.only)
+        except re.error as exc:
+            p.error(f"--only: {exc}")
+        plan = [(name, seeds, [c for c in cells if only.search(c.name)]) for name, seeds, cells in plan]
     if args.list:
         for name, _, cells in plan:
             for c in cells:

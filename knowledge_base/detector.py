@@ -15,7 +15,8 @@ a knowledge-base signature says "this window shows inefficiency E". Either makes
   Warm-up does not apply: a host misconfigured from boot must be caught.
 
 A statistical finding that only the **cohort** flagged, that the host's **own history**
-finds normal (none of its ``self`` detectors flags the window) and that **no entry** matches is
+finds normal (its ``self`` verdict, the detectors' vote, does not flag the window) and that
+**no entry** matches is
 dropped (``DetectionConfig.peer_only = False``, the default): the host differs from its
 peers as it always has, and nothing names a cause — benign diversity (a warmer GPU slot, a
 bigger quota), not an inefficiency. On a healthy 8-host mixed fleet these windows were the
@@ -303,14 +304,16 @@ def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: Knowledg
 
 def peer_only(findings: pl.DataFrame, scores: pl.DataFrame) -> pl.Series:
     """Boolean per finding: judged against the cohort, no entry matched it, and its host's
-    own history finds the window normal: none of the ``self`` detectors (nor their
-    combination) flags it. A window without ``self`` scores (a host with too few windows of
-    its own) is not dropped."""
+    own history finds the window normal: the ``self`` verdict (the combined detector, the
+    same vote as every verdict) does not flag it. One ``self`` detector alone is no verdict:
+    Mahalanobis fitted in sample on a short history flags many healthy windows of a host
+    that only differs from its peers (a busier serving host, a warmer slot). A window
+    without ``self`` scores (a host with too few windows of its own) is not dropped."""
     cand = (pl.col("reference") == "cohort") & pl.col("entry_id").is_null()
     if scores.is_empty():
         return pl.Series("peer_only", [False] * findings.height, dtype=pl.Boolean)
-    calm = (scores.filter(pl.col("reference") == "self").group_by(HOST, pl.col(WS).cast(TS))
-            .agg((~pl.col("flagged").any()).alias("_calm")))
+    calm = (scores.filter((pl.col("reference") == "self") & (pl.col("detector") == "combined"))
+            .group_by(HOST, pl.col(WS).cast(TS)).agg((~pl.col("flagged").any()).alias("_calm")))
     got = findings.select(HOST, pl.col(WS).cast(TS), cand.alias("_cand")).join(
         calm, on=[HOST, WS], how="left", maintain_order="left")
     return got.select((pl.col("_cand") & pl.col("_calm").fill_null(False)).alias("peer_only"))["peer_only"]

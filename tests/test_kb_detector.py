@@ -230,14 +230,15 @@ def test_warmup_cover_uses_the_cohorts_analytics_judged_with() -> None:
 
 def _diverse_fleet(shift_at: int | None) -> pl.DataFrame:
     """Four hosts of one cohort for 400 s; h3's GPU runs 9 degC warmer than its peers (a
-    warmer slot: benign diversity) from the start, or only from ``shift_at`` (a change)."""
+    warmer slot: benign diversity) from the start, or 15 degC warmer only from ``shift_at``
+    (a change its own history sees)."""
     rng = np.random.default_rng(0)
     parts = []
     for h in range(4):
         starts = list(range(400))
         hot = np.zeros(400)
         if h == 3:
-            hot[(shift_at or 0):] = 9.0
+            hot[(shift_at or 0):] = 9.0 if shift_at is None else 15.0
         parts.append(keys(f"h{h}", starts).with_columns(
             pl.Series("gpu.temperature_max@gpu0", (55 + hot + rng.normal(0, 0.7, 400)).round()),
             pl.Series("gpu.util@gpu0", 90 + rng.normal(0, 2, 400))))
@@ -248,7 +249,8 @@ def test_a_host_that_always_differed_from_its_peers_is_no_finding() -> None:
     """Only the cohort flags h3 (its own history says it has always been this way) and no
     entry names a cause: benign diversity, not an incident (on a healthy simulated fleet
     these windows made long unmatched incidents, flipping on analysis-step edges). With
-    ``peer_only = True`` they are kept; a host that *changes* is still a finding."""
+    ``peer_only = True`` they are kept; a host that *changes*, so that its own detectors'
+    vote flags the window too, is still a finding."""
     from analytics.pipeline import analyze
 
     res = analyze({}, AnalyticsConfig(warmup=timedelta(0)), features=_diverse_fleet(None), score_since=ts(300))
