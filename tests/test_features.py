@@ -416,8 +416,7 @@ def test_window_kernel_equals_polars_rolling(m: int) -> None:
     kept = np.flatnonzero(rng.random(n - m + 1) < 0.5)
     for col in (s, i):
         for agg in ("sum", "mean", "max", "min"):
-            v, valid = kernels.values(col)
-            v = kernels.filled(v, valid, agg)
+            v, valid = kernels.values(col, agg)
             got, ok = kernels.rolling(v, valid, agg, n_dev, m, kept)
             got_s = pl.Series(got).scatter(np.flatnonzero(~ok), None) if ok is not None else pl.Series(got)
             roll = getattr(pl.Expr, f"rolling_{agg}")

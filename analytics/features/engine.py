@@ -33,6 +33,7 @@ from analytics.features.plans import (
     LOCAL,
     SKIPPED,
     TIME,
+    ZERO_FILL,
     Plan,
     WindowSpec,
     plan_of,
@@ -143,19 +144,16 @@ def _plan(name: str, lf: pl.LazyFrame) -> Plan | None:
     return plan if plan.features else None
 
 
-def _rows(lf: pl.LazyFrame, keys: Sequence[str], exprs: Mapping[str, pl.Expr], spec: WindowSpec) -> pl.DataFrame:
+def _rows(lf: pl.LazyFrame, keys: Sequence[str], exprs: Mapping[str, pl.Expr], spec: WindowSpec
+          ) -> pl.DataFrame:
     """The row-level columns of the bucket stage: ``keys`` (host first), ``_t`` (µs),
     the bucket ``_b`` (µs since the epoch, a multiple of the bucket) and ``exprs``."""
     b_us = round(spec.bucket * 1e6)
     t = pl.col(TIME).cast(pl.Int64)
     rows = lf.select(pl.col(HOST).cast(pl.String), *[pl.col(k) for k in keys[1:]], t.alias(_T),
-                     (t // b_us * b_us).alias(_B), *[e.alias(n) for n, e in exprs.items()]).collect(engine="in-memory")
+                     (t // b_us * b_us).alias(_B), *[e.alias(n) for n, e in exprs.items()]
+                     ).collect(engine="in-memory")
     return rows.filter(pl.col(_T).is_not_null()) if rows[_T].null_count() else rows
-
-
-def _device_expr(plan: Plan) -> pl.Expr:
-    dev = plan.device if plan.device is not None else pl.lit("")
-    return dev.cast(pl.String).fill_null("").str.replace_all(DEVICE_SEP, ":", literal=True)
 
 
 def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> pl.DataFrame:
@@ -163,7 +161,8 @@ def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> pl.DataFrame:
     device and bucket."""
     keys = [HOST, *tags(plan)]
     rows = _rows(lf, keys, {n: e for n, (e, _) in plan.buckets.items()}, spec)
-    dev = _device_expr(plan)
+    dev = (plan.device if plan.device is not None else pl.lit("")).cast(pl.String).fill_null("")
+    dev = dev.str.replace_all(DEVICE_SEP, ":", literal=True)
 
     def name(series: pl.DataFrame) -> pl.Series:
         return series.select(dev).to_series() if plan.device is not None else pl.Series([""] * series.height)
@@ -178,9 +177,8 @@ def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec, host_facts: pl.
     if facts.is_empty():
         log.info("no numa_node facts: irq.locality and irq.rate are not computed")
         return None
-    keys = [HOST, "device", "node"]
     if any(a != "sum" for _, a in plan.buckets.values()):
-        raise ValueError("interrupts: the plan's bucket aggregations must be sums (they are summed per series)")
+        raise ValueError("interrupts: the plan's bucket aggregations must be sums (summed per series)")
 
     def name(series: pl.DataFrame) -> pl.Series:
         """``device<SEP>local`` of each (host, IRQ action, node); null: no device known."""
@@ -194,22 +192,18 @@ def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec, host_facts: pl.
             out.append(None if got is None else f"{got[0]}{_SEP}{int(nd is not None and got[1] == nd)}")
         return pl.Series(out, dtype=pl.String)
 
-    roots = {r for e, _ in plan.buckets.values() for r in e.meta.root_names()} - {DEV, LOCAL}
-    rows = _rows(lf.with_columns(pl.col("device").cast(pl.String), pl.col("node").cast(pl.String).fill_null("")),
-                 keys, {r: pl.col(r) for r in sorted(roots)}, spec)
-    per_series = kernels.reduce_buckets(rows, keys, dict.fromkeys(sorted(roots), "sum"), name)
+    keys = [HOST, "device", "node"]
+    roots = sorted({r for e, _ in plan.buckets.values() for r in e.meta.root_names()} - {DEV, LOCAL})
+    lf = lf.with_columns(pl.col("device").cast(pl.String), pl.col("node").cast(pl.String).fill_null(""))
+    rows = _rows(lf, keys, {r: pl.col(r) for r in roots}, spec)
+    per_series = kernels.reduce_buckets(rows, keys, dict.fromkeys(roots, "sum"), name)
     if not per_series.height:
         return None
     parts = pl.col(_G).str.split_exact(_SEP, 1).struct
-    cells = per_series.with_columns(parts.field("field_0").alias(DEV), (parts.field("field_1") == "1").alias(LOCAL)
-                                    ).select(HOST, _G, pl.col(_B).alias(_T), _B,
-                                             *[e.alias(n) for n, (e, _) in plan.buckets.items()])
-
-    def device(groups: pl.DataFrame) -> pl.Series:
-        return groups.select(parts.field("field_0")).to_series()
-
-    # (host, group) cells are a grid (every group has every bucket of its host)
-    return kernels.reduce_buckets(cells, [HOST, _G], {n: "sum" for n in plan.buckets}, device, DEV)
+    return per_series.with_columns(parts.field("field_0").alias(DEV),
+                                   (parts.field("field_1") == "1").alias(LOCAL)
+                                   ).group_by(HOST, DEV, _B, maintain_order=True).agg(
+        [e.sum().alias(n) for n, (e, _) in plan.buckets.items()])
 
 
 def _facts_nodes(host_facts: pl.DataFrame | None) -> pl.DataFrame:
@@ -259,12 +253,13 @@ def _irq_device_map(irq_names: Sequence[str], facts: pl.DataFrame) -> dict[str, 
 
 @dataclass(frozen=True)
 class _Grid:
-    """Every host's buckets from its first to its last (over all tables), and which
-    grid rows end a window that is kept. Windows are evaluated at the row of their LAST
-    bucket as trailing aggregations over ``m`` buckets, so all tables share one row order."""
+    """Every host's buckets from its first to its last (over all tables), and the grid
+    rows that end a kept window. Windows are evaluated at the row of their LAST bucket as
+    trailing aggregations over ``m`` buckets, so all tables share one row order."""
 
-    keep: np.ndarray  # bool per grid row: a window ends here
-    index: pl.DataFrame  # host, window_start, window_end of the kept rows
+    n: int  # grid rows
+    kept: np.ndarray  # the grid rows m-1 .. that end a kept window, less m-1
+    index: pl.DataFrame  # host, window_start, window_end of the kept windows
     dur: np.ndarray  # covered seconds of each kept window
     m: int  # buckets per window
     hosts: list[str]  # sorted; host i's buckets are grid rows off[i] .. off[i+1]-1
@@ -275,15 +270,15 @@ class _Grid:
 
 def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]], spec: WindowSpec) -> _Grid:
     """The grid of bucket frames given with their host runs (:func:`kernels.runs`)."""
-    b_us = round(spec.bucket * 1e6)
-    s_us = round(spec.stride_s * 1e6)
+    b_us, s_us = round(spec.bucket * 1e6), round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
     span: dict[str, tuple[int, int]] = {}
     for bk, (at, hs) in bks:
         b = bk[_B].to_numpy()
-        for h, lo, hi in zip(hs, np.minimum.reduceat(b, at).tolist(), np.maximum.reduceat(b, at).tolist(), strict=True):
-            old = span.get(h)
-            span[h] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+        for h, lo, hi in zip(hs, np.minimum.reduceat(b, at).tolist(), np.maximum.reduceat(b, at).tolist(),
+                             strict=True):
+            old = span.get(h, (lo, hi))
+            span[h] = (min(old[0], lo), max(old[1], hi))
     # Polars' sort order: nulls first, then by code point (= UTF-8 byte order)
     hosts = sorted(span, key=lambda h: (h is not None, h or ""))
     firsts = np.array([span[h][0] for h in hosts], dtype=np.int64)
@@ -291,8 +286,8 @@ def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]], spec
     # a host with less than one window of data still gets its grid extended to one window
     nbs = np.maximum((lasts - firsts) // b_us + 1, m).astype(np.int64)
     off = np.concatenate([[0], np.cumsum(nbs)])
-    b = np.repeat(firsts, nbs) + (np.arange(off[-1], dtype=np.int64) - np.repeat(off[:-1], nbs)) * b_us
     first, last = np.repeat(firsts, nbs), np.repeat(lasts, nbs)
+    b = first + (np.arange(off[-1], dtype=np.int64) - np.repeat(off[:-1], nbs)) * b_us
     ws = b - (m - 1) * b_us
     # full windows aligned to the stride inside the host's data; a host shorter than one
     # window keeps the one window starting at its first bucket (normalised by coverage)
@@ -302,79 +297,43 @@ def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]], spec
     host = pl.Series(HOST, np.repeat(np.array(hosts, dtype=object), nbs)[keep], dtype=pl.String)
     index = pl.DataFrame([host, start]).with_columns(
         (pl.col(WINDOW_START) + pl.duration(microseconds=round(spec.length_s * 1e6))).alias(WINDOW_END))
-    return _Grid(keep, index, dur, m, hosts, off, firsts, b_us)
-
-
-def _dense_index(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], grid: _Grid
-                 ) -> tuple[list[str], np.ndarray | None]:
-    """The table's devices (sorted) and, for each (device x grid) row, device-major, the
-    bucket row that lands there (-1: none); None where the bucket rows are those rows
-    in that order already. Positions are arithmetic: no join."""
-    at, values = kernels.runs(bk[DEV])
-    names = sorted(set(values))  # (Polars' string order: by code point)
-    code = {name: i for i, name in enumerate(names)}
-    dev = np.repeat(np.array([code[v] for v in values], dtype=np.int64), np.diff(np.r_[at, bk.height]))
-    at, hosts = host_runs
-    pos = {x: i for i, x in enumerate(grid.hosts)}
-    h = np.repeat(np.array([pos[x] for x in hosts], dtype=np.int64), np.diff(np.r_[at, bk.height]))
-    at = dev * grid.keep.size + grid.off[h] + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us
-    if at.size == len(names) * grid.keep.size and bool((at == np.arange(at.size)).all()):
-        return names, None
-    src = np.full(len(names) * grid.keep.size, -1, dtype=np.int64)
-    src[at] = np.arange(bk.height)
-    return names, src
+    # (the first m-1 rows of a grid never end a kept window)
+    return _Grid(keep.size, np.flatnonzero(keep[m - 1:]), index, dur, m, hosts, off, firsts, b_us)
 
 
 def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Plan, grid: _Grid
              ) -> tuple[list[str], pl.DataFrame]:
-    """A table's devices and features (``len(devices) * n_windows`` rows, device-major,
-    each device's rows in the grid's window order): each bucket column the features read
-    rolled over the ``m`` buckets of every kept window, then the plan's features in one
-    Polars query; non-finite values (0/0, x/0) are null (missing evidence), or 0 for
-    ``zero_fill`` families (sparse tables: no rows in a window means no events)."""
-    devs, src = _dense_index(bk, host_runs, grid)
-    miss = None if src is None else src < 0
-    at = None if src is None or miss is None else np.where(miss, 0, src)
-    sel = grid.keep[grid.m - 1:]  # (the first m-1 rows of a grid are never kept)
-    kept = None if sel.all() else np.flatnonzero(sel)
+    """A table's devices (sorted) and features (``len(devices) * n_windows`` rows,
+    device-major, each device's rows in the grid's window order): the bucket rows placed
+    on (device x grid) rows by arithmetic (no join; none there: missing), each bucket
+    column the features read rolled over the ``m`` buckets of every kept window, then the
+    plan's features in one Polars query; non-finite values (0/0, x/0) are null (missing
+    evidence), or 0 for ``zero_fill`` families (sparse tables: no rows means no events)."""
+    at, values = kernels.runs(bk[DEV])
+    devs = sorted(set(values))  # (Polars' string order: by code point)
+    code = {name: i for i, name in enumerate(devs)}
+    dev = np.repeat(np.array([code[v] for v in values], dtype=np.int64), np.diff(np.r_[at, bk.height]))
+    at, hosts = host_runs
+    pos = {x: i for i, x in enumerate(grid.hosts)}
+    h = np.repeat(np.array([pos[x] for x in hosts], dtype=np.int64), np.diff(np.r_[at, bk.height]))
+    src = np.full(len(devs) * grid.n, -1, dtype=np.int64)  # the bucket row of each (device x grid) row
+    src[dev * grid.n + grid.off[h] + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us] = np.arange(bk.height)
+    miss = src < 0
+    at = np.where(miss, 0, src)
     roots = {r for e in plan.features.values() for r in e.meta.root_names()}
     cols: list[pl.Series] = []
     for name, (_, agg) in plan.buckets.items():
         if name in roots:
-            v, valid = kernels.values(bk[name])
-            v = kernels.filled(v, valid, agg)
-            if at is not None and miss is not None:  # (device x grid) rows; none there: missing
-                v = v[at]
-                v[miss] = kernels.identity(v.dtype.kind == "f", agg)
-                valid = valid[at] & ~miss if valid is not None else ~miss if miss.any() else None
-            got, ok = kernels.rolling(v, valid, agg, len(devs), grid.m, kept)
+            v, valid = kernels.values(bk[name], agg)
+            v = v[at]
+            v[miss] = kernels.identity(v.dtype.kind == "f", agg)
+            got, ok = kernels.rolling(v, ~miss if valid is None else valid[at] & ~miss, agg, len(devs),
+                                      grid.m, grid.kept)
             cols.append(kernels.masked(name, got, ok))
     cols.append(pl.Series(DUR, np.tile(grid.dur, len(devs))))
-    raw = pl.DataFrame(cols).select([e.cast(pl.Float64).alias(f) for f, e in plan.features.items()])
-    out = []
-    for col in raw.get_columns():
-        x = col.to_numpy()  # (nulls read NaN: not finite either)
-        ok = np.isfinite(x)
-        out.append(col if ok.all() else pl.Series(col.name, np.where(ok, x, 0.0 if col.name in plan.zero_fill else np.nan),
-                                                  nan_to_null=True))
-    return devs, pl.DataFrame(out)
-
-
-
-def _zero_fill_families() -> frozenset[str]:
-    from analytics.features.plans import PLANS
-
-    out: set[str] = set()
-    for build in PLANS.values():
-        try:
-            out.update(build(set()).zero_fill)
-        except (KeyError, ValueError):  # a builder that needs its columns: no zero-fill family there
-            continue
-    return frozenset(out)
-
-
-#: families whose missing value means 0 (the plans' ``zero_fill``)
-ZERO_FILL: frozenset[str] = _zero_fill_families()
+    feats = pl.DataFrame(cols).select([e.cast(pl.Float64).alias(f) for f, e in plan.features.items()])
+    return devs, feats.select([pl.when(pl.col(f).is_finite()).then(pl.col(f))
+                               .otherwise(0.0 if f in plan.zero_fill else None) for f in feats.columns])
 
 
 def concat_features(parts: Sequence[pl.DataFrame]) -> pl.DataFrame:
