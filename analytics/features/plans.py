@@ -127,60 +127,55 @@ _TICKS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 def _cpu(cols: set[str]) -> dict[str, pl.Expr]:
     total = _total(cols, *_TICKS)
     user = _total(cols, "user", "nice") if "user" in cols else _ABSENT
-    shares = {f"cpu.{t}_share": _c(t) / total for t in ("system", "iowait", "irq", "softirq", "steal")}
-    return {"cpu.user_share": user / total, **shares,
-            "cpu.busy_share": 1.0 - _total(cols, "idle", "iowait") / total, "cpu.freq_mhz": _c("freq_mhz")}
+    f = {f"cpu.{t}_share": _c(t) / total for t in ("system", "iowait", "irq", "softirq", "steal")}
+    return {**f, "cpu.user_share": user / total, "cpu.freq_mhz": _c("freq_mhz"),
+            "cpu.busy_share": 1.0 - _total(cols, "idle", "iowait") / total}
 
 
 def _net(cols: set[str]) -> dict[str, pl.Expr]:
     # net.drop_share: the share of offered packets the receive side lost (rx_packets counts
     # only those delivered): a ring overflow loses a share of the traffic, while a fixed
     # trickle of benign drops (unknown protocols, micro-bursts on a busy RDMA port) is a rate
-    rx_lost = _total(cols, "rx_dropped", "rx_fifo")
+    lost = _total(cols, "rx_dropped", "rx_fifo")
     return {"net.rx_bytes_rate": _rate("rx_bytes"), "net.tx_bytes_rate": _rate("tx_bytes"),
             "net.drop_rate": _total(cols, "rx_dropped", "tx_dropped", "rx_fifo") / _c(DUR),
-            "net.drop_share": rx_lost / (_c("rx_packets") + rx_lost),
+            "net.drop_share": lost / (_c("rx_packets") + lost),
             "net.error_rate": _total(cols, "rx_errors", "tx_errors") / _c(DUR)}
-
-
-def _share_of_sum(part: str, other: str) -> pl.Expr:
-    return _c(part) / (_c(other) + _c(part))
 
 
 def _ratio(num: str, den: str) -> pl.Expr:
     return _c(num) / _c(den)
 
 
-_VMSTAT_RATES = {
-    # mem.thp_fault_alloc_rate stops the moment THP is set to never (new faults get 4 KiB
-    # pages), while the coverage only decays as memory turns over
-    "mem.thp_fault_alloc_rate": "thp_fault_alloc", "mem.thp_fallback_rate": "thp_fault_fallback",
-    "mem.pgfault_rate": "pgfault", "mem.pgmajfault_rate": "pgmajfault", "mem.direct_scan_rate": "pgscan_direct",
-    "mem.kswapd_scan_rate": "pgscan_kswapd", "mem.compact_stall_rate": "compact_stall",
-    "mem.allocstall_rate": "allocstall_normal", "numa.migration_rate": "numa_pages_migrated",
-}
-_PSI = [(res, kind) for res in ("cpu", "memory", "io") for kind in ("some", "full") if (res, kind) != ("cpu", "full")]
-_GPU_RATIOS = {"gpu.mem_used_share": ("mem_used", "mem_total"), "gpu.power_ratio": ("power_w", "power_limit_w"),
-               "gpu.power_limit_ratio": ("power_limit_w", "power_limit_default_w"),
-               "gpu.sm_clock_ratio": ("sm_clock_mhz", "sm_clock_max_mhz"),
-               "gpu.mem_clock_ratio": ("mem_clock_mhz", "mem_clock_max_mhz")}
-_GPU_RATES = {"gpu.ecc_corrected_rate": "ecc_corrected", "gpu.ecc_uncorrected_rate": "ecc_uncorrected",
-              "gpu.xid_rate": "xid_events", "nvlink.tx_rate": "nvlink_tx", "nvlink.rx_rate": "nvlink_rx"}
-_PCIE_LINK = {"gen": ("pcie_link_gen", "pcie_link_gen_max"), "width": ("pcie_link_width", "pcie_link_width_max")}
-_CER = _c("clock_event_reasons")
+def _share(part: str, other: str) -> pl.Expr:
+    """``part`` of ``other + part``."""
+    return _c(part) / (_c(other) + _c(part))
+
+
+def _per_s(scale: float, cols: Mapping[str, str]) -> dict[str, pl.Expr]:
+    """family -> counter / (window * scale): rates (scale 1) or shares of time counted
+    in ms (1e3), µs (1e6) or ns (1e9)."""
+    return {fam: _c(c) / (_c(DUR) * scale) if scale != 1 else _rate(c) for fam, c in cols.items()}
+
+
+_PSI = [(r, k) for r in ("cpu", "memory", "io") for k in ("some", "full") if (r, k) != ("cpu", "full")]
 _RESOURCE = _c("resource").cast(pl.String)
-_US = _c(DUR) * 1e6  # the window in µs (PSI and cgroup times)
+_CER = _c("clock_event_reasons")
+_LINK = {"gen": ("pcie_link_gen", "pcie_link_gen_max"),
+         "width": ("pcie_link_width", "pcie_link_width_max")}
 
 _SPECS: dict[str, _Spec] = {
     "cpu": _Spec(_prefixed("node", "node"), _cpu),
-    "system": _Spec(None, {"cpu.ctxt_rate": _rate("ctxt"), "cpu.fork_rate": _rate("forks"),
+    "system": _Spec(None, {**_per_s(1, {"cpu.ctxt_rate": "ctxt", "cpu.fork_rate": "forks"}),
                            **{f"cpu.{c}": _c(c) for c in ("procs_running", "procs_blocked", "load1")}}),
     # per IRQ series (host, IRQ action, node): DEV is the device host_facts maps the action
     # to and LOCAL whether the node is that device's own (the engine attaches both per
-    # series, see engine._irq_names); series of one device are summed
+    # series); series of one device are summed
     "interrupts": _Spec(_c(DEV), {"irq.rate": _rate("count"), "irq.locality": _ratio("local", "count")},
-                        {"local": (pl.when(_c(LOCAL)).then(_c("count")).otherwise(0), "sum")}, ("irq.rate",)),
-    "softirqs": _Spec(_c("softirq").cast(pl.String), {"softirq.rate": _rate("count")}, zero_fill=("softirq.rate",)),
+                        {"local": (pl.when(_c(LOCAL)).then(_c("count")).otherwise(0), "sum")},
+                        zero_fill=("irq.rate",)),
+    "softirqs": _Spec(_c("softirq").cast(pl.String), {"softirq.rate": _rate("count")},
+                      zero_fill=("softirq.rate",)),
     "memory": _Spec(None, {
         "mem.hugepage_coverage": _ratio("anon_huge_pages", "anon_pages"),
         "mem.available_share": _ratio("mem_available", "mem_total"),
@@ -189,54 +184,66 @@ _SPECS: dict[str, _Spec] = {
         "mem.hugetlb_used_share": 1.0 - _ratio("hugepages_free", "hugepages_total"),
         "mem.page_tables_share": _ratio("page_tables", "mem_total")}),
     "vmstat": _Spec(None, {
-        **{fam: _rate(c) for fam, c in _VMSTAT_RATES.items()},
-        "mem.thp_fallback_share": _share_of_sum("thp_fault_fallback", "thp_fault_alloc"),
+        # mem.thp_fault_alloc_rate stops the moment THP is set to never (new faults get
+        # 4 KiB pages), while the coverage only decays as memory turns over
+        **_per_s(1, {"mem.thp_fault_alloc_rate": "thp_fault_alloc",
+                 "mem.thp_fallback_rate": "thp_fault_fallback", "mem.pgfault_rate": "pgfault",
+                 "mem.pgmajfault_rate": "pgmajfault", "mem.direct_scan_rate": "pgscan_direct",
+                 "mem.kswapd_scan_rate": "pgscan_kswapd", "mem.compact_stall_rate": "compact_stall",
+                 "mem.allocstall_rate": "allocstall_normal",
+                 "numa.migration_rate": "numa_pages_migrated"}),
+        "mem.thp_fallback_share": _share("thp_fault_fallback", "thp_fault_alloc"),
         "mem.swap_rate": (_c("pswpin") + _c("pswpout")) / _c(DUR),
-        "numa.remote_share": _share_of_sum("numa_miss", "numa_hit"),
-        "numa.other_node_share": _share_of_sum("numa_other", "numa_local"),
+        "numa.remote_share": _share("numa_miss", "numa_hit"),
+        "numa.other_node_share": _share("numa_other", "numa_local"),
         "numa.hint_fault_remote_share": 1.0 - _ratio("numa_hint_faults_local", "numa_hint_faults")}),
-    "numa": _Spec(_prefixed("node", "node"), {"numa.remote_share": _share_of_sum("numa_miss", "numa_hit"),
-                                              "numa.other_node_share": _share_of_sum("other_node", "local_node")}),
+    "numa": _Spec(_prefixed("node", "node"), {"numa.remote_share": _share("numa_miss", "numa_hit"),
+                                              "numa.other_node_share": _share("other_node", "local_node")}),
     # host-wide families per resource (psi.io_some_share ...): pivoted by hand, no device
     "pressure": _Spec(None, {
-        **{f"psi.{r}_{k}_share": _c(f"{r}_{k}") / _US for r, k in _PSI},
+        **{f"psi.{r}_{k}_share": _c(f"{r}_{k}") / (_c(DUR) * 1e6) for r, k in _PSI},
         **{f"psi.{r}_some_avg10": _c(f"{r}_avg") / 100.0 for r in ("cpu", "memory", "io")}}, {
         **{f"{r}_{k}": (pl.when(_RESOURCE == r).then(_c(f"{k}_total")), "sum") for r, k in _PSI},
         **{f"{r}_avg": (pl.when(_RESOURCE == r).then(_c("some_avg10").cast(pl.Float64)), "mean")
            for r in ("cpu", "memory", "io")}}),
     "net": _Spec(_c("interface").cast(pl.String), _net),
-    "tcp": _Spec(None, {"net.retrans_rate": _rate("retrans_segs"), "net.retrans_share": _ratio("retrans_segs", "out_segs"),
-                        "net.in_err_rate": _rate("in_errs"), "net.active_open_rate": _rate("active_opens")}),
+    "tcp": _Spec(None, {**_per_s(1, {"net.retrans_rate": "retrans_segs", "net.in_err_rate": "in_errs",
+                                 "net.active_open_rate": "active_opens"}),
+                        "net.retrans_share": _ratio("retrans_segs", "out_segs")}),
     "disk": _Spec(_c("device").cast(pl.String), {
         "disk.latency_ms": (_c("read_time") + _c("write_time")) / (_c("reads") + _c("writes")),
-        "disk.util": _c("io_time") / (_c(DUR) * 1e3), "disk.queue_depth": _c("weighted_io_time") / (_c(DUR) * 1e3),
-        "disk.read_iops": _rate("reads"), "disk.write_iops": _rate("writes"),
+        **_per_s(1e3, {"disk.util": "io_time", "disk.queue_depth": "weighted_io_time"}),
+        **_per_s(1, {"disk.read_iops": "reads", "disk.write_iops": "writes"}),
         "disk.read_bytes_rate": _c("read_sectors") * 512.0 / _c(DUR),
         "disk.write_bytes_rate": _c("write_sectors") * 512.0 / _c(DUR)}),
     "cgroup": _Spec(_c("cgroup").cast(pl.String), {
         "cgroup.throttled_share": _ratio("nr_throttled", "nr_periods"),
-        "cgroup.throttled_time_share": _c("throttled_time") / _US, "cgroup.cpu_cores": _c("cpu_usage") / _US,
-        "cgroup.quota_use_share": _c("cpu_usage") / _US / _c("cpu_quota_cores"),
-        "cgroup.mem_use_share": _ratio("memory_current", "memory_max"),
-        "cgroup.cpu_pressure_share": _c("cpu_pressure_some") / _US,
-        "cgroup.memory_pressure_share": _c("memory_pressure_some") / _US}),
-    "perf": _Spec(_prefixed("socket", "socket"), {"perf.ipc": _ratio("instructions", "cycles"),
-                                                  "perf.llc_miss_share": _ratio("llc_misses", "llc_loads"),
-                                                  "perf.mem_bandwidth": _rate("mem_bandwidth")}),
+        **_per_s(1e6, {"cgroup.throttled_time_share": "throttled_time", "cgroup.cpu_cores": "cpu_usage",
+                 "cgroup.cpu_pressure_share": "cpu_pressure_some",
+                 "cgroup.memory_pressure_share": "memory_pressure_some"}),
+        "cgroup.quota_use_share": _c("cpu_usage") / (_c(DUR) * 1e6) / _c("cpu_quota_cores"),
+        "cgroup.mem_use_share": _ratio("memory_current", "memory_max")}),
+    "perf": _Spec(_prefixed("socket", "socket"), {
+        "perf.ipc": _ratio("instructions", "cycles"), "perf.llc_miss_share": _ratio("llc_misses", "llc_loads"),
+        "perf.mem_bandwidth": _rate("mem_bandwidth")}),
     "gpu": _Spec(_prefixed("gpu", "gpu"), {
         "gpu.util": _c("util_gpu") / 100.0, "gpu.mem_util": _c("util_mem") / 100.0,
-        **{fam: _ratio(*cols) for fam, cols in _GPU_RATIOS.items()},
-        "gpu.temperature_max": _c("temp_max"),
+        "gpu.mem_used_share": _ratio("mem_used", "mem_total"),
+        "gpu.power_ratio": _ratio("power_w", "power_limit_w"),
+        "gpu.power_limit_ratio": _ratio("power_limit_w", "power_limit_default_w"),
+        "gpu.sm_clock_ratio": _ratio("sm_clock_mhz", "sm_clock_max_mhz"),
+        "gpu.mem_clock_ratio": _ratio("mem_clock_mhz", "mem_clock_max_mhz"),
+        "gpu.temperature_max": _c("temp_max"), "pcie.tx_rate": _c("pcie_tx"), "pcie.rx_rate": _c("pcie_rx"),
         **{f"gpu.throttle_{name}_share": _ratio(f"cer_{name}", "cer__n") for name in THROTTLE_BITS},
-        "gpu.power_violation_share": _c("power_violation") / (_c(DUR) * 1e9),
-        "gpu.thermal_violation_share": _c("thermal_violation") / (_c(DUR) * 1e9),
-        **{fam: _rate(c) for fam, c in _GPU_RATES.items()},
-        **{f"pcie.link_{k}_ratio": _ratio(f"{cur}__min", f"{mx}__max") for k, (cur, mx) in _PCIE_LINK.items()},
-        "pcie.tx_rate": _c("pcie_tx"), "pcie.rx_rate": _c("pcie_rx")}, {
+        **_per_s(1e9, {"gpu.power_violation_share": "power_violation",
+                 "gpu.thermal_violation_share": "thermal_violation"}),
+        **_per_s(1, {"gpu.ecc_corrected_rate": "ecc_corrected", "gpu.ecc_uncorrected_rate": "ecc_uncorrected",
+                 "gpu.xid_rate": "xid_events", "nvlink.tx_rate": "nvlink_tx", "nvlink.rx_rate": "nvlink_rx"}),
+        **{f"pcie.link_{k}_ratio": _ratio(f"{cur}__min", f"{mx}__max") for k, (cur, mx) in _LINK.items()}}, {
         "temp_max": (_c("temperature_c").cast(pl.Float64), "max"), "cer__n": (_CER, "count"),
         **{f"cer_{name}": (((_CER & bits) != 0).cast(pl.Int64), "sum") for name, bits in THROTTLE_BITS.items()},
-        **{f"{cur}__min": (_c(cur).cast(pl.Float64), "min") for cur, _ in _PCIE_LINK.values()},
-        **{f"{mx}__max": (_c(mx).cast(pl.Float64), "max") for _, mx in _PCIE_LINK.values()}}),
+        **{f"{cur}__min": (_c(cur).cast(pl.Float64), "min") for cur, _ in _LINK.values()},
+        **{f"{mx}__max": (_c(mx).cast(pl.Float64), "max") for _, mx in _LINK.values()}}),
 }
 
 #: families whose missing value means 0 (the plans' ``zero_fill``)
@@ -244,8 +251,8 @@ ZERO_FILL: frozenset[str] = frozenset(f for s in _SPECS.values() for f in s.zero
 
 #: tables that never become features (the agent's self-health, static facts, ground truth,
 #: the pipeline's own outputs, `unveil drill`'s results)
-SKIPPED: frozenset[str] = frozenset({"agent", "host_facts", "labels", "workload", "features", "scores", "findings",
-                                     "incidents", "remediations", "drill_scorecard"})
+SKIPPED: frozenset[str] = frozenset({"agent", "host_facts", "labels", "workload", "features", "scores",
+                                     "findings", "incidents", "remediations", "drill_scorecard"})
 
 _NUMERIC = (pl.Float32, pl.Float64, pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl.UInt32,
             pl.UInt64, pl.Boolean)
