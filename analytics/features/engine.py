@@ -1,21 +1,19 @@
 """Execution of the feature plans: telemetry LazyFrames -> one wide row per (host, window).
 
-1. **buckets**, one table at a time: Polars evaluates the plan's row expressions
-   (host, tag columns, sample time, bucket, one column per bucket aggregation) and
-   :func:`~analytics.features.kernels.reduce_buckets` reduces them to one row per
-   (host, device, bucket). Interrupts are reduced per (IRQ action's device, whether
-   the node is the device's own) first, with host_facts naming both, then the plan's
-   bucket expressions are evaluated on those buckets and summed per device.
-2. **windows**: every host gets one grid of buckets from its first to its last (over
-   all tables); each table's devices x that grid (a position without a bucket is
-   null), trailing aggregations over the ``m`` buckets of each kept window
-   (:func:`~analytics.features.kernels.rolling`, evaluated at the row of a window's
-   last bucket), then the plan's feature expressions in Polars. All tables share the
-   grid's row order, so the wide frame is a horizontal stack, without joins.
+1. **buckets**, one table at a time: Polars evaluates the plan's row expressions and
+   :func:`~analytics.features.kernels.reduce_buckets` reduces them to one row per (host,
+   device, bucket). Interrupts are reduced per (device named by host_facts, on the
+   device's own node or not) first, then the plan's bucket expressions summed per device.
+2. **windows**: every host gets one grid of buckets from its first to its last (over all
+   tables); each table's devices x that grid, trailing aggregations over the ``m`` buckets
+   of each kept window (:func:`~analytics.features.kernels.rolling`, at the row of the
+   window's last bucket), then the plan's feature expressions. All tables share the
+   grid's row order: the wide frame is a horizontal stack, without joins.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -47,47 +45,46 @@ log = logging.getLogger(__name__)
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 KEYS: tuple[str, ...] = (HOST, WINDOW_START, WINDOW_END)
+_KEYS_SCHEMA: dict[str, pl.DataType] = {
+    HOST: pl.String(), WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE}
 _B, _T, _G = kernels.B, kernels.T, kernels.GROUP
 _DEFAULT_SPEC = WindowSpec()
-_SEP = "\x1f"  # joins an IRQ series' device and locality in its group name
 
 
-def compute_features(
-    frames: Mapping[str, pl.LazyFrame],
-    spec: WindowSpec = _DEFAULT_SPEC,
-    *,
-    host_facts: pl.DataFrame | None = None,
-) -> pl.DataFrame:
+def compute_features(frames: Mapping[str, pl.LazyFrame], spec: WindowSpec = _DEFAULT_SPEC, *,
+                     host_facts: pl.DataFrame | None = None) -> pl.DataFrame:
     """The wide feature frame: host, window_start, window_end (Datetime us UTC), one
     Float64 column per feature named by :mod:`analytics.catalog` (``family`` or
     ``family@device``). Missing tables/columns simply give fewer columns; an empty input
     gives an empty frame with the key columns. The raw rows are touched once, one
     table at a time (peak memory is the largest table's rows, not all of them)."""
-    bks: dict[str, tuple[pl.DataFrame, Plan]] = {}  # bucket frames: each host's rows in one run
+    bks: dict[str, tuple[pl.DataFrame, Plan]] = {}  # bucket frames: a host's rows in one run
     for name, lf in frames.items():
         plan = _plan(name, lf)
         if plan is None:
             continue
-        bk = _irq_buckets(lf, plan, spec, host_facts) if name == "interrupts" else _buckets(lf, plan, spec)
+        if name == "interrupts":
+            bk = _irq_buckets(lf, plan, spec, host_facts)
+        else:
+            bk = _buckets(lf, plan, spec)
         if bk is not None and bk.height:
             bks[name] = (bk, plan)
     if not bks:
-        return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
+        return pl.DataFrame(schema=_KEYS_SCHEMA)
     hosts = {name: kernels.runs(bk[HOST]) for name, (bk, _) in bks.items()}
     grid = _grid([(bk, hosts[name]) for name, (bk, _) in bks.items()], spec)
     n_win = grid.index.height
     cols: dict[str, pl.Series] = {}
-    for name, (bk, plan) in bks.items():  # (in table order: the first of two equal feature names is kept)
+    for name, (bk, plan) in bks.items():  # (table order: of two equal names, the first is kept)
         devs, feats = _windows(bk, hosts[name], plan, grid)
-        fams = feats.columns
         for i, dev in enumerate(devs):
-            part = feats.slice(i * n_win, n_win)
-            part.columns = [feature_name(fam, dev) for fam in fams]
-            for s in part.get_columns():
-                if s.name in cols:  # e.g. an imported table named like a built-in family
-                    log.warning("measurement %r: feature %s already computed from another table; dropped", name, s.name)
+            for s in feats.slice(i * n_win, n_win).get_columns():
+                col = feature_name(s.name, dev)
+                if col in cols:  # e.g. an imported table named like a built-in family
+                    log.warning("measurement %r: feature %s already computed from another "
+                                "table; dropped", name, col)
                     continue
-                cols[s.name] = s
+                cols[col] = s.alias(col)
     own = _own_cores(cols)
     if own is not None:
         cols[OWN_CORES] = own
@@ -123,7 +120,8 @@ def feature_columns(features: pl.DataFrame) -> list[str]:
     ``total`` counters) say the same without their lag, while an avg10 still decays for tens
     of seconds after a stall has ended, an echo the detectors flagged as a new anomaly,
     and the families in ``UNJUDGED``."""
-    return [c for c in features.columns if c not in KEYS and c != OWN_CORES and not c.endswith(AVG10)
+    return [c for c in features.columns
+            if c not in KEYS and c != OWN_CORES and not c.endswith(AVG10)
             and split_feature(c)[0] not in UNJUDGED
             and not (c.startswith("cgroup.") and is_own(split_feature(c)[1]))]
 
@@ -134,7 +132,8 @@ def _plan(name: str, lf: pl.LazyFrame) -> Plan | None:
         return None
     sch = lf.collect_schema()
     if TIME not in sch or HOST not in sch:
-        raise ValueError(f"measurement {name!r}: frame lacks {TIME!r}/{HOST!r} columns (has {list(sch)})")
+        raise ValueError(f"measurement {name!r}: frame lacks {TIME!r}/{HOST!r} columns "
+                         f"(has {list(sch)})")
     if name == "interrupts" and not {"count", "device", "node"} <= set(sch):
         return None
     plan = plan_of(name, tuple(sch.items()))
@@ -144,8 +143,8 @@ def _plan(name: str, lf: pl.LazyFrame) -> Plan | None:
     return plan if plan.features else None
 
 
-def _rows(lf: pl.LazyFrame, keys: Sequence[str], exprs: Mapping[str, pl.Expr], spec: WindowSpec
-          ) -> pl.DataFrame:
+def _rows(lf: pl.LazyFrame, keys: Sequence[str], exprs: Mapping[str, pl.Expr],
+          spec: WindowSpec) -> pl.DataFrame:
     """The row-level columns of the bucket stage: ``keys`` (host first), ``_t`` (µs),
     the bucket ``_b`` (µs since the epoch, a multiple of the bucket) and ``exprs``."""
     b_us = round(spec.bucket * 1e6)
@@ -162,93 +161,80 @@ def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> pl.DataFrame:
     keys = [HOST, *tags(plan)]
     rows = _rows(lf, keys, {n: e for n, (e, _) in plan.buckets.items()}, spec)
     dev = (plan.device if plan.device is not None else pl.lit("")).cast(pl.String).fill_null("")
-    dev = dev.str.replace_all(DEVICE_SEP, ":", literal=True)
-
-    def name(series: pl.DataFrame) -> pl.Series:
-        return series.select(dev).to_series() if plan.device is not None else pl.Series([""] * series.height)
-
-    return kernels.reduce_buckets(rows, keys, {n: a for n, (_, a) in plan.buckets.items()}, name, DEV)
+    dev = dev.str.replace_all(DEVICE_SEP, ":", literal=True).alias(DEV)
+    aggs = {n: a for n, (_, a) in plan.buckets.items()}
+    return kernels.reduce_buckets(rows, keys, aggs, lambda s: s.with_columns(dev)[DEV], DEV)
 
 
-def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec, host_facts: pl.DataFrame | None
-                 ) -> pl.DataFrame | None:
+def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec,
+                 host_facts: pl.DataFrame | None) -> pl.DataFrame | None:
     """Interrupt buckets per device (see the module's docstring); None without facts."""
-    facts = _facts_nodes(host_facts)
-    if facts.is_empty():
+    facts = _irq_facts(host_facts)
+    if not facts:
         log.info("no numa_node facts: irq.locality and irq.rate are not computed")
         return None
     if any(a != "sum" for _, a in plan.buckets.values()):
-        raise ValueError("interrupts: the plan's bucket aggregations must be sums (summed per series)")
+        raise ValueError("interrupts: the plan's bucket aggregations must be sums "
+                         "(summed per series)")
 
     def name(series: pl.DataFrame) -> pl.Series:
-        """``device<SEP>local`` of each (host, IRQ action, node); null: no device known."""
-        maps = {host: _irq_device_map([str(a) for a in g["device"].unique().to_list() if a is not None],
-                                      facts.filter(pl.col(HOST) == host))
-                for (host,), g in series.group_by([HOST])}  # (one map per host: a few series)
-        node = series["node"].str.strip_chars_start("node").cast(pl.Int64, strict=False).to_list()
+        """``<local><device>`` of each (host, IRQ action, node) series, local 1 when the
+        node is the device's own, else 0; null: no device known."""
+        node = series["node"].str.strip_chars_start("node").cast(pl.Int64, strict=False)
         out: list[str | None] = []
-        for host, action, nd in zip(series[HOST].to_list(), series["device"].to_list(), node, strict=True):
-            got = maps[host].get(str(action)) if action is not None else None
-            out.append(None if got is None else f"{got[0]}{_SEP}{int(nd is not None and got[1] == nd)}")
+        for host, action, nd in zip(series[HOST].to_list(), series["device"].to_list(),
+                                    node.to_list(), strict=True):
+            got = _irq_device(action, facts.get(host, [])) if action is not None else None
+            out.append(None if got is None else f"{int(nd is not None and got[1] == nd)}{got[0]}")
         return pl.Series(out, dtype=pl.String)
 
     keys = [HOST, "device", "node"]
-    roots = sorted({r for e, _ in plan.buckets.values() for r in e.meta.root_names()} - {DEV, LOCAL})
-    lf = lf.with_columns(pl.col("device").cast(pl.String), pl.col("node").cast(pl.String).fill_null(""))
+    roots = sorted({r for e, _ in plan.buckets.values() for r in e.meta.root_names()}
+                   - {DEV, LOCAL})
+    lf = lf.with_columns(pl.col("device").cast(pl.String),
+                         pl.col("node").cast(pl.String).fill_null(""))
     rows = _rows(lf, keys, {r: pl.col(r) for r in roots}, spec)
     per_series = kernels.reduce_buckets(rows, keys, dict.fromkeys(roots, "sum"), name)
-    if not per_series.height:
-        return None
-    parts = pl.col(_G).str.split_exact(_SEP, 1).struct
-    return per_series.with_columns(parts.field("field_0").alias(DEV),
-                                   (parts.field("field_1") == "1").alias(LOCAL)
+    return per_series.with_columns(pl.col(_G).str.slice(1).alias(DEV),
+                                   (pl.col(_G).str.head(1) == "1").alias(LOCAL)
                                    ).group_by(HOST, DEV, _B, maintain_order=True).agg(
         [e.sum().alias(n) for n, (e, _) in plan.buckets.items()])
 
 
-def _facts_nodes(host_facts: pl.DataFrame | None) -> pl.DataFrame:
-    """(host, device, pci, node) of every device with a numa_node fact."""
-    empty = pl.DataFrame(schema={HOST: pl.String, "device": pl.String, "pci": pl.String, "node": pl.Int64})
-    if host_facts is None or host_facts.is_empty() or "key" not in host_facts.columns:
-        return empty
+#: a device with a NUMA node fact: (device, node, PCI address, the address without its
+#: domain, a pattern of its name)
+_Fact = tuple[str, int, str, str, re.Pattern[str]]
+
+
+def _irq_facts(host_facts: pl.DataFrame | None) -> dict[str, list[_Fact]]:
+    """Every host's devices with a numa_node fact (gpu facts name the index, ``3``: named
+    like the gpu features, ``gpu3``)."""
+    if host_facts is None or "key" not in host_facts.columns:
+        return {}
+    on = [HOST, "category", "device"]
     hf = host_facts.filter(pl.col("device").fill_null("") != "")
     nodes = hf.filter(pl.col("key") == "numa_node").select(
-        HOST, "category", "device", pl.col("value_num").cast(pl.Int64).alias("node")
-    ).filter(pl.col("node") >= 0)
+        *on, pl.col("value_num").cast(pl.Int64).alias("node")).filter(pl.col("node") >= 0)
     pci = hf.filter(pl.col("key").is_in(["pci_bus_id", "pci_address", "pci"])).select(
-        HOST, "category", "device", pl.col("value").str.to_lowercase().alias("pci")
-    )
-    out = nodes.join(pci, on=[HOST, "category", "device"], how="left").unique([HOST, "category", "device"])
-    # gpu facts use the index ("3"); name those devices like the gpu features do ("gpu3")
-    out = out.with_columns(
-        pl.when((pl.col("category") == "gpu") & pl.col("device").str.contains(r"^\d+$"))
-        .then(pl.lit("gpu") + pl.col("device")).otherwise(pl.col("device")).alias("device")
-    )
-    return out.select(HOST, "device", "pci", "node") if not out.is_empty() else empty
-
-
-def _irq_device_map(irq_names: Sequence[str], facts: pl.DataFrame) -> dict[str, tuple[str, int]]:
-    """IRQ action name -> (fact device, its node): the device whose name or PCI address
-    occurs in the action name (``mlx5_comp3@pci:0000:17:00.0`` -> ``mlx5_0`` by PCI)."""
-    out: dict[str, tuple[str, int]] = {}
-    # per fact row once: its PCI address (full, and without the domain) and name pattern
-    rows = []
-    for dev, pci, node in facts.select("device", "pci", "node").iter_rows():
-        short = (pci.split(":", 1)[1] if pci.count(":") == 2 else pci) if pci else ""
-        pattern = re.compile(rf"(^|[^a-z0-9]){re.escape(dev.lower())}(?![0-9])") if dev else None
-        rows.append((dev, pci, short, node, pattern))
-    for name in irq_names:
-        low = name.lower()
-        best: tuple[int, str, int] | None = None
-        for dev, pci, short, node, pattern in rows:
-            if pci and (pci in low or (len(short) >= 7 and short in low)):
-                best = (2, dev, node)  # the first PCI match wins
-                break
-            if best is None and pattern is not None and pattern.search(low):
-                best = (1, dev, node)
-        if best is not None:
-            out[name] = (best[1], best[2])
+        *on, pl.col("value").str.to_lowercase().alias("pci"))
+    out: dict[str, list[_Fact]] = {}
+    for host, cat, dev, node, addr in nodes.join(pci, on=on, how="left").unique(on).iter_rows():
+        dev = f"gpu{dev}" if cat == "gpu" and dev.isdecimal() else dev
+        addr = addr or ""
+        short = addr.split(":", 1)[1] if addr.count(":") == 2 else addr
+        pattern = re.compile(rf"(^|[^a-z0-9]){re.escape(dev.lower())}(?![0-9])")
+        out.setdefault(host, []).append((dev, node, addr, short, pattern))
     return out
+
+
+def _irq_device(action: str, facts: Sequence[_Fact]) -> tuple[str, int] | None:
+    """(device, node) of the first fact whose PCI address occurs in the IRQ action name,
+    else of the first whose name does (``mlx5_comp3@pci:0000:17:00.0`` -> ``mlx5_0``)."""
+    low = action.lower()
+    by_pci = (f for f in facts if f[2] and (f[2] in low or (len(f[3]) >= 7 and f[3] in low)))
+    by_name = (f for f in facts if f[4].search(low))
+    got = next(itertools.chain(by_pci, by_name), None)
+    return None if got is None else (got[0], got[1])
 
 
 @dataclass(frozen=True)
@@ -257,8 +243,7 @@ class _Grid:
     rows that end a kept window. Windows are evaluated at the row of their LAST bucket as
     trailing aggregations over ``m`` buckets, so all tables share one row order."""
 
-    n: int  # grid rows
-    kept: np.ndarray  # the grid rows m-1 .. that end a kept window, less m-1
+    kept: np.ndarray | slice  # the grid rows m-1 .. that end a kept window, less m-1
     index: pl.DataFrame  # host, window_start, window_end of the kept windows
     dur: np.ndarray  # covered seconds of each kept window
     m: int  # buckets per window
@@ -268,15 +253,16 @@ class _Grid:
     b_us: int
 
 
-def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]], spec: WindowSpec) -> _Grid:
+def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]],
+          spec: WindowSpec) -> _Grid:
     """The grid of bucket frames given with their host runs (:func:`kernels.runs`)."""
     b_us, s_us = round(spec.bucket * 1e6), round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
     span: dict[str, tuple[int, int]] = {}
     for bk, (at, hs) in bks:
         b = bk[_B].to_numpy()
-        for h, lo, hi in zip(hs, np.minimum.reduceat(b, at).tolist(), np.maximum.reduceat(b, at).tolist(),
-                             strict=True):
+        lows, highs = np.minimum.reduceat(b, at).tolist(), np.maximum.reduceat(b, at).tolist()
+        for h, lo, hi in zip(hs, lows, highs, strict=True):
             old = span.get(h, (lo, hi))
             span[h] = (min(old[0], lo), max(old[1], hi))
     # Polars' sort order: nulls first, then by code point (= UTF-8 byte order)
@@ -295,14 +281,16 @@ def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]], spec
     dur = (np.minimum(b, last)[keep] + b_us - ws[keep]) / 1e6
     start = pl.Series(WINDOW_START, ws[keep]).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
     host = pl.Series(HOST, np.repeat(np.array(hosts, dtype=object), nbs)[keep], dtype=pl.String)
+    length = pl.duration(microseconds=round(spec.length_s * 1e6))
     index = pl.DataFrame([host, start]).with_columns(
-        (pl.col(WINDOW_START) + pl.duration(microseconds=round(spec.length_s * 1e6))).alias(WINDOW_END))
-    # (the first m-1 rows of a grid never end a kept window)
-    return _Grid(keep.size, np.flatnonzero(keep[m - 1:]), index, dur, m, hosts, off, firsts, b_us)
+        (pl.col(WINDOW_START) + length).alias(WINDOW_END))
+    # (the first m-1 rows of a grid never end a kept window; all others kept: a view)
+    kept = slice(None) if keep[m - 1:].all() else np.flatnonzero(keep[m - 1:])
+    return _Grid(kept, index, dur, m, hosts, off, firsts, b_us)
 
 
-def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Plan, grid: _Grid
-             ) -> tuple[list[str], pl.DataFrame]:
+def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Plan,
+             grid: _Grid) -> tuple[list[str], pl.DataFrame]:
     """A table's devices (sorted) and features (``len(devices) * n_windows`` rows,
     device-major, each device's rows in the grid's window order): the bucket rows placed
     on (device x grid) rows by arithmetic (no join; none there: missing), each bucket
@@ -312,28 +300,39 @@ def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Pl
     at, values = kernels.runs(bk[DEV])
     devs = sorted(set(values))  # (Polars' string order: by code point)
     code = {name: i for i, name in enumerate(devs)}
-    dev = np.repeat(np.array([code[v] for v in values], dtype=np.int64), np.diff(np.r_[at, bk.height]))
+    dev = np.repeat(np.array([code[v] for v in values], dtype=np.int64),
+                    np.diff(np.r_[at, bk.height]))
     at, hosts = host_runs
     pos = {x: i for i, x in enumerate(grid.hosts)}
     h = np.repeat(np.array([pos[x] for x in hosts], dtype=np.int64), np.diff(np.r_[at, bk.height]))
-    src = np.full(len(devs) * grid.n, -1, dtype=np.int64)  # the bucket row of each (device x grid) row
-    src[dev * grid.n + grid.off[h] + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us] = np.arange(bk.height)
-    miss = src < 0
-    at = np.where(miss, 0, src)
+    n = len(devs) * int(grid.off[-1])
+    # the (device x grid) row of each bucket row; in place: the grid's rows in order
+    at = dev * int(grid.off[-1]) + grid.off[h] + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us
+    in_place = at.size == n and bool((at == np.arange(n)).all())
+
+    def place(x: np.ndarray, fill: object) -> np.ndarray:
+        """A bucket column on the (device x grid) rows, ``fill`` where no bucket is."""
+        if in_place:
+            return x
+        out = np.full(n, fill, dtype=x.dtype)
+        out[at] = x
+        return out
+
     roots = {r for e in plan.features.values() for r in e.meta.root_names()}
     cols: list[pl.Series] = []
     for name, (_, agg) in plan.buckets.items():
         if name in roots:
             v, valid = kernels.values(bk[name], agg)
-            v = v[at]
-            v[miss] = kernels.identity(v.dtype.kind == "f", agg)
-            got, ok = kernels.rolling(v, ~miss if valid is None else valid[at] & ~miss, agg, len(devs),
-                                      grid.m, grid.kept)
-            cols.append(kernels.masked(name, got, ok))
+            v = place(v, kernels.identity(v.dtype.kind == "f", agg))
+            ok = place(np.ones(bk.height, dtype=bool) if valid is None else valid, False)
+            cols.append(kernels.masked(name, *kernels.rolling(v, ok, agg, len(devs), grid.m,
+                                                              grid.kept)))
     cols.append(pl.Series(DUR, np.tile(grid.dur, len(devs))))
-    feats = pl.DataFrame(cols).select([e.cast(pl.Float64).alias(f) for f, e in plan.features.items()])
+    feats = pl.DataFrame(cols).select(
+        [e.cast(pl.Float64).alias(f) for f, e in plan.features.items()])
     return devs, feats.select([pl.when(pl.col(f).is_finite()).then(pl.col(f))
-                               .otherwise(0.0 if f in plan.zero_fill else None) for f in feats.columns])
+                               .otherwise(0.0 if f in plan.zero_fill else None)
+                               for f in feats.columns])
 
 
 def concat_features(parts: Sequence[pl.DataFrame]) -> pl.DataFrame:
@@ -346,13 +345,13 @@ def concat_features(parts: Sequence[pl.DataFrame]) -> pl.DataFrame:
     a time and judged together."""
     parts = [p for p in parts if p.width]
     if not parts:
-        return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
+        return pl.DataFrame(schema=_KEYS_SCHEMA)
     df = parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal_relaxed")
     rest = sorted(c for c in df.columns if c not in KEYS)
     zero = [c for c in rest if c == OWN_CORES or split_feature(c)[0] in ZERO_FILL]
     if zero:
         df = df.with_columns(pl.col(zero).fill_null(0.0))
-    df = df.select(*KEYS, *rest)  # (a concat without rechunk and a select share the parts' buffers)
+    df = df.select(*KEYS, *rest)  # (a concat without rechunk and a select share the buffers)
     h, ws = df[HOST], df[WINDOW_START]
     ordered = bool(((h.shift(-1) > h) | ((h.shift(-1) == h) & (ws.shift(-1) >= ws))).head(-1).all())
-    return df if ordered else df.sort(HOST, WINDOW_START, maintain_order=True)  # (a sort copies every column)
+    return df if ordered else df.sort(HOST, WINDOW_START, maintain_order=True)  # (copies all)

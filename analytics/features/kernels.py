@@ -5,8 +5,7 @@
 * :func:`rolling`: trailing aggregations over ``m`` buckets at chosen rows; the
   meaning of Polars' ``rolling_*(m, min_samples=1)``.
 
-Both take and return plain arrays and frames; they know nothing of plans or features
-(docs/analytics.md says why they exist).
+They know nothing of plans or features (docs/analytics.md says why they exist).
 """
 
 from __future__ import annotations
@@ -24,8 +23,9 @@ B = "_b"  # bucket start, µs
 GROUP = "_g"  # the group a row's series belongs to (see reduce_buckets)
 
 #: max/min skip NaN as Polars' group_by does (fmax: NaN only where all are NaN)
-_OPS: dict[str, np.ufunc] = {"sum": np.add, "count": np.add, "mean": np.add, "max": np.fmax,
-                             "min": np.fmin}
+_OPS: dict[str, np.ufunc] = {
+    "sum": np.add, "count": np.add, "mean": np.add, "max": np.fmax, "min": np.fmin,
+}
 
 
 def identity(is_float: bool, agg: Agg) -> float:
@@ -44,7 +44,8 @@ def values(s: pl.Series, agg: Agg) -> tuple[np.ndarray, np.ndarray | None]:
         s = s.cast(pl.Float64 if s.dtype.is_float() else pl.Int64)
     if not s.null_count():
         return s.to_numpy(), None
-    return s.fill_null(identity(s.dtype == pl.Float64, agg)).to_numpy(), s.is_not_null().to_numpy()
+    v = s.fill_null(identity(s.dtype == pl.Float64, agg)).to_numpy()
+    return v, s.is_not_null().to_numpy()
 
 
 def masked(name: str, v: np.ndarray, valid: np.ndarray | None) -> pl.Series:
@@ -63,7 +64,8 @@ def runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
 
 
 def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
-                   group_of: Callable[[pl.DataFrame], pl.Series], out: str = GROUP) -> pl.DataFrame:
+                   group_of: Callable[[pl.DataFrame], pl.Series], out: str = GROUP
+                   ) -> pl.DataFrame:
     """``rows`` (``keys``, ``_t``, ``_b`` and the ``aggs`` columns; no null times)
     reduced to one row per (group, bucket): the series (distinct ``keys`` values) are
     named by ``group_of`` (a frame of distinct key values -> one group name per row,
@@ -76,46 +78,39 @@ def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, A
     other order, or series sampled at different times, are first sorted and padded into
     one (a missing sample is a null row)."""
     if not rows.height:
-        return pl.DataFrame([rows[keys[0]], pl.Series(out, [], dtype=pl.String), rows[B],
-                             *[rows[n] for n in aggs]])
+        empty = pl.Series(out, [], dtype=pl.String)
+        return pl.DataFrame([rows[keys[0]], empty, rows[B], *[rows[n] for n in aggs]])
     at, hosts = runs(rows[keys[0]])
     if len(set(hosts)) != len(hosts):  # hosts interleaved
         rows = rows.sort(keys[0], maintain_order=True)
         at, hosts = runs(rows[keys[0]])
+    ends = np.r_[at[1:], rows.height]
     parts = [_reduce_grid(*_as_grid(rows.slice(lo, hi - lo), keys), keys, aggs, group_of, out)
-             for lo, hi in zip(at.tolist(), np.r_[at[1:], rows.height].tolist(), strict=True)]
+             for lo, hi in zip(at.tolist(), ends.tolist(), strict=True)]
     return pl.concat(parts, rechunk=True) if len(parts) != 1 else parts[0]
 
 
-def _grid_shape(rows: pl.DataFrame, keys: Sequence[str]) -> tuple[int, int, bool] | None:
+def _grid_shape(rows: pl.DataFrame, tags: Sequence[str]) -> tuple[int, int, bool] | None:
     """(samples, series, time_major) of one host's rows when they are a grid already, else
-    None: time-major (one sample of k series per run of equal times, buckets never going
-    back) or series-major (every series with the first one's buckets), every row carrying
-    its series' key values (the row k back, or the previous row; by 64-bit hashes)."""
+    None: time-major (the k series sampled at each time in turn, buckets never going back)
+    or series-major (each series' samples in turn, with the first series' buckets); the
+    bucket is constant across the series and every tag across the samples (tags by
+    64-bit hashes)."""
     t, b = rows[T].to_numpy(), rows[B].to_numpy()
-    n = t.size
     back = np.flatnonzero(b[1:] < b[:-1])
-    if not back.size:
-        k = int(np.argmax(t != t[0])) or n
-        bm = b.reshape(n // k, k) if n % k == 0 else None
-        if bm is None or not (k == 1 or (bm == bm[:, :1]).all()):
-            return None
-        n_t, time_major = n // k, True
-    else:
-        n_t, time_major = int(back[0]) + 1, False
-        if n % n_t or not (b.reshape(n // n_t, n_t) == b[:n_t]).all():
-            return None
-        k = n // n_t
-    for key in keys:
-        h = rows[key].hash().to_numpy()
-        if time_major and not np.array_equal(h[k:], h[:-k]):
-            return None
-        if not time_major:
-            d = h[1:] != h[:-1]
-            d[n_t - 1::n_t] = False  # (a new series starts there)
-            if d.any():
-                return None
-    return n_t, k, time_major
+    tm = not back.size
+    inner = (int(np.argmax(t != t[0])) or t.size) if tm else int(back[0]) + 1
+    if t.size % inner:
+        return None
+
+    def same(a: np.ndarray, across_rows: bool) -> bool:
+        g = a.reshape(-1, inner)  # (samples, series) time-major, else (series, samples)
+        return bool((g == (g[:1] if across_rows else g[:, :1])).all())
+
+    if not same(b, not tm) or not all(same(rows[c].hash().to_numpy(), tm) for c in tags):
+        return None
+    outer = t.size // inner
+    return (outer, inner, True) if tm else (inner, outer, False)
 
 
 def _as_grid(rows: pl.DataFrame, keys: Sequence[str]
@@ -156,40 +151,39 @@ def _as_grid(rows: pl.DataFrame, keys: Sequence[str]
 def _reduce_grid(rows: pl.DataFrame, shape: tuple[int, int, bool], real: np.ndarray | None,
                  keys: Sequence[str], aggs: Mapping[str, Agg],
                  group_of: Callable[[pl.DataFrame], pl.Series], out: str) -> pl.DataFrame:
-    """One host's (samples x series) grid reduced over each bucket's samples by reshapes,
-    then over the series of each group (a group's series in order of first appearance)."""
+    """One host's (samples x series) grid reduced over each bucket's samples, then over
+    the series of each group (groups in order of first appearance)."""
     n_t, k, time_major = shape
-    b = rows[B].to_numpy()
-    series = rows[list(keys)].gather(np.arange(k) if time_major else np.arange(k) * n_t)
-    idx: dict[tuple[object, str], int] = {}
-    code = np.array([-1 if g is None else idx.setdefault((h, g), len(idx))
-                     for h, g in zip(series[keys[0]].to_list(), group_of(series).to_list(),
-                                     strict=True)], dtype=np.int64)  # each series' group (-1: dropped)
+    first = np.arange(k) if time_major else np.arange(k) * n_t  # each series' first row
+    idx: dict[str, int] = {}
+    code = np.array([-1 if g is None else idx.setdefault(g, len(idx))
+                     for g in group_of(rows[list(keys)].gather(first)).to_list()],
+                    dtype=np.int64)  # each series' group (-1: dropped)
     kept = np.flatnonzero(code >= 0)
     perm = kept[np.argsort(code[kept], kind="stable")]  # series sorted by group
     g_at = np.flatnonzero(np.r_[True, np.diff(code[perm]) != 0])
-    bb = b[::k][:n_t] if time_major else b[:n_t]
+    alone = bool((code == np.arange(k)).all())  # each series its own group, in order
+    bb = rows[B].to_numpy()[::k if time_major else 1][:n_t]  # each sample's bucket
     r_at = np.flatnonzero(np.r_[True, bb[1:] != bb[:-1]])  # bucket starts among samples
     n_r = r_at.size
-    run = n_t // n_r if (np.diff(np.r_[r_at, n_t]) == n_t // n_r).all() else 0  # equal buckets
-    alone = g_at.size == k and bool((perm == np.arange(k)).all())  # each series its own group
+    sizes = np.diff(np.r_[r_at, n_t])
+    run = n_t // n_r if (sizes == n_t // n_r).all() else 0  # samples a bucket, if equal
 
     def reduce(v: np.ndarray, op: np.ufunc) -> np.ndarray:
-        """(groups, buckets): over each bucket's samples, then each group's series."""
-        if run == 1:  # (one sample a bucket)
-            r = v.reshape(n_t, k).T if time_major else v.reshape(k, n_t)
-        elif not run:
-            r = op.reduceat(v.reshape(n_t, k).T if time_major else v.reshape(k, n_t), r_at, axis=1)
-        elif time_major:  # (buckets, samples, series), C order
-            m3 = v.reshape(n_r, run, k)
-            r = (np.einsum("rlk->rk", m3) if op is np.add else op.reduce(m3, axis=1)).T
+        """(groups, buckets): over each bucket's samples, then each group's series.
+        Equal buckets are reduced by a reshape (einsum for sums), unequal ones by
+        ``reduceat``: the two add floats in different orders (left to right; the first
+        plus a pairwise sum of the rest), each kept as it was, bit for bit."""
+        g = v.reshape(n_t, k).T if time_major else v.reshape(k, n_t)  # (series, samples)
+        if not run:
+            r = op.reduceat(g, r_at, axis=1)
+        elif op is np.add:
+            r = np.einsum("krl->kr", g.reshape(k, n_r, run))
         else:
-            m3 = v.reshape(k, n_r, run)
-            r = np.einsum("krl->kr", m3) if op is np.add else op.reduce(m3, axis=2)
+            r = op.reduce(g.reshape(k, n_r, run), axis=2)
         return r if alone else op.reduceat(r[perm], g_at, axis=0)
 
-    # samples per (group, bucket) of a column without nulls
-    full = np.outer(np.diff(np.r_[g_at, perm.size]), np.diff(np.r_[r_at, n_t]))
+    full = np.outer(np.diff(np.r_[g_at, perm.size]), sizes)  # samples a (group, bucket)
     has = None if real is None else reduce(real.astype(np.int64), np.add) > 0
     cols = []
     for name, agg in aggs.items():
@@ -201,15 +195,14 @@ def _reduce_grid(rows: pl.DataFrame, shape: tuple[int, int, bool], real: np.ndar
                 r = r / cnt
         ok = has if agg in ("sum", "count") else (cnt > 0) if has is None else (cnt > 0) & has
         cols.append(masked(name, r.ravel(), None if ok is None else ok.ravel()))
-    groups = pl.Series(out, [g for _, g in idx], dtype=pl.String)
-    host = pl.Series(keys[0], [rows[keys[0]][0]], dtype=rows.schema[keys[0]])
-    return pl.DataFrame([host.new_from_index(0, len(groups) * n_r),
-                         groups.gather(np.repeat(np.arange(len(groups)), n_r)),
-                         pl.Series(B, np.tile(bb[r_at], len(groups))), *cols])
+    groups = pl.Series(out, list(idx), dtype=pl.String)
+    return pl.DataFrame([rows[keys[0]].new_from_index(0, len(idx) * n_r),
+                         groups.gather(np.repeat(np.arange(len(idx)), n_r)),
+                         pl.Series(B, np.tile(bb[r_at], len(idx))), *cols])
 
 
 def rolling(v: np.ndarray, valid: np.ndarray | None, agg: Agg, n_dev: int, m: int,
-            kept: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+            kept: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray | None]:
     """One bucket column (``n_dev`` devices' rows of equal length, device-major; nulls
     replaced, ``valid`` their validity) aggregated over the trailing ``m`` rows of every
     row ``m-1 ..`` of each device, of those only ``kept``: sum (and counts) or mean of the
