@@ -1,14 +1,12 @@
 """Execution of the feature plans: telemetry LazyFrames -> one wide row per (host, window).
 
-1. **buckets**, one table at a time: Polars evaluates the plan's row expressions and
-   :func:`~analytics.features.kernels.reduce_buckets` reduces them to one row per (host,
-   device, bucket). Interrupts are reduced per (device named by host_facts, on the
-   device's own node or not) first, then the plan's bucket expressions summed per device.
+1. **buckets**, one table at a time: Polars evaluates the plan's row expressions, the
+   bucket kernel reduces them to one row per (host, device, bucket). Interrupts are first
+   reduced per (device named by host_facts, on its own node or not), then summed per device.
 2. **windows**: every host gets one grid of buckets from its first to its last (over all
-   tables); each table's devices x that grid, trailing aggregations over the ``m`` buckets
-   of each kept window (:func:`~analytics.features.kernels.rolling`, at the row of the
-   window's last bucket), then the plan's feature expressions. All tables share the
-   grid's row order: the wide frame is a horizontal stack, without joins.
+   tables); the window kernel aggregates each table's devices x that grid over the ``m``
+   buckets of each kept window (at its last bucket's row), then Polars evaluates the
+   plan's features. Tables share the grid's row order: the wide frame is a horizontal stack.
 """
 
 from __future__ import annotations
@@ -23,20 +21,8 @@ import numpy as np
 import polars as pl
 
 from analytics.catalog import DEVICE_SEP, feature_name, split_feature
-from analytics.features import kernels
-from analytics.features.plans import (
-    DEV,
-    DUR,
-    HOST,
-    LOCAL,
-    SKIPPED,
-    TIME,
-    ZERO_FILL,
-    Plan,
-    WindowSpec,
-    plan_of,
-    tags,
-)
+from analytics.features import kernels, plans
+from analytics.features.plans import DEV, DUR, HOST, LOCAL, TIME, Plan, WindowSpec
 from ingest import schema
 from ingest.collectors.cgroup import is_own
 
@@ -63,10 +49,8 @@ def compute_features(frames: Mapping[str, pl.LazyFrame], spec: WindowSpec = _DEF
         plan = _plan(name, lf)
         if plan is None:
             continue
-        if name == "interrupts":
-            bk = _irq_buckets(lf, plan, spec, host_facts)
-        else:
-            bk = _buckets(lf, plan, spec)
+        bk = (_irq_buckets(lf, plan, spec, host_facts) if name == "interrupts"
+              else _buckets(lf, plan, spec))
         if bk is not None and bk.height:
             bks[name] = (bk, plan)
     if not bks:
@@ -85,9 +69,12 @@ def compute_features(frames: Mapping[str, pl.LazyFrame], spec: WindowSpec = _DEF
                                 "table; dropped", name, col)
                     continue
                 cols[col] = s.alias(col)
-    own = _own_cores(cols)
-    if own is not None:
-        cols[OWN_CORES] = own
+    # Unveil's own cores: its groups' cgroup.cpu_cores, once each (not those inside another)
+    own = [d for f, d in map(split_feature, cols) if f == "cgroup.cpu_cores" and is_own(d)]
+    parts = [cols[feature_name("cgroup.cpu_cores", d)].fill_null(0.0) for d in own
+             if not any(d.startswith(o + "/") for o in own if o != d)]
+    if parts:
+        cols[OWN_CORES] = pl.Series(OWN_CORES, sum(parts[1:], parts[0]), dtype=pl.Float64)
     return grid.index.hstack([cols[c] for c in sorted(cols)])
 
 
@@ -100,26 +87,12 @@ AVG10 = "_avg10"
 UNJUDGED = frozenset({"net.drop_share"})
 
 
-def _own_cores(cols: Mapping[str, pl.Series]) -> pl.Series | None:
-    """Sum of ``cgroup.cpu_cores`` over Unveil's own groups, each counted once (a group
-    below another own group listed is inside it); None when the host has none."""
-    devs = [split_feature(c)[1] for c in cols if split_feature(c)[0] == "cgroup.cpu_cores"]
-    own = [d for d in devs if is_own(d)]
-    outer = [d for d in own if not any(d.startswith(o + "/") for o in own if o != d)]
-    if not outer:
-        return None
-    parts = [cols[feature_name("cgroup.cpu_cores", d)].fill_null(0.0) for d in outer]
-    return pl.Series(OWN_CORES, sum(parts[1:], parts[0]), dtype=pl.Float64)
-
-
 def feature_columns(features: pl.DataFrame) -> list[str]:
-    """The feature columns of a wide frame the detectors judge: everything but the keys,
-    Unveil's own CPU (``cpu.own_cores``, its own cgroups' columns): its own sweeps are
-    never an anomaly of the host (the knowledge base still reads them, to set them apart),
-    and the kernel's PSI ``avg10`` averages: the exact shares (``psi.*_share``, from the
-    ``total`` counters) say the same without their lag, while an avg10 still decays for tens
-    of seconds after a stall has ended, an echo the detectors flagged as a new anomaly,
-    and the families in ``UNJUDGED``."""
+    """The feature columns of a wide frame the detectors judge: all but the keys, Unveil's
+    own CPU (``cpu.own_cores``, its cgroups: its sweeps are no anomaly of the host; the
+    knowledge base reads them), the families in ``UNJUDGED`` and the PSI ``avg10``
+    averages (the exact ``psi.*_share`` say the same without their lag: an avg10 still
+    decays for tens of seconds after a stall has ended, an echo flagged as a new anomaly)."""
     return [c for c in features.columns
             if c not in KEYS and c != OWN_CORES and not c.endswith(AVG10)
             and split_feature(c)[0] not in UNJUDGED
@@ -128,7 +101,7 @@ def feature_columns(features: pl.DataFrame) -> list[str]:
 
 def _plan(name: str, lf: pl.LazyFrame) -> Plan | None:
     """The table's plan (validated), None for tables without features."""
-    if name in SKIPPED:
+    if name in plans.SKIPPED:
         return None
     sch = lf.collect_schema()
     if TIME not in sch or HOST not in sch:
@@ -136,8 +109,8 @@ def _plan(name: str, lf: pl.LazyFrame) -> Plan | None:
                          f"(has {list(sch)})")
     if name == "interrupts" and not {"count", "device", "node"} <= set(sch):
         return None
-    plan = plan_of(name, tuple(sch.items()))
-    missing = set(tags(plan)) - set(sch) - {DEV}
+    plan = plans.plan_of(name, tuple(sch.items()))
+    missing = set(plans.tags(plan)) - set(sch) - {DEV}
     if missing:
         raise ValueError(f"measurement {name!r}: missing tag column(s) {sorted(missing)}")
     return plan if plan.features else None
@@ -158,7 +131,7 @@ def _rows(lf: pl.LazyFrame, keys: Sequence[str], exprs: Mapping[str, pl.Expr],
 def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> pl.DataFrame:
     """(host, _dev, _b, bucket aggregations) of a table: its rows grouped by host,
     device and bucket."""
-    keys = [HOST, *tags(plan)]
+    keys = [HOST, *plans.tags(plan)]
     rows = _rows(lf, keys, {n: e for n, (e, _) in plan.buckets.items()}, spec)
     dev = (plan.device if plan.device is not None else pl.lit("")).cast(pl.String).fill_null("")
     dev = dev.str.replace_all(DEVICE_SEP, ":", literal=True).alias(DEV)
@@ -173,19 +146,20 @@ def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec,
     if not facts:
         log.info("no numa_node facts: irq.locality and irq.rate are not computed")
         return None
-    if any(a != "sum" for _, a in plan.buckets.values()):
-        raise ValueError("interrupts: the plan's bucket aggregations must be sums "
-                         "(summed per series)")
+    assert all(a == "sum" for _, a in plan.buckets.values()), "summed per series, then device"
 
     def name(series: pl.DataFrame) -> pl.Series:
-        """``<local><device>`` of each (host, IRQ action, node) series, local 1 when the
-        node is the device's own, else 0; null: no device known."""
+        """``<local><device>`` of each (host, IRQ action, node) series: the first device
+        whose PCI address, else whose name, occurs in the action name (``mlx5_comp3@pci:
+        0000:17:00.0`` -> ``mlx5_0``); local 1 when the node is its own. Null: none."""
         node = series["node"].str.strip_chars_start("node").cast(pl.Int64, strict=False)
         out: list[str | None] = []
         for host, action, nd in zip(series[HOST].to_list(), series["device"].to_list(),
                                     node.to_list(), strict=True):
-            got = _irq_device(action, facts.get(host, [])) if action is not None else None
-            out.append(None if got is None else f"{int(nd is not None and got[1] == nd)}{got[0]}")
+            low, fs = (action or "").lower(), facts.get(host, [])
+            by_pci = (f for f in fs if f[2] and (f[2] in low or (len(f[3]) >= 7 and f[3] in low)))
+            f = next(itertools.chain(by_pci, (f for f in fs if f[4].search(low))), None)
+            out.append(None if f is None else f"{int(nd is not None and f[1] == nd)}{f[0]}")
         return pl.Series(out, dtype=pl.String)
 
     keys = [HOST, "device", "node"]
@@ -227,29 +201,17 @@ def _irq_facts(host_facts: pl.DataFrame | None) -> dict[str, list[_Fact]]:
     return out
 
 
-def _irq_device(action: str, facts: Sequence[_Fact]) -> tuple[str, int] | None:
-    """(device, node) of the first fact whose PCI address occurs in the IRQ action name,
-    else of the first whose name does (``mlx5_comp3@pci:0000:17:00.0`` -> ``mlx5_0``)."""
-    low = action.lower()
-    by_pci = (f for f in facts if f[2] and (f[2] in low or (len(f[3]) >= 7 and f[3] in low)))
-    by_name = (f for f in facts if f[4].search(low))
-    got = next(itertools.chain(by_pci, by_name), None)
-    return None if got is None else (got[0], got[1])
-
-
 @dataclass(frozen=True)
 class _Grid:
-    """Every host's buckets from its first to its last (over all tables), and the grid
-    rows that end a kept window. Windows are evaluated at the row of their LAST bucket as
-    trailing aggregations over ``m`` buckets, so all tables share one row order."""
+    """Every host's buckets from its first to its last (over all tables) and the kept
+    windows, each evaluated at the row of its last bucket."""
 
     kept: np.ndarray | slice  # the grid rows m-1 .. that end a kept window, less m-1
     index: pl.DataFrame  # host, window_start, window_end of the kept windows
     dur: np.ndarray  # covered seconds of each kept window
     m: int  # buckets per window
-    hosts: list[str]  # sorted; host i's buckets are grid rows off[i] .. off[i+1]-1
-    off: np.ndarray
-    first: np.ndarray  # first bucket of each host
+    n: int  # grid rows
+    base: dict[str, int]  # the grid row of a host's bucket b is base[host] + b // b_us
     b_us: int
 
 
@@ -286,28 +248,27 @@ def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]],
         (pl.col(WINDOW_START) + length).alias(WINDOW_END))
     # (the first m-1 rows of a grid never end a kept window; all others kept: a view)
     kept = slice(None) if keep[m - 1:].all() else np.flatnonzero(keep[m - 1:])
-    return _Grid(kept, index, dur, m, hosts, off, firsts, b_us)
+    base = dict(zip(hosts, (off[:-1] - firsts // b_us).tolist(), strict=True))
+    return _Grid(kept, index, dur, m, int(off[-1]), base, b_us)
 
 
 def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Plan,
              grid: _Grid) -> tuple[list[str], pl.DataFrame]:
     """A table's devices (sorted) and features (``len(devices) * n_windows`` rows,
-    device-major, each device's rows in the grid's window order): the bucket rows placed
-    on (device x grid) rows by arithmetic (no join; none there: missing), each bucket
-    column the features read rolled over the ``m`` buckets of every kept window, then the
-    plan's features in one Polars query; non-finite values (0/0, x/0) are null (missing
-    evidence), or 0 for ``zero_fill`` families (sparse tables: no rows means no events)."""
+    device-major): the bucket rows placed on (device x grid) rows by arithmetic (none
+    there: missing), rolled over each kept window, then the plan's features; non-finite
+    values (0/0, x/0) are null (missing evidence), or 0 for ``zero_fill`` families
+    (sparse tables: no rows means no events)."""
     at, values = kernels.runs(bk[DEV])
     devs = sorted(set(values))  # (Polars' string order: by code point)
     code = {name: i for i, name in enumerate(devs)}
     dev = np.repeat(np.array([code[v] for v in values], dtype=np.int64),
                     np.diff(np.r_[at, bk.height]))
     at, hosts = host_runs
-    pos = {x: i for i, x in enumerate(grid.hosts)}
-    h = np.repeat(np.array([pos[x] for x in hosts], dtype=np.int64), np.diff(np.r_[at, bk.height]))
-    n = len(devs) * int(grid.off[-1])
+    base = np.repeat([grid.base[x] for x in hosts], np.diff(np.r_[at, bk.height]))
+    n = len(devs) * grid.n
     # the (device x grid) row of each bucket row; in place: the grid's rows in order
-    at = dev * int(grid.off[-1]) + grid.off[h] + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us
+    at = dev * grid.n + base + bk[_B].to_numpy() // grid.b_us
     in_place = at.size == n and bool((at == np.arange(n)).all())
 
     def place(x: np.ndarray, fill: object) -> np.ndarray:
@@ -328,27 +289,27 @@ def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Pl
             cols.append(kernels.masked(name, *kernels.rolling(v, ok, agg, len(devs), grid.m,
                                                               grid.kept)))
     cols.append(pl.Series(DUR, np.tile(grid.dur, len(devs))))
-    feats = pl.DataFrame(cols).select(
-        [e.cast(pl.Float64).alias(f) for f, e in plan.features.items()])
-    return devs, feats.select([pl.when(pl.col(f).is_finite()).then(pl.col(f))
-                               .otherwise(0.0 if f in plan.zero_fill else None)
-                               for f in feats.columns])
+
+    def finite(f: str, e: pl.Expr) -> pl.Expr:
+        x = e.cast(pl.Float64)
+        return pl.when(x.is_finite()).then(x).otherwise(0.0 if f in plan.zero_fill else None)
+
+    feats = [finite(f, e).alias(f) for f, e in plan.features.items()]
+    return devs, pl.DataFrame(cols).select(feats)
 
 
 def concat_features(parts: Sequence[pl.DataFrame]) -> pl.DataFrame:
-    """Wide feature frames of disjoint hosts (each from :func:`compute_features` on that
-    host's telemetry alone, or read back from the lake) as :func:`compute_features` gives
-    them for all those hosts at once: rows by host then window, columns sorted; a column
-    another host lacks is null there, except the zero-fill families (sparse tables: no
-    rows means no events) and ``cpu.own_cores``, which the fleet-wide computation gives 0
-    wherever any host has them. So features can be computed (and memory held) one host at
-    a time and judged together."""
+    """Wide feature frames of disjoint hosts (each computed on that host's telemetry alone,
+    or read back from the lake) as :func:`compute_features` gives them for all those hosts
+    at once: rows by host then window, columns sorted; a column another host lacks is null
+    there, 0 for the zero-fill families and ``cpu.own_cores`` (as the fleet-wide
+    computation gives them). So features can be computed one host at a time."""
     parts = [p for p in parts if p.width]
     if not parts:
         return pl.DataFrame(schema=_KEYS_SCHEMA)
     df = parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal_relaxed")
     rest = sorted(c for c in df.columns if c not in KEYS)
-    zero = [c for c in rest if c == OWN_CORES or split_feature(c)[0] in ZERO_FILL]
+    zero = [c for c in rest if c == OWN_CORES or split_feature(c)[0] in plans.ZERO_FILL]
     if zero:
         df = df.with_columns(pl.col(zero).fill_null(0.0))
     df = df.select(*KEYS, *rest)  # (a concat without rechunk and a select share the buffers)

@@ -1,11 +1,6 @@
-"""The two numpy kernels of the feature engine, behind narrow typed interfaces.
-
-* :func:`reduce_buckets`: rows -> one row per (group, bucket) with each column's
-  bucket aggregation; the meaning of one Polars ``group_by(group, bucket).agg(...)``.
-* :func:`rolling`: trailing aggregations over ``m`` buckets at chosen rows; the
-  meaning of Polars' ``rolling_*(m, min_samples=1)``.
-
-They know nothing of plans or features (docs/analytics.md says why they exist).
+"""The feature engine's two numpy kernels (docs/analytics.md says why they exist):
+:func:`reduce_buckets` means one Polars ``group_by(group, bucket).agg(...)``, :func:`rolling`
+Polars' ``rolling_*(m, min_samples=1)`` at chosen rows. They know nothing of features.
 """
 
 from __future__ import annotations
@@ -22,19 +17,15 @@ T = "_t"  # sample time, µs
 B = "_b"  # bucket start, µs
 GROUP = "_g"  # the group a row's series belongs to (see reduce_buckets)
 
-#: max/min skip NaN as Polars' group_by does (fmax: NaN only where all are NaN)
-_OPS: dict[str, np.ufunc] = {
-    "sum": np.add, "count": np.add, "mean": np.add, "max": np.fmax, "min": np.fmin,
-}
+#: max/min skip NaN as Polars' group_by does (fmax: NaN only where all are NaN); else add
+_OPS: dict[str, np.ufunc] = {"max": np.fmax, "min": np.fmin}
 
 
 def identity(is_float: bool, agg: Agg) -> float:
     """What stands in for a missing value: 0 for sums and means, the identity of max/min."""
-    if agg not in ("max", "min"):
-        return 0
-    if agg == "max":
-        return -np.inf if is_float else int(np.iinfo(np.int64).min)
-    return np.inf if is_float else int(np.iinfo(np.int64).max)
+    i64 = np.iinfo(np.int64)
+    lo, hi = (-np.inf, np.inf) if is_float else (int(i64.min), int(i64.max))
+    return {"max": lo, "min": hi}.get(agg, 0)
 
 
 def values(s: pl.Series, agg: Agg) -> tuple[np.ndarray, np.ndarray | None]:
@@ -66,17 +57,13 @@ def runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
 def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
                    group_of: Callable[[pl.DataFrame], pl.Series], out: str = GROUP
                    ) -> pl.DataFrame:
-    """``rows`` (``keys``, ``_t``, ``_b`` and the ``aggs`` columns; no null times)
-    reduced to one row per (group, bucket): the series (distinct ``keys`` values) are
-    named by ``group_of`` (a frame of distinct key values -> one group name per row,
-    null: dropped), then every column aggregated over the rows of each group and bucket.
-    Returns ``keys[0]`` (the host: each group is per host), the group (named ``out``),
-    ``_b`` and the aggregations (sums keep their integer dtype, means are floats, counts
-    int64; null where a group's bucket has no value; NaN skipped by max/min).
-
-    Each host's rows are reduced as a (samples x series) grid by reshapes; rows in any
-    other order, or series sampled at different times, are first sorted and padded into
-    one (a missing sample is a null row)."""
+    """``rows`` (``keys``, host first; ``_t``, ``_b`` and the ``aggs`` columns; no null
+    times) -> one row per (host, group ``out``, bucket ``_b``): ``group_of`` names the
+    series (a frame of distinct ``keys`` -> a name per row; null: dropped); each column is
+    aggregated over a group's rows of a bucket (sums keep integers, means are floats, counts
+    int64; null where there is no value; max/min skip NaN). Each host's rows are reduced
+    as a (samples x series) grid; rows in another order, or series sampled at different
+    times, are first sorted and padded into one (a missing sample is a null row)."""
     if not rows.height:
         empty = pl.Series(out, [], dtype=pl.String)
         return pl.DataFrame([rows[keys[0]], empty, rows[B], *[rows[n] for n in aggs]])
@@ -91,11 +78,10 @@ def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, A
 
 
 def _grid_shape(rows: pl.DataFrame, tags: Sequence[str]) -> tuple[int, int, bool] | None:
-    """(samples, series, time_major) of one host's rows when they are a grid already, else
-    None: time-major (the k series sampled at each time in turn, buckets never going back)
-    or series-major (each series' samples in turn, with the first series' buckets); the
-    bucket is constant across the series and every tag across the samples (tags by
-    64-bit hashes)."""
+    """(samples, series, time_major) of one host's rows if they are a grid, else None:
+    time-major (the series' samples of each time in turn) or series-major (each series'
+    samples in turn), the bucket constant across the series and each tag (by 64-bit
+    hashes) across the samples."""
     t, b = rows[T].to_numpy(), rows[B].to_numpy()
     back = np.flatnonzero(b[1:] < b[:-1])
     tm = not back.size
@@ -189,7 +175,7 @@ def _reduce_grid(rows: pl.DataFrame, shape: tuple[int, int, bool], real: np.ndar
     for name, agg in aggs.items():
         v, valid = values(rows[name], agg)
         cnt = full if valid is None else reduce(valid.astype(np.int64), np.add)
-        r = cnt if agg == "count" else reduce(v, _OPS[agg])
+        r = cnt if agg == "count" else reduce(v, _OPS.get(agg, np.add))
         if agg == "mean":
             with np.errstate(invalid="ignore", divide="ignore"):
                 r = r / cnt
@@ -209,22 +195,20 @@ def rolling(v: np.ndarray, valid: np.ndarray | None, agg: Agg, n_dev: int, m: in
     valid values, max, min; invalid where all ``m`` are. NaN propagates, as in Polars'
     ``rolling_*(m, min_samples=1)`` (sums add left to right: Polars' running sum may
     differ in the last bits). Returns values and validity, device-major."""
-    if agg == "mean" and v.dtype.kind != "f":
-        v = v.astype(np.float64)
-    d = v.reshape(n_dev, -1)
-    w = d.shape[1] - m + 1  # windows ending at rows m-1 ..
+    w = v.size // n_dev - m + 1  # windows ending at rows m-1 ..
+
+    def trailing(x: np.ndarray, op: np.ufunc) -> np.ndarray:
+        d = x.reshape(n_dev, -1)
+        acc = d[:, :w].copy()
+        for j in range(1, m):
+            op(acc, d[:, j:j + w], out=acc)
+        return acc
+
     op = np.maximum if agg == "max" else np.minimum if agg == "min" else np.add
-    acc = d[:, :w].copy()
-    for j in range(1, m):
-        op(acc, d[:, j:j + w], out=acc)
+    acc = trailing(v.astype(np.float64, copy=False) if agg == "mean" else v, op)
     if op is np.add and acc.dtype.kind == "f":
         acc += 0.0  # Polars' sums start at +0.0: a window of -0.0 sums to +0.0
-    cnt = None
-    if valid is not None and not valid.all():
-        ok = valid.reshape(n_dev, -1).view(np.int8)
-        cnt = ok[:, :w].astype(np.int32)
-        for j in range(1, m):
-            cnt += ok[:, j:j + w]
+    cnt = None if valid is None or valid.all() else trailing(valid.astype(np.int32), np.add)
     if agg == "mean":
         with np.errstate(invalid="ignore", divide="ignore"):
             np.divide(acc, cnt if cnt is not None else m, out=acc)
