@@ -1,13 +1,11 @@
-"""Execution of the feature plans: telemetry LazyFrames -> one wide row per (host, window).
-
-1. **buckets**, one table at a time: Polars evaluates the plan's row expressions, the
-   bucket kernel reduces them to one row per (host, device, bucket). Interrupts are first
-   reduced per (device named by host_facts, on its own node or not), then summed per device.
-2. **windows**: every host gets one grid of buckets from its first to its last (over all
-   tables); the window kernel aggregates each table's devices x that grid over the ``m``
-   buckets of each kept window (at its last bucket's row), then Polars evaluates the
-   plan's features. Tables share the grid's row order: the wide frame is a horizontal stack.
-"""
+"""Execution of the feature plans, in two stages. **Buckets**, one table at a time: Polars
+evaluates the plan's row expressions, the bucket kernel reduces them to one row per (host,
+device, bucket); interrupts per (device named by host_facts, on its own node or not)
+first, then summed per device. **Windows**: every host has one grid of buckets from its
+first to its last (over all tables); the window kernel aggregates each table's devices x
+that grid over the buckets of each kept window (at its last bucket's row), then Polars
+evaluates the plan's features. The tables share the grid's rows: the wide frame is a
+horizontal stack, without joins."""
 
 from __future__ import annotations
 
@@ -31,36 +29,33 @@ log = logging.getLogger(__name__)
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 KEYS: tuple[str, ...] = (HOST, WINDOW_START, WINDOW_END)
-_KEYS_SCHEMA: dict[str, pl.DataType] = {
-    HOST: pl.String(), WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE}
+_KEYS_SCHEMA = pl.Schema(
+    {HOST: pl.String(), WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
 _B, _T, _G = kernels.B, kernels.T, kernels.GROUP
 _DEFAULT_SPEC = WindowSpec()
 
 
 def compute_features(frames: Mapping[str, pl.LazyFrame], spec: WindowSpec = _DEFAULT_SPEC, *,
                      host_facts: pl.DataFrame | None = None) -> pl.DataFrame:
-    """The wide feature frame: host, window_start, window_end (Datetime us UTC), one
-    Float64 column per feature named by :mod:`analytics.catalog` (``family`` or
-    ``family@device``). Missing tables/columns simply give fewer columns; an empty input
-    gives an empty frame with the key columns. The raw rows are touched once, one
-    table at a time (peak memory is the largest table's rows, not all of them)."""
-    bks: dict[str, tuple[pl.DataFrame, Plan]] = {}  # bucket frames: a host's rows in one run
+    """The wide feature frame: host, window_start, window_end (Datetime us UTC), one Float64
+    column per feature named by :mod:`analytics.catalog` (``family@device``). Missing tables
+    or columns give fewer columns, an empty input only the keys. The raw rows are read
+    once, one table at a time (peak memory: the largest table's rows)."""
+    # bucket frames (a host's rows in one run), their plans and host runs
+    bks: dict[str, tuple[pl.DataFrame, Plan, tuple[np.ndarray, list[str]]]] = {}
     for name, lf in frames.items():
         plan = _plan(name, lf)
-        if plan is None:
-            continue
-        bk = (_irq_buckets(lf, plan, spec, host_facts) if name == "interrupts"
-              else _buckets(lf, plan, spec))
-        if bk is not None and bk.height:
-            bks[name] = (bk, plan)
+        bk = (None if plan is None else _irq_buckets(lf, plan, spec, host_facts)
+              if name == "interrupts" else _buckets(lf, plan, spec))
+        if bk is not None and bk.height and plan is not None:
+            bks[name] = (bk, plan, kernels.runs(bk[HOST]))
     if not bks:
         return pl.DataFrame(schema=_KEYS_SCHEMA)
-    hosts = {name: kernels.runs(bk[HOST]) for name, (bk, _) in bks.items()}
-    grid = _grid([(bk, hosts[name]) for name, (bk, _) in bks.items()], spec)
+    grid = _grid([(bk, runs) for bk, _, runs in bks.values()], spec)
     n_win = grid.index.height
     cols: dict[str, pl.Series] = {}
-    for name, (bk, plan) in bks.items():  # (table order: of two equal names, the first is kept)
-        devs, feats = _windows(bk, hosts[name], plan, grid)
+    for name, (bk, plan, runs) in bks.items():  # (table order: of equal names the first is kept)
+        devs, feats = _windows(bk, runs, plan, grid)
         for i, dev in enumerate(devs):
             for s in feats.slice(i * n_win, n_win).get_columns():
                 col = feature_name(s.name, dev)
@@ -80,22 +75,18 @@ def compute_features(frames: Mapping[str, pl.LazyFrame], spec: WindowSpec = _DEF
 
 #: host-wide: cores used by Unveil's own units (its cgroups, ingest.collectors.cgroup.is_own)
 OWN_CORES = "cpu.own_cores"
-#: suffix of the kernel's PSI 10-second averages (psi.cpu_some_avg10 ...): read, never judged
-AVG10 = "_avg10"
-#: read by the knowledge base, never judged: on a quiet port a share of a few packets is
-#: noise (one lost of 20 is 5 %); net.drop_rate carries the same anomaly to the detectors
-UNJUDGED = frozenset({"net.drop_share"})
 
 
 def feature_columns(features: pl.DataFrame) -> list[str]:
     """The feature columns of a wide frame the detectors judge: all but the keys, Unveil's
     own CPU (``cpu.own_cores``, its cgroups: its sweeps are no anomaly of the host; the
-    knowledge base reads them), the families in ``UNJUDGED`` and the PSI ``avg10``
-    averages (the exact ``psi.*_share`` say the same without their lag: an avg10 still
-    decays for tens of seconds after a stall has ended, an echo flagged as a new anomaly)."""
+    knowledge base reads them), the PSI ``avg10`` averages (the exact ``psi.*_share`` say
+    the same without their lag: an avg10 still decays for tens of seconds after a stall,
+    an echo flagged as a new anomaly) and ``net.drop_share`` (on a quiet port a share of a
+    few packets is noise; the knowledge base reads it, net.drop_rate is judged)."""
     return [c for c in features.columns
-            if c not in KEYS and c != OWN_CORES and not c.endswith(AVG10)
-            and split_feature(c)[0] not in UNJUDGED
+            if c not in KEYS and c != OWN_CORES and not c.endswith("_avg10")
+            and split_feature(c)[0] != "net.drop_share"
             and not (c.startswith("cgroup.") and is_own(split_feature(c)[1]))]
 
 
@@ -175,8 +166,7 @@ def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec,
         [e.sum().alias(n) for n, (e, _) in plan.buckets.items()])
 
 
-#: a device with a NUMA node fact: (device, node, PCI address, the address without its
-#: domain, a pattern of its name)
+#: (device, NUMA node, PCI address, the address without its domain, a pattern of its name)
 _Fact = tuple[str, int, str, str, re.Pattern[str]]
 
 
@@ -220,17 +210,16 @@ def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]],
     """The grid of bucket frames given with their host runs (:func:`kernels.runs`)."""
     b_us, s_us = round(spec.bucket * 1e6), round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
-    span: dict[str, tuple[int, int]] = {}
+    lo: dict[str, int] = {}  # each host's first and last bucket
+    hi: dict[str, int] = {}
     for bk, (at, hs) in bks:
         b = bk[_B].to_numpy()
-        lows, highs = np.minimum.reduceat(b, at).tolist(), np.maximum.reduceat(b, at).tolist()
-        for h, lo, hi in zip(hs, lows, highs, strict=True):
-            old = span.get(h, (lo, hi))
-            span[h] = (min(old[0], lo), max(old[1], hi))
+        for h, x, y in zip(hs, np.minimum.reduceat(b, at).tolist(),
+                           np.maximum.reduceat(b, at).tolist(), strict=True):
+            lo[h], hi[h] = min(lo.get(h, x), x), max(hi.get(h, y), y)
     # Polars' sort order: nulls first, then by code point (= UTF-8 byte order)
-    hosts = sorted(span, key=lambda h: (h is not None, h or ""))
-    firsts = np.array([span[h][0] for h in hosts], dtype=np.int64)
-    lasts = np.array([span[h][1] for h in hosts], dtype=np.int64)
+    hosts = sorted(lo, key=lambda h: (h is not None, h or ""))
+    firsts, lasts = (np.array([d[h] for h in hosts], dtype=np.int64) for d in (lo, hi))
     # a host with less than one window of data still gets its grid extended to one window
     nbs = np.maximum((lasts - firsts) // b_us + 1, m).astype(np.int64)
     off = np.concatenate([[0], np.cumsum(nbs)])
@@ -241,11 +230,9 @@ def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]],
     # window keeps the one window starting at its first bucket (normalised by coverage)
     keep = (ws >= first) & (((b <= last) & (ws % s_us == 0)) | ((ws == first) & (last < b)))
     dur = (np.minimum(b, last)[keep] + b_us - ws[keep]) / 1e6
-    start = pl.Series(WINDOW_START, ws[keep]).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
-    host = pl.Series(HOST, np.repeat(np.array(hosts, dtype=object), nbs)[keep], dtype=pl.String)
-    length = pl.duration(microseconds=round(spec.length_s * 1e6))
-    index = pl.DataFrame([host, start]).with_columns(
-        (pl.col(WINDOW_START) + length).alias(WINDOW_END))
+    host = pl.Series(np.repeat(np.array(hosts, dtype=object), nbs)[keep], dtype=pl.String)
+    index = pl.DataFrame({HOST: host, WINDOW_START: ws[keep],
+                          WINDOW_END: ws[keep] + round(spec.length_s * 1e6)}).cast(_KEYS_SCHEMA)
     # (the first m-1 rows of a grid never end a kept window; all others kept: a view)
     kept = slice(None) if keep[m - 1:].all() else np.flatnonzero(keep[m - 1:])
     base = dict(zip(hosts, (off[:-1] - firsts // b_us).tolist(), strict=True))
@@ -260,10 +247,8 @@ def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Pl
     values (0/0, x/0) are null (missing evidence), or 0 for ``zero_fill`` families
     (sparse tables: no rows means no events)."""
     at, values = kernels.runs(bk[DEV])
-    devs = sorted(set(values))  # (Polars' string order: by code point)
-    code = {name: i for i, name in enumerate(devs)}
-    dev = np.repeat(np.array([code[v] for v in values], dtype=np.int64),
-                    np.diff(np.r_[at, bk.height]))
+    devs = sorted(set(values))  # (Polars' string order: by code point, as numpy's)
+    dev = np.repeat(np.searchsorted(devs, values), np.diff(np.r_[at, bk.height]))
     at, hosts = host_runs
     base = np.repeat([grid.base[x] for x in hosts], np.diff(np.r_[at, bk.height]))
     n = len(devs) * grid.n
@@ -279,23 +264,18 @@ def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Pl
         out[at] = x
         return out
 
-    roots = {r for e in plan.features.values() for r in e.meta.root_names()}
     cols: list[pl.Series] = []
-    for name, (_, agg) in plan.buckets.items():
-        if name in roots:
-            v, valid = kernels.values(bk[name], agg)
-            v = place(v, kernels.identity(v.dtype.kind == "f", agg))
-            ok = place(np.ones(bk.height, dtype=bool) if valid is None else valid, False)
-            cols.append(kernels.masked(name, *kernels.rolling(v, ok, agg, len(devs), grid.m,
-                                                              grid.kept)))
+    for name, (_, agg) in plan.buckets.items():  # (every bucket column is read by a feature)
+        v, valid = kernels.values(bk[name], agg)
+        v = place(v, kernels.identity(v.dtype.kind == "f", agg))
+        ok = place(np.ones(bk.height, dtype=bool) if valid is None else valid, False)
+        cols.append(kernels.masked(name, *kernels.rolling(v, ok, agg, len(devs), grid.m,
+                                                          grid.kept)))
     cols.append(pl.Series(DUR, np.tile(grid.dur, len(devs))))
-
-    def finite(f: str, e: pl.Expr) -> pl.Expr:
-        x = e.cast(pl.Float64)
-        return pl.when(x.is_finite()).then(x).otherwise(0.0 if f in plan.zero_fill else None)
-
-    feats = [finite(f, e).alias(f) for f, e in plan.features.items()]
-    return devs, pl.DataFrame(cols).select(feats)
+    feats = {f: e.cast(pl.Float64) for f, e in plan.features.items()}
+    return devs, pl.DataFrame(cols).select([
+        pl.when(e.is_finite()).then(e).otherwise(0.0 if f in plan.zero_fill else None).alias(f)
+        for f, e in feats.items()])
 
 
 def concat_features(parts: Sequence[pl.DataFrame]) -> pl.DataFrame:

@@ -72,45 +72,35 @@ def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, A
         rows = rows.sort(keys[0], maintain_order=True)
         at, hosts = runs(rows[keys[0]])
     ends = np.r_[at[1:], rows.height]
-    parts = [_reduce_grid(*_as_grid(rows.slice(lo, hi - lo), keys), keys, aggs, group_of, out)
+    parts = [_reduce_grid(rows.slice(lo, hi - lo), keys, aggs, group_of, out)
              for lo, hi in zip(at.tolist(), ends.tolist(), strict=True)]
     return pl.concat(parts, rechunk=True) if len(parts) != 1 else parts[0]
-
-
-def _grid_shape(rows: pl.DataFrame, tags: Sequence[str]) -> tuple[int, int, bool] | None:
-    """(samples, series, time_major) of one host's rows if they are a grid, else None:
-    time-major (the series' samples of each time in turn) or series-major (each series'
-    samples in turn), the bucket constant across the series and each tag (by 64-bit
-    hashes) across the samples."""
-    t, b = rows[T].to_numpy(), rows[B].to_numpy()
-    back = np.flatnonzero(b[1:] < b[:-1])
-    tm = not back.size
-    inner = (int(np.argmax(t != t[0])) or t.size) if tm else int(back[0]) + 1
-    if t.size % inner:
-        return None
-
-    def same(a: np.ndarray, across_rows: bool) -> bool:
-        g = a.reshape(-1, inner)  # (samples, series) time-major, else (series, samples)
-        return bool((g == (g[:1] if across_rows else g[:, :1])).all())
-
-    if not same(b, not tm) or not all(same(rows[c].hash().to_numpy(), tm) for c in tags):
-        return None
-    outer = t.size // inner
-    return (outer, inner, True) if tm else (inner, outer, False)
 
 
 def _as_grid(rows: pl.DataFrame, keys: Sequence[str]
              ) -> tuple[pl.DataFrame, tuple[int, int, bool], np.ndarray | None]:
     """One host's rows as a grid: (rows, (samples, series, time_major), which rows are
-    real: None when all are, else the grid was padded with null rows)."""
-    shape = _grid_shape(rows, keys[1:])
-    if shape is not None:
-        return rows, shape, None
+    real: None when all are). The rows are one when time-major (the series' samples of
+    each time in turn) or series-major (each series' samples in turn), the bucket constant
+    across the series and each tag (by 64-bit hashes) across the samples; else they are
+    sorted and padded with null rows into a time-major grid."""
+    t, b = rows[T].to_numpy(), rows[B].to_numpy()
+    back = np.flatnonzero(b[1:] < b[:-1])
+    tm = not back.size
+    inner = (int(np.argmax(t != t[0])) or t.size) if tm else int(back[0]) + 1
+
+    def same(a: np.ndarray, across_rows: bool) -> bool:
+        g = a.reshape(-1, inner)  # (samples, series) time-major, else (series, samples)
+        return bool((g == (g[:1] if across_rows else g[:, :1])).all())
+
+    if t.size % inner == 0 and same(b, not tm) and all(
+            same(rows[c].hash().to_numpy(), tm) for c in keys[1:]):
+        outer = t.size // inner
+        return rows, ((outer, inner, True) if tm else (inner, outer, False)), None
     n = rows.height
     h = (rows.select(pl.struct(keys[1:]).hash()).to_series().to_numpy() if len(keys) > 1
          else np.zeros(n, np.uint64))
     _, first, sid = np.unique(h, return_index=True, return_inverse=True)  # series of each row
-    t = rows[T].to_numpy()
     order = np.lexsort((t, sid))  # by series, then time
     ts, ss = t[order], sid[order]
     # a slot is (time, how many earlier rows of the series had that time): a duplicate
@@ -125,21 +115,20 @@ def _as_grid(rows: pl.DataFrame, keys: Sequence[str]
     src = np.full(n_t * k, -1, dtype=np.int64)
     src[slot * k + ss] = order  # time-major
     real = src >= 0
-    b = np.empty(n_t, dtype=np.int64)
-    b[slot] = rows[B].to_numpy()[order]
+    bs = np.empty(n_t, dtype=np.int64)  # each sample's bucket
+    bs[slot] = b[order]
     data = rows.drop([*keys, T, B]).gather(pl.Series(src).set(pl.Series(~real), None))
     grid = pl.DataFrame([*rows.select(keys).gather(np.tile(first, n_t)).get_columns(),
                          pl.Series(T, np.repeat(np.repeat(times, width), k)),
-                         pl.Series(B, np.repeat(b, k)), *data.get_columns()])
+                         pl.Series(B, np.repeat(bs, k)), *data.get_columns()])
     return grid, (n_t, k, True), real
 
 
-def _reduce_grid(rows: pl.DataFrame, shape: tuple[int, int, bool], real: np.ndarray | None,
-                 keys: Sequence[str], aggs: Mapping[str, Agg],
+def _reduce_grid(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
                  group_of: Callable[[pl.DataFrame], pl.Series], out: str) -> pl.DataFrame:
-    """One host's (samples x series) grid reduced over each bucket's samples, then over
-    the series of each group (groups in order of first appearance)."""
-    n_t, k, time_major = shape
+    """One host's rows as a (samples x series) grid reduced over each bucket's samples, then
+    over the series of each group (groups in order of first appearance)."""
+    rows, (n_t, k, time_major), real = _as_grid(rows, keys)
     first = np.arange(k) if time_major else np.arange(k) * n_t  # each series' first row
     idx: dict[str, int] = {}
     code = np.array([-1 if g is None else idx.setdefault(g, len(idx))
@@ -190,10 +179,9 @@ def _reduce_grid(rows: pl.DataFrame, shape: tuple[int, int, bool], real: np.ndar
 def rolling(v: np.ndarray, valid: np.ndarray | None, agg: Agg, n_dev: int, m: int,
             kept: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray | None]:
     """One bucket column (``n_dev`` devices' rows of equal length, device-major; nulls
-    replaced, ``valid`` their validity) aggregated over the trailing ``m`` rows of every
-    row ``m-1 ..`` of each device, of those only ``kept``: sum (and counts) or mean of the
-    valid values, max, min; invalid where all ``m`` are. NaN propagates, as in Polars'
-    ``rolling_*(m, min_samples=1)`` (sums add left to right: Polars' running sum may
+    replaced, ``valid`` their validity) aggregated over the trailing ``m`` rows at the rows
+    ``m-1 ..`` of each device ``kept``: sum, mean of the valid values, max, min; invalid
+    where all ``m`` are; NaN propagates (sums add left to right: Polars' running sum may
     differ in the last bits). Returns values and validity, device-major."""
     w = v.size // n_dev - m + 1  # windows ending at rows m-1 ..
 

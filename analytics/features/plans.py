@@ -1,10 +1,8 @@
 """The feature plans: what each measurement's features mean, as Polars expressions.
 
-``_SPECS`` states each measurement's features as expressions over the window's
-aggregates of its columns and the covered duration ``_dur`` (s). A raw column a feature
-reads is aggregated as the schema calls it (counter deltas summed, gauges averaged with
-NaN missing); a few features read derived bucket columns instead. A table gets the
-features whose columns it has (:func:`plan_of`); the engine only executes the plans.
+``_SPECS`` states each measurement's features over the window's aggregates of its columns
+(as the schema calls them: counter deltas summed, gauges averaged with NaN missing; or
+derived bucket columns) and the covered duration ``_dur`` (s). The engine executes them.
 """
 
 from __future__ import annotations
@@ -12,11 +10,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 import polars as pl
 
 from analytics.catalog import DEVICE_SEP
+from analytics.features.kernels import Agg
 from ingest import schema
 
 HOST = schema.HOST
@@ -25,12 +23,8 @@ DUR = "_dur"  # covered window duration, seconds
 DEV = "_dev"  # device of a row ("" for host-wide tables)
 LOCAL = "_local"  # an interrupt series counted on its device's own NUMA node
 
-# NVML clock-event (throttle) reason bits
-THROTTLE_BITS: dict[str, int] = {
-    "power": 0x4 | 0x80,  # SW power cap | HW power brake
-    "thermal": 0x20 | 0x40,  # SW thermal | HW thermal slowdown
-    "hw_slowdown": 0x8,
-}
+# NVML clock-event (throttle) reason bits: SW power cap | HW power brake, SW | HW thermal
+THROTTLE_BITS: dict[str, int] = {"power": 0x4 | 0x80, "thermal": 0x20 | 0x40, "hw_slowdown": 0x8}
 
 
 @dataclass(frozen=True)
@@ -56,9 +50,6 @@ class WindowSpec:
     @property
     def bucket(self) -> float:
         return float(self.bucket_s if self.bucket_s is not None else self.stride_s)
-
-
-Agg = Literal["sum", "count", "mean", "max", "min"]
 
 
 @dataclass(frozen=True, eq=False)  # (hashed by identity: plans are cached, see plan_of)
@@ -94,9 +85,8 @@ def _prefixed(tag: str, prefix: str) -> pl.Expr:
 
 @dataclass(frozen=True)
 class _Spec:
-    """A measurement's device expression, features (or a function of the table's columns
-    giving them), derived bucket columns (name -> row expression, aggregation) and
-    zero-fill families."""
+    """A ``_SPECS`` entry: a :class:`Plan`'s fields, with the features (or a function of the
+    table's columns giving them) and only the derived bucket columns."""
 
     device: pl.Expr | None
     features: Mapping[str, pl.Expr] | Callable[[set[str]], Mapping[str, pl.Expr]]
@@ -256,8 +246,20 @@ def _roots(e: pl.Expr) -> set[str]:
     return set(e.meta.root_names())
 
 
-def _plan(name: str, spec: _Spec, cols: set[str]) -> Plan:
-    """The features of ``spec`` the table's columns allow, and the buckets they read."""
+@functools.lru_cache(maxsize=256)
+def plan_of(name: str, columns: tuple[tuple[str, pl.DataType], ...]) -> Plan:
+    """A measurement's plan for its (column, dtype) pairs (cached; plans are immutable):
+    the features of its ``_SPECS`` entry the columns allow and the buckets they read. An
+    imported or unknown measurement gets every numeric column's window mean (feature
+    ``<measurement>.<column>``), its string columns but host as tags (the device)."""
+    sch = pl.Schema(columns)
+    if name not in _SPECS:
+        tags = [c for c, dt in sch.items() if c not in (TIME, HOST) and dt == pl.String]
+        num = [c for c, dt in sch.items() if c not in (TIME, HOST) and isinstance(dt, _NUMERIC)]
+        dev = pl.concat_str([_c(t).fill_null("") for t in tags], separator="/") if tags else None
+        return Plan(dev, {f"{c}__m": (_c(c).cast(pl.Float64), "mean") for c in num},
+                    {f"{name}.{c}".replace(DEVICE_SEP, "_"): _c(f"{c}__m") for c in num})
+    spec, cols = _SPECS[name], set(sch)
     derived = {n: d for n, d in spec.derived.items() if _roots(d[0]) <= cols | {LOCAL}}
     feats = spec.features(cols) if callable(spec.features) else spec.features
     feats = {f: e for f, e in feats.items() if _roots(e) <= cols | derived.keys() | {DUR}}
@@ -267,24 +269,6 @@ def _plan(name: str, spec: _Spec, cols: set[str]) -> Plan:
                               else (_c(r).cast(pl.Float64).fill_nan(None), "mean"))
         for r in sorted(set().union(*map(_roots, feats.values())) - {DUR})}
     return Plan(spec.device, buckets, feats, spec.zero_fill)
-
-
-def _plan_generic(name: str, sch: pl.Schema) -> Plan:
-    """An imported or unknown measurement: every numeric column's window mean, feature
-    ``<measurement>.<column>``; string columns other than host are tags (the device)."""
-    tags = [c for c, dt in sch.items() if c not in (TIME, HOST) and dt == pl.String]
-    num = [c for c, dt in sch.items() if c not in (TIME, HOST) and isinstance(dt, _NUMERIC)]
-    dev = pl.concat_str([_c(t).fill_null("") for t in tags], separator="/") if tags else None
-    return Plan(dev, {f"{c}__m": (_c(c).cast(pl.Float64), "mean") for c in num},
-                {f"{name}.{c}".replace(DEVICE_SEP, "_"): _c(f"{c}__m") for c in num})
-
-
-@functools.lru_cache(maxsize=256)
-def plan_of(name: str, columns: tuple[tuple[str, pl.DataType], ...]) -> Plan:
-    """A measurement's plan for its (column, dtype) pairs; cached (``lru_cache`` is
-    thread-safe; plans are immutable)."""
-    sch = pl.Schema(columns)
-    return _plan(name, _SPECS[name], set(sch)) if name in _SPECS else _plan_generic(name, sch)
 
 
 def tags(plan: Plan) -> list[str]:
