@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from analytics import catalog
-from analytics.features import WindowSpec, compute_features, feature_columns
+from analytics.features import THROTTLE_BITS, WindowSpec, compute_features, feature_columns
 from ingest import schema
 
 T0 = datetime(2025, 1, 6, 12, 0, tzinfo=UTC)
@@ -343,85 +343,93 @@ def test_long_windows_and_buckets_shorter_than_the_stride() -> None:
     assert f["cpu.load1"].to_list() == pytest.approx([s + 14.5 for s in range(0, 81, 10)])
 
 
-# ------------------------------------------ the engine's numpy kernels vs their Polars references
-def _reference_buckets(rows: pl.DataFrame, keys: list[str], aggs: dict[str, str], name: dict) -> pl.DataFrame:
-    """kernels.reduce_buckets by Polars: the series named, then one group_by."""
-    how = {"sum": pl.Expr.sum, "count": pl.Expr.count, "mean": pl.Expr.mean, "max": pl.Expr.max, "min": pl.Expr.min}
-    named = rows.with_columns(pl.struct(keys).map_elements(lambda k: name.get(tuple(k.values())),
-                                                           return_dtype=pl.String).alias("_g"))
-    return (named.filter(pl.col("_g").is_not_null()).group_by(keys[0], "_g", "_b")
-            .agg([how[a](pl.col(c)) for c, a in aggs.items()]))
+# ------------------------------ features against a plain Polars reference, on every row layout
+_GPU_FAMILIES = ("gpu.ecc_corrected_rate", "gpu.util", "gpu.temperature_max",
+                 "gpu.throttle_thermal_share", "pcie.link_gen_ratio")
 
 
-def _kernel_rows(layout: str, seed: int) -> pl.DataFrame:
+def _gpu_rows(layout: str, seed: int) -> pl.DataFrame:
+    """Two hosts' gpu samples (host a: GPUs 0-2, host b: GPU 0; every 250 ms for 60 s)
+    with nulls and NaN, in one row layout; some layouts lose or repeat samples."""
     rng = np.random.default_rng(seed)
-    n_t, series = 30, [("a", "x", "0"), ("a", "y", "1"), ("a", "z", "1"), ("b", "x", "0")]
-    t = np.repeat(np.arange(n_t) * 250_000, len(series))  # 4 samples a 1-s bucket
-    host, tag, node = (np.tile([s[i] for s in series], n_t) for i in range(3))
-    n = t.size
-    ints = rng.integers(0, 1000, n)
-    floats = rng.random(n)
-    floats[rng.random(n) < 0.05] = np.nan
-    df = pl.DataFrame({"host": host, "tag": tag, "node": node, "_t": t, "_b": t // 1_000_000 * 1_000_000,
-                       "i": pl.Series(ints).scatter(rng.choice(n, 9, replace=False), None),
-                       "f": pl.Series(floats).scatter(rng.choice(n, 9, replace=False), None),
-                       "c": pl.Series(ints % 3, dtype=pl.Int32)})
+    series = [("a", "0"), ("a", "1"), ("a", "2"), ("b", "0")]
+    n_t = 240
+    us = np.repeat(np.arange(n_t) * 250_000, len(series))
+    n = us.size
+
+    def holes(x: np.ndarray) -> pl.Series:
+        return pl.Series(x).scatter(rng.choice(n, 12, replace=False), None)
+
+    util = rng.random(n) * 100
+    util[rng.random(n) < 0.05] = np.nan  # a gauge's NaN is missing
+    df = schema.conform("gpu", pl.DataFrame({
+        "time": [T0 + timedelta(microseconds=int(x)) for x in us],
+        "host": np.tile([h for h, _ in series], n_t), "gpu": np.tile([g for _, g in series], n_t),
+        "util_gpu": holes(util), "temperature_c": holes(rng.integers(30, 90, n).astype(float)),
+        "clock_event_reasons": holes(rng.choice([0, 0x4, 0x20, 0x40, 0x60], n)),
+        "ecc_corrected": holes(rng.integers(0, 5, n)),
+        "pcie_link_gen": holes(rng.choice([3.0, 4.0], n)), "pcie_link_gen_max": holes(np.full(n, 4.0)),
+    }))
     if layout == "time_major_per_host":
         return df.sort("host", maintain_order=True)
     if layout == "series_major":
-        return df.sort("host", "tag", "node", "_t")
-    if layout == "sparse":  # rows missing: not a grid
+        return df.sort("host", "gpu", "time")
+    if layout == "sparse":  # rows missing: series sampled at different times
         return df.filter(pl.Series(rng.random(n) > 0.2)).sort("host", maintain_order=True)
     if layout == "duplicated":  # a series with two rows at one time: both are samples
-        return pl.concat([df, df.sample(n=15, seed=seed)]).sort("host", "_t", maintain_order=True)
+        return pl.concat([df, df.sample(n=15, seed=seed)]).sort("host", "time", maintain_order=True)
     return df.sample(fraction=1.0, shuffle=True, seed=seed)  # hosts interleaved, any order
 
 
+def _gpu_reference(rows: pl.DataFrame, spec: WindowSpec) -> pl.DataFrame:
+    """The five families of ``_GPU_FAMILIES`` the plain Polars way, as the plans state them:
+    samples -> buckets (one group_by: counters summed, gauges averaged with NaN missing,
+    throttle samples counted, temperature max, link min/max), every bucket exploded into
+    the windows it is in -> windows (a group_by: sums, mean of the bucket means, max/min),
+    full windows at multiples of the stride inside each host's data; x/0 is null."""
+    b, s = round(spec.bucket * 1e6), round(spec.stride_s * 1e6)
+    m = round(spec.length_s / spec.bucket)
+    cer, f64 = pl.col("clock_event_reasons"), pl.Float64
+    buckets = rows.group_by("host", "gpu", (pl.col("time").dt.epoch("us") // b * b).alias("b")).agg(
+        ecc=pl.col("ecc_corrected").sum(), util=pl.col("util_gpu").cast(f64).fill_nan(None).mean(),
+        temp=pl.col("temperature_c").cast(f64).max(), n=cer.count(),
+        thermal=((cer & THROTTLE_BITS["thermal"]) != 0).cast(pl.Int64).sum(),
+        gen=pl.col("pcie_link_gen").cast(f64).min(), gen_max=pl.col("pcie_link_gen_max").cast(f64).max())
+    span = buckets.group_by("host").agg(lo=pl.col("b").min(), hi=pl.col("b").max())
+    windows = (buckets.with_columns(ws=pl.int_ranges(pl.col("b") - (m - 1) * b, pl.col("b") + 1, b))
+               .explode("ws").join(span, on="host")
+               .filter((pl.col("ws") >= pl.col("lo")) & (pl.col("ws") + (m - 1) * b <= pl.col("hi"))
+                       & (pl.col("ws") % s == 0))
+               .group_by("host", "gpu", "ws")
+               .agg(pl.col("ecc", "thermal", "n").sum(), pl.col("util").mean(), pl.col("temp", "gen_max").max(),
+                    pl.col("gen").min()))
+    values = {"gpu.ecc_corrected_rate": pl.col("ecc") / spec.length_s, "gpu.util": pl.col("util") / 100.0,
+              "gpu.temperature_max": pl.col("temp"), "gpu.throttle_thermal_share": pl.col("thermal") / pl.col("n"),
+              "pcie.link_gen_ratio": pl.col("gen") / pl.col("gen_max")}
+    long = pl.concat([windows.select(
+        "host", pl.from_epoch("ws", "us").dt.replace_time_zone("UTC").alias("window_start"),
+        (pl.lit(f"{fam}@gpu") + pl.col("gpu")).alias("column"),
+        pl.when(e.is_finite()).then(e).cast(f64).alias("value")) for fam, e in values.items()])
+    return long.pivot(on="column", index=["host", "window_start"], values="value")
+
+
 @pytest.mark.parametrize("layout", ["time_major_per_host", "series_major", "sparse", "duplicated", "shuffled"])
-def test_bucket_kernel_equals_the_polars_group_by(layout: str) -> None:
-    from polars.testing import assert_frame_equal
+def test_features_equal_a_plain_polars_reference_on_every_layout(layout: str) -> None:
+    """Buckets and windows (sum, mean, count, max, min; nulls, NaN, missing and repeated
+    samples, interleaved hosts; windows of 1 to 60 buckets, strides longer than a bucket)
+    through the public API, against an independent computation in Polars."""
+    from polars.testing import assert_series_equal
 
-    from analytics.features import kernels
-
-    rows = _kernel_rows(layout, seed=len(layout))
-    keys = ["host", "tag", "node"]
-    # series y and z name one group ("yz"); x on host a is dropped (no name)
-    name = {("a", "x", "0"): None, ("a", "y", "1"): "yz", ("a", "z", "1"): "yz", ("b", "x", "0"): "x"}
-    aggs = {"i": "sum", "f": "mean", "c": "count"}
-    for agg in ("max", "min"):
-        aggs |= {f"i_{agg}": agg, f"f_{agg}": agg}
-        rows = rows.with_columns(pl.col("i").alias(f"i_{agg}"), pl.col("f").alias(f"f_{agg}"))
-
-    def group_of(series: pl.DataFrame) -> pl.Series:
-        return pl.Series([name[r] for r in series.iter_rows()], dtype=pl.String)
-
-    got = kernels.reduce_buckets(rows, keys, aggs, group_of)  # type: ignore[arg-type]
-    ref = _reference_buckets(rows, keys, aggs, name)
-    order = ["host", "_g", "_b"]
-    assert got.height == ref.height > 0
-    assert_frame_equal(got.sort(order), ref.select(got.columns).sort(order), check_dtypes=False,
-                       check_exact=False, rel_tol=1e-12)
-
-
-@pytest.mark.parametrize("m", [1, 3, 30])
-def test_window_kernel_equals_polars_rolling(m: int) -> None:
-    from analytics.features import kernels
-
-    rng = np.random.default_rng(m)
-    n_dev, n = 3, 80
-    x = rng.normal(size=n_dev * n)
-    x[rng.random(x.size) < 0.03] = np.nan
-    s = pl.Series(x).scatter(rng.choice(x.size, 20, replace=False), None)
-    i = pl.Series(rng.integers(-5, 5, x.size)).scatter(rng.choice(x.size, 20, replace=False), None)
-    kept = np.flatnonzero(rng.random(n - m + 1) < 0.5)
-    for col in (s, i):
-        for agg in ("sum", "mean", "max", "min"):
-            v, valid = kernels.values(col)
-            v = kernels.filled(v, valid, agg)
-            got, ok = kernels.rolling(v, valid, agg, n_dev, m, kept)
-            got_s = pl.Series(got).scatter(np.flatnonzero(~ok), None) if ok is not None else pl.Series(got)
-            roll = getattr(pl.Expr, f"rolling_{agg}")
-            ref = pl.DataFrame({"v": col, "d": np.repeat(np.arange(n_dev), n)}).select(
-                roll(pl.col("v"), m, min_samples=1).over("d"))["v"].to_numpy().reshape(n_dev, n)[:, m - 1:][:, kept]
-            np.testing.assert_allclose(got_s.cast(pl.Float64).to_numpy(), ref.ravel().astype(np.float64),
-                                       rtol=1e-12, atol=1e-12, err_msg=f"{agg} of {col.dtype}")
+    rows = _gpu_rows(layout, seed=len(layout))
+    for spec in (WindowSpec(), WindowSpec(1, 1), WindowSpec(4, 2, 1), WindowSpec(30, 10, 0.5)):
+        got = compute_features({"gpu": rows.lazy()}, spec)
+        ref = _gpu_reference(rows, spec)
+        cols = sorted(c for c in ref.columns if c not in ("host", "window_start"))
+        assert {c.split("@")[0] for c in cols} == set(_GPU_FAMILIES)
+        assert ref.join(got, on=["host", "window_start"], how="anti").is_empty()  # no window lost
+        both = got.select("host", "window_start", *cols).join(ref, on=["host", "window_start"], how="left",
+                                                               suffix="_ref")
+        assert both.height == got.height > 0
+        for c in cols:
+            assert_series_equal(both[c], both[f"{c}_ref"], check_names=False, check_exact=False,
+                                rel_tol=1e-12, abs_tol=1e-12)

@@ -1,21 +1,15 @@
-"""Execution of the feature plans: telemetry LazyFrames -> one wide row per (host, window).
-
-1. **buckets**, one table at a time: Polars evaluates the plan's row expressions
-   (host, tag columns, sample time, bucket, one column per bucket aggregation) and
-   :func:`~analytics.features.kernels.reduce_buckets` reduces them to one row per
-   (host, device, bucket). Interrupts are reduced per (IRQ action's device, whether
-   the node is the device's own) first, with host_facts naming both, then the plan's
-   bucket expressions are evaluated on those buckets and summed per device.
-2. **windows**: every host gets one grid of buckets from its first to its last (over
-   all tables); each table's devices x that grid (a position without a bucket is
-   null), trailing aggregations over the ``m`` buckets of each kept window
-   (:func:`~analytics.features.kernels.rolling`, evaluated at the row of a window's
-   last bucket), then the plan's feature expressions in Polars. All tables share the
-   grid's row order, so the wide frame is a horizontal stack, without joins.
-"""
+"""Execution of the feature plans, in two stages. **Buckets**, one table at a time: Polars
+evaluates the plan's row expressions, the bucket kernel reduces them to one row per (host,
+device, bucket); interrupts per (device named by host_facts, on its own node or not)
+first, then summed per device. **Windows**: every host has one grid of buckets from its
+first to its last (over all tables); the window kernel aggregates each table's devices x
+that grid over the buckets of each kept window (at its last bucket's row), then Polars
+evaluates the plan's features. The tables share the grid's rows: the wide frame is a
+horizontal stack, without joins."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -25,19 +19,8 @@ import numpy as np
 import polars as pl
 
 from analytics.catalog import DEVICE_SEP, feature_name, split_feature
-from analytics.features import kernels
-from analytics.features.plans import (
-    DEV,
-    DUR,
-    HOST,
-    LOCAL,
-    SKIPPED,
-    TIME,
-    Plan,
-    WindowSpec,
-    plan_of,
-    tags,
-)
+from analytics.features import kernels, plans
+from analytics.features.plans import DEV, DUR, HOST, LOCAL, TIME, Plan, WindowSpec
 from ingest import schema
 from ingest.collectors.cgroup import is_own
 
@@ -46,354 +29,270 @@ log = logging.getLogger(__name__)
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 KEYS: tuple[str, ...] = (HOST, WINDOW_START, WINDOW_END)
+_KEYS_SCHEMA = pl.Schema(
+    {HOST: pl.String(), WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
 _B, _T, _G = kernels.B, kernels.T, kernels.GROUP
 _DEFAULT_SPEC = WindowSpec()
-_SEP = "\x1f"  # joins an IRQ series' device and locality in its group name
 
 
-def compute_features(
-    frames: Mapping[str, pl.LazyFrame],
-    spec: WindowSpec = _DEFAULT_SPEC,
-    *,
-    host_facts: pl.DataFrame | None = None,
-) -> pl.DataFrame:
-    """The wide feature frame: host, window_start, window_end (Datetime us UTC), one
-    Float64 column per feature named by :mod:`analytics.catalog` (``family`` or
-    ``family@device``). Missing tables/columns simply give fewer columns; an empty input
-    gives an empty frame with the key columns. The raw rows are touched once, one
-    table at a time (peak memory is the largest table's rows, not all of them)."""
-    bks: dict[str, tuple[pl.DataFrame, Plan]] = {}  # bucket frames: each host's rows in one run
+def compute_features(frames: Mapping[str, pl.LazyFrame], spec: WindowSpec = _DEFAULT_SPEC, *,
+                     host_facts: pl.DataFrame | None = None) -> pl.DataFrame:
+    """The wide feature frame: host, window_start, window_end (Datetime us UTC), one Float64
+    column per feature named by :mod:`analytics.catalog` (``family@device``). Missing tables
+    or columns give fewer columns, an empty input only the keys. The raw rows are read
+    once, one table at a time (peak memory: the largest table's rows)."""
+    # bucket frames (a host's rows in one run), their plans and host runs
+    bks: dict[str, tuple[pl.DataFrame, Plan, tuple[np.ndarray, list[str]]]] = {}
     for name, lf in frames.items():
         plan = _plan(name, lf)
-        if plan is None:
-            continue
-        bk = _irq_buckets(lf, plan, spec, host_facts) if name == "interrupts" else _buckets(lf, plan, spec)
-        if bk is not None and bk.height:
-            bks[name] = (bk, plan)
+        bk = (None if plan is None else _irq_buckets(lf, plan, spec, host_facts)
+              if name == "interrupts" else _buckets(lf, plan, spec))
+        if bk is not None and bk.height and plan is not None:
+            bks[name] = (bk, plan, kernels.runs(bk[HOST]))
     if not bks:
-        return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
-    hosts = {name: kernels.runs(bk[HOST]) for name, (bk, _) in bks.items()}
-    grid = _grid([(bk, hosts[name]) for name, (bk, _) in bks.items()], spec)
+        return pl.DataFrame(schema=_KEYS_SCHEMA)
+    grid = _grid([(bk, runs) for bk, _, runs in bks.values()], spec)
     n_win = grid.index.height
     cols: dict[str, pl.Series] = {}
-    for name, (bk, plan) in bks.items():  # (in table order: the first of two equal feature names is kept)
-        devs, feats = _windows(bk, hosts[name], plan, grid)
-        fams = feats.columns
+    for name, (bk, plan, runs) in bks.items():  # (table order: of equal names the first is kept)
+        devs, feats = _windows(bk, runs, plan, grid)
         for i, dev in enumerate(devs):
-            part = feats.slice(i * n_win, n_win)
-            part.columns = [feature_name(fam, dev) for fam in fams]
-            for s in part.get_columns():
-                if s.name in cols:  # e.g. an imported table named like a built-in family
-                    log.warning("measurement %r: feature %s already computed from another table; dropped", name, s.name)
+            for s in feats.slice(i * n_win, n_win).get_columns():
+                col = feature_name(s.name, dev)
+                if col in cols:  # e.g. an imported table named like a built-in family
+                    log.warning("measurement %r: feature %s already computed from another "
+                                "table; dropped", name, col)
                     continue
-                cols[s.name] = s
-    own = _own_cores(cols)
-    if own is not None:
-        cols[OWN_CORES] = own
+                cols[col] = s.alias(col)
+    # Unveil's own cores: its groups' cgroup.cpu_cores, once each (not those inside another)
+    own = [d for f, d in map(split_feature, cols) if f == "cgroup.cpu_cores" and is_own(d)]
+    parts = [cols[feature_name("cgroup.cpu_cores", d)].fill_null(0.0) for d in own
+             if not any(d.startswith(o + "/") for o in own if o != d)]
+    if parts:
+        cols[OWN_CORES] = pl.Series(OWN_CORES, sum(parts[1:], parts[0]), dtype=pl.Float64)
     return grid.index.hstack([cols[c] for c in sorted(cols)])
 
 
 #: host-wide: cores used by Unveil's own units (its cgroups, ingest.collectors.cgroup.is_own)
 OWN_CORES = "cpu.own_cores"
-#: suffix of the kernel's PSI 10-second averages (psi.cpu_some_avg10 ...): read, never judged
-AVG10 = "_avg10"
-#: read by the knowledge base, never judged: on a quiet port a share of a few packets is
-#: noise (one lost of 20 is 5 %); net.drop_rate carries the same anomaly to the detectors
-UNJUDGED = frozenset({"net.drop_share"})
-
-
-def _own_cores(cols: Mapping[str, pl.Series]) -> pl.Series | None:
-    """Sum of ``cgroup.cpu_cores`` over Unveil's own groups, each counted once (a group
-    below another own group listed is inside it); None when the host has none."""
-    devs = [split_feature(c)[1] for c in cols if split_feature(c)[0] == "cgroup.cpu_cores"]
-    own = [d for d in devs if is_own(d)]
-    outer = [d for d in own if not any(d.startswith(o + "/") for o in own if o != d)]
-    if not outer:
-        return None
-    parts = [cols[feature_name("cgroup.cpu_cores", d)].fill_null(0.0) for d in outer]
-    return pl.Series(OWN_CORES, sum(parts[1:], parts[0]), dtype=pl.Float64)
 
 
 def feature_columns(features: pl.DataFrame) -> list[str]:
-    """The feature columns of a wide frame the detectors judge: everything but the keys,
-    Unveil's own CPU (``cpu.own_cores``, its own cgroups' columns): its own sweeps are
-    never an anomaly of the host (the knowledge base still reads them, to set them apart),
-    and the kernel's PSI ``avg10`` averages: the exact shares (``psi.*_share``, from the
-    ``total`` counters) say the same without their lag, while an avg10 still decays for tens
-    of seconds after a stall has ended, an echo the detectors flagged as a new anomaly,
-    and the families in ``UNJUDGED``."""
-    return [c for c in features.columns if c not in KEYS and c != OWN_CORES and not c.endswith(AVG10)
-            and split_feature(c)[0] not in UNJUDGED
+    """The feature columns of a wide frame the detectors judge: all but the keys, Unveil's
+    own CPU (``cpu.own_cores``, its cgroups: its sweeps are no anomaly of the host; the
+    knowledge base reads them), the PSI ``avg10`` averages (the exact ``psi.*_share`` say
+    the same without their lag: an avg10 still decays for tens of seconds after a stall,
+    an echo flagged as a new anomaly) and ``net.drop_share`` (on a quiet port a share of a
+    few packets is noise; the knowledge base reads it, net.drop_rate is judged)."""
+    return [c for c in features.columns
+            if c not in KEYS and c != OWN_CORES and not c.endswith("_avg10")
+            and split_feature(c)[0] != "net.drop_share"
             and not (c.startswith("cgroup.") and is_own(split_feature(c)[1]))]
 
 
 def _plan(name: str, lf: pl.LazyFrame) -> Plan | None:
     """The table's plan (validated), None for tables without features."""
-    if name in SKIPPED:
+    if name in plans.SKIPPED:
         return None
     sch = lf.collect_schema()
     if TIME not in sch or HOST not in sch:
-        raise ValueError(f"measurement {name!r}: frame lacks {TIME!r}/{HOST!r} columns (has {list(sch)})")
+        raise ValueError(f"measurement {name!r}: frame lacks {TIME!r}/{HOST!r} columns "
+                         f"(has {list(sch)})")
     if name == "interrupts" and not {"count", "device", "node"} <= set(sch):
         return None
-    plan = plan_of(name, tuple(sch.items()))
-    missing = set(tags(plan)) - set(sch) - {DEV}
+    plan = plans.plan_of(name, tuple(sch.items()))
+    missing = set(plans.tags(plan)) - set(sch) - {DEV}
     if missing:
         raise ValueError(f"measurement {name!r}: missing tag column(s) {sorted(missing)}")
     return plan if plan.features else None
 
 
-def _rows(lf: pl.LazyFrame, keys: Sequence[str], exprs: Mapping[str, pl.Expr], spec: WindowSpec) -> pl.DataFrame:
+def _rows(lf: pl.LazyFrame, keys: Sequence[str], exprs: Mapping[str, pl.Expr],
+          spec: WindowSpec) -> pl.DataFrame:
     """The row-level columns of the bucket stage: ``keys`` (host first), ``_t`` (µs),
     the bucket ``_b`` (µs since the epoch, a multiple of the bucket) and ``exprs``."""
     b_us = round(spec.bucket * 1e6)
     t = pl.col(TIME).cast(pl.Int64)
     rows = lf.select(pl.col(HOST).cast(pl.String), *[pl.col(k) for k in keys[1:]], t.alias(_T),
-                     (t // b_us * b_us).alias(_B), *[e.alias(n) for n, e in exprs.items()]).collect(engine="in-memory")
+                     (t // b_us * b_us).alias(_B), *[e.alias(n) for n, e in exprs.items()]
+                     ).collect(engine="in-memory")
     return rows.filter(pl.col(_T).is_not_null()) if rows[_T].null_count() else rows
-
-
-def _device_expr(plan: Plan) -> pl.Expr:
-    dev = plan.device if plan.device is not None else pl.lit("")
-    return dev.cast(pl.String).fill_null("").str.replace_all(DEVICE_SEP, ":", literal=True)
 
 
 def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> pl.DataFrame:
     """(host, _dev, _b, bucket aggregations) of a table: its rows grouped by host,
     device and bucket."""
-    keys = [HOST, *tags(plan)]
+    keys = [HOST, *plans.tags(plan)]
     rows = _rows(lf, keys, {n: e for n, (e, _) in plan.buckets.items()}, spec)
-    dev = _device_expr(plan)
-
-    def name(series: pl.DataFrame) -> pl.Series:
-        return series.select(dev).to_series() if plan.device is not None else pl.Series([""] * series.height)
-
-    return kernels.reduce_buckets(rows, keys, {n: a for n, (_, a) in plan.buckets.items()}, name, DEV)
+    dev = (plan.device if plan.device is not None else pl.lit("")).cast(pl.String).fill_null("")
+    dev = dev.str.replace_all(DEVICE_SEP, ":", literal=True).alias(DEV)
+    aggs = {n: a for n, (_, a) in plan.buckets.items()}
+    return kernels.reduce_buckets(rows, keys, aggs, lambda s: s.with_columns(dev)[DEV], DEV)
 
 
-def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec, host_facts: pl.DataFrame | None
-                 ) -> pl.DataFrame | None:
+def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec,
+                 host_facts: pl.DataFrame | None) -> pl.DataFrame | None:
     """Interrupt buckets per device (see the module's docstring); None without facts."""
-    facts = _facts_nodes(host_facts)
-    if facts.is_empty():
+    facts = _irq_facts(host_facts)
+    if not facts:
         log.info("no numa_node facts: irq.locality and irq.rate are not computed")
         return None
-    keys = [HOST, "device", "node"]
-    if any(a != "sum" for _, a in plan.buckets.values()):
-        raise ValueError("interrupts: the plan's bucket aggregations must be sums (they are summed per series)")
+    assert all(a == "sum" for _, a in plan.buckets.values()), "summed per series, then device"
 
     def name(series: pl.DataFrame) -> pl.Series:
-        """``device<SEP>local`` of each (host, IRQ action, node); null: no device known."""
-        maps = {host: _irq_device_map([str(a) for a in g["device"].unique().to_list() if a is not None],
-                                      facts.filter(pl.col(HOST) == host))
-                for (host,), g in series.group_by([HOST])}  # (one map per host: a few series)
-        node = series["node"].str.strip_chars_start("node").cast(pl.Int64, strict=False).to_list()
+        """``<local><device>`` of each (host, IRQ action, node) series: the first device
+        whose PCI address, else whose name, occurs in the action name (``mlx5_comp3@pci:
+        0000:17:00.0`` -> ``mlx5_0``); local 1 when the node is its own. Null: none."""
+        node = series["node"].str.strip_chars_start("node").cast(pl.Int64, strict=False)
         out: list[str | None] = []
-        for host, action, nd in zip(series[HOST].to_list(), series["device"].to_list(), node, strict=True):
-            got = maps[host].get(str(action)) if action is not None else None
-            out.append(None if got is None else f"{got[0]}{_SEP}{int(nd is not None and got[1] == nd)}")
+        for host, action, nd in zip(series[HOST].to_list(), series["device"].to_list(),
+                                    node.to_list(), strict=True):
+            low, fs = (action or "").lower(), facts.get(host, [])
+            by_pci = (f for f in fs if f[2] and (f[2] in low or (len(f[3]) >= 7 and f[3] in low)))
+            f = next(itertools.chain(by_pci, (f for f in fs if f[4].search(low))), None)
+            out.append(None if f is None else f"{int(nd is not None and f[1] == nd)}{f[0]}")
         return pl.Series(out, dtype=pl.String)
 
-    roots = {r for e, _ in plan.buckets.values() for r in e.meta.root_names()} - {DEV, LOCAL}
-    rows = _rows(lf.with_columns(pl.col("device").cast(pl.String), pl.col("node").cast(pl.String).fill_null("")),
-                 keys, {r: pl.col(r) for r in sorted(roots)}, spec)
-    per_series = kernels.reduce_buckets(rows, keys, dict.fromkeys(sorted(roots), "sum"), name)
-    if not per_series.height:
-        return None
-    parts = pl.col(_G).str.split_exact(_SEP, 1).struct
-    cells = per_series.with_columns(parts.field("field_0").alias(DEV), (parts.field("field_1") == "1").alias(LOCAL)
-                                    ).select(HOST, _G, pl.col(_B).alias(_T), _B,
-                                             *[e.alias(n) for n, (e, _) in plan.buckets.items()])
-
-    def device(groups: pl.DataFrame) -> pl.Series:
-        return groups.select(parts.field("field_0")).to_series()
-
-    # (host, group) cells are a grid (every group has every bucket of its host)
-    return kernels.reduce_buckets(cells, [HOST, _G], {n: "sum" for n in plan.buckets}, device, DEV)
+    keys = [HOST, "device", "node"]
+    roots = sorted({r for e, _ in plan.buckets.values() for r in e.meta.root_names()}
+                   - {DEV, LOCAL})
+    lf = lf.with_columns(pl.col("device").cast(pl.String),
+                         pl.col("node").cast(pl.String).fill_null(""))
+    rows = _rows(lf, keys, {r: pl.col(r) for r in roots}, spec)
+    per_series = kernels.reduce_buckets(rows, keys, dict.fromkeys(roots, "sum"), name)
+    return per_series.with_columns(pl.col(_G).str.slice(1).alias(DEV),
+                                   (pl.col(_G).str.head(1) == "1").alias(LOCAL)
+                                   ).group_by(HOST, DEV, _B, maintain_order=True).agg(
+        [e.sum().alias(n) for n, (e, _) in plan.buckets.items()])
 
 
-def _facts_nodes(host_facts: pl.DataFrame | None) -> pl.DataFrame:
-    """(host, device, pci, node) of every device with a numa_node fact."""
-    empty = pl.DataFrame(schema={HOST: pl.String, "device": pl.String, "pci": pl.String, "node": pl.Int64})
-    if host_facts is None or host_facts.is_empty() or "key" not in host_facts.columns:
-        return empty
+#: (device, NUMA node, PCI address, the address without its domain, a pattern of its name)
+_Fact = tuple[str, int, str, str, re.Pattern[str]]
+
+
+def _irq_facts(host_facts: pl.DataFrame | None) -> dict[str, list[_Fact]]:
+    """Every host's devices with a numa_node fact (gpu facts name the index, ``3``: named
+    like the gpu features, ``gpu3``)."""
+    if host_facts is None or "key" not in host_facts.columns:
+        return {}
+    on = [HOST, "category", "device"]
     hf = host_facts.filter(pl.col("device").fill_null("") != "")
     nodes = hf.filter(pl.col("key") == "numa_node").select(
-        HOST, "category", "device", pl.col("value_num").cast(pl.Int64).alias("node")
-    ).filter(pl.col("node") >= 0)
+        *on, pl.col("value_num").cast(pl.Int64).alias("node")).filter(pl.col("node") >= 0)
     pci = hf.filter(pl.col("key").is_in(["pci_bus_id", "pci_address", "pci"])).select(
-        HOST, "category", "device", pl.col("value").str.to_lowercase().alias("pci")
-    )
-    out = nodes.join(pci, on=[HOST, "category", "device"], how="left").unique([HOST, "category", "device"])
-    # gpu facts use the index ("3"); name those devices like the gpu features do ("gpu3")
-    out = out.with_columns(
-        pl.when((pl.col("category") == "gpu") & pl.col("device").str.contains(r"^\d+$"))
-        .then(pl.lit("gpu") + pl.col("device")).otherwise(pl.col("device")).alias("device")
-    )
-    return out.select(HOST, "device", "pci", "node") if not out.is_empty() else empty
-
-
-def _irq_device_map(irq_names: Sequence[str], facts: pl.DataFrame) -> dict[str, tuple[str, int]]:
-    """IRQ action name -> (fact device, its node): the device whose name or PCI address
-    occurs in the action name (``mlx5_comp3@pci:0000:17:00.0`` -> ``mlx5_0`` by PCI)."""
-    out: dict[str, tuple[str, int]] = {}
-    # per fact row once: its PCI address (full, and without the domain) and name pattern
-    rows = []
-    for dev, pci, node in facts.select("device", "pci", "node").iter_rows():
-        short = (pci.split(":", 1)[1] if pci.count(":") == 2 else pci) if pci else ""
-        pattern = re.compile(rf"(^|[^a-z0-9]){re.escape(dev.lower())}(?![0-9])") if dev else None
-        rows.append((dev, pci, short, node, pattern))
-    for name in irq_names:
-        low = name.lower()
-        best: tuple[int, str, int] | None = None
-        for dev, pci, short, node, pattern in rows:
-            if pci and (pci in low or (len(short) >= 7 and short in low)):
-                best = (2, dev, node)  # the first PCI match wins
-                break
-            if best is None and pattern is not None and pattern.search(low):
-                best = (1, dev, node)
-        if best is not None:
-            out[name] = (best[1], best[2])
+        *on, pl.col("value").str.to_lowercase().alias("pci"))
+    out: dict[str, list[_Fact]] = {}
+    for host, cat, dev, node, addr in nodes.join(pci, on=on, how="left").unique(on).iter_rows():
+        dev = f"gpu{dev}" if cat == "gpu" and dev.isdecimal() else dev
+        addr = addr or ""
+        short = addr.split(":", 1)[1] if addr.count(":") == 2 else addr
+        pattern = re.compile(rf"(^|[^a-z0-9]){re.escape(dev.lower())}(?![0-9])")
+        out.setdefault(host, []).append((dev, node, addr, short, pattern))
     return out
 
 
 @dataclass(frozen=True)
 class _Grid:
-    """Every host's buckets from its first to its last (over all tables), and which
-    grid rows end a window that is kept. Windows are evaluated at the row of their LAST
-    bucket as trailing aggregations over ``m`` buckets, so all tables share one row order."""
+    """Every host's buckets from its first to its last (over all tables) and the kept
+    windows, each evaluated at the row of its last bucket."""
 
-    keep: np.ndarray  # bool per grid row: a window ends here
-    index: pl.DataFrame  # host, window_start, window_end of the kept rows
+    kept: np.ndarray | slice  # the grid rows m-1 .. that end a kept window, less m-1
+    index: pl.DataFrame  # host, window_start, window_end of the kept windows
     dur: np.ndarray  # covered seconds of each kept window
     m: int  # buckets per window
-    hosts: list[str]  # sorted; host i's buckets are grid rows off[i] .. off[i+1]-1
-    off: np.ndarray
-    first: np.ndarray  # first bucket of each host
+    n: int  # grid rows
+    base: dict[str, int]  # the grid row of a host's bucket b is base[host] + b // b_us
     b_us: int
 
 
-def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]], spec: WindowSpec) -> _Grid:
+def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]],
+          spec: WindowSpec) -> _Grid:
     """The grid of bucket frames given with their host runs (:func:`kernels.runs`)."""
-    b_us = round(spec.bucket * 1e6)
-    s_us = round(spec.stride_s * 1e6)
+    b_us, s_us = round(spec.bucket * 1e6), round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
-    span: dict[str, tuple[int, int]] = {}
+    lo: dict[str, int] = {}  # each host's first and last bucket
+    hi: dict[str, int] = {}
     for bk, (at, hs) in bks:
         b = bk[_B].to_numpy()
-        for h, lo, hi in zip(hs, np.minimum.reduceat(b, at).tolist(), np.maximum.reduceat(b, at).tolist(), strict=True):
-            old = span.get(h)
-            span[h] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+        for h, x, y in zip(hs, np.minimum.reduceat(b, at).tolist(),
+                           np.maximum.reduceat(b, at).tolist(), strict=True):
+            lo[h], hi[h] = min(lo.get(h, x), x), max(hi.get(h, y), y)
     # Polars' sort order: nulls first, then by code point (= UTF-8 byte order)
-    hosts = sorted(span, key=lambda h: (h is not None, h or ""))
-    firsts = np.array([span[h][0] for h in hosts], dtype=np.int64)
-    lasts = np.array([span[h][1] for h in hosts], dtype=np.int64)
+    hosts = sorted(lo, key=lambda h: (h is not None, h or ""))
+    firsts, lasts = (np.array([d[h] for h in hosts], dtype=np.int64) for d in (lo, hi))
     # a host with less than one window of data still gets its grid extended to one window
     nbs = np.maximum((lasts - firsts) // b_us + 1, m).astype(np.int64)
     off = np.concatenate([[0], np.cumsum(nbs)])
-    b = np.repeat(firsts, nbs) + (np.arange(off[-1], dtype=np.int64) - np.repeat(off[:-1], nbs)) * b_us
     first, last = np.repeat(firsts, nbs), np.repeat(lasts, nbs)
+    b = first + (np.arange(off[-1], dtype=np.int64) - np.repeat(off[:-1], nbs)) * b_us
     ws = b - (m - 1) * b_us
     # full windows aligned to the stride inside the host's data; a host shorter than one
     # window keeps the one window starting at its first bucket (normalised by coverage)
     keep = (ws >= first) & (((b <= last) & (ws % s_us == 0)) | ((ws == first) & (last < b)))
     dur = (np.minimum(b, last)[keep] + b_us - ws[keep]) / 1e6
-    start = pl.Series(WINDOW_START, ws[keep]).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
-    host = pl.Series(HOST, np.repeat(np.array(hosts, dtype=object), nbs)[keep], dtype=pl.String)
-    index = pl.DataFrame([host, start]).with_columns(
-        (pl.col(WINDOW_START) + pl.duration(microseconds=round(spec.length_s * 1e6))).alias(WINDOW_END))
-    return _Grid(keep, index, dur, m, hosts, off, firsts, b_us)
+    host = pl.Series(np.repeat(np.array(hosts, dtype=object), nbs)[keep], dtype=pl.String)
+    index = pl.DataFrame({HOST: host, WINDOW_START: ws[keep],
+                          WINDOW_END: ws[keep] + round(spec.length_s * 1e6)}).cast(_KEYS_SCHEMA)
+    # (the first m-1 rows of a grid never end a kept window; all others kept: a view)
+    kept = slice(None) if keep[m - 1:].all() else np.flatnonzero(keep[m - 1:])
+    base = dict(zip(hosts, (off[:-1] - firsts // b_us).tolist(), strict=True))
+    return _Grid(kept, index, dur, m, int(off[-1]), base, b_us)
 
 
-def _dense_index(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], grid: _Grid
-                 ) -> tuple[list[str], np.ndarray | None]:
-    """The table's devices (sorted) and, for each (device x grid) row, device-major, the
-    bucket row that lands there (-1: none); None where the bucket rows are those rows
-    in that order already. Positions are arithmetic: no join."""
+def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Plan,
+             grid: _Grid) -> tuple[list[str], pl.DataFrame]:
+    """A table's devices (sorted) and features (``len(devices) * n_windows`` rows,
+    device-major): the bucket rows placed on (device x grid) rows by arithmetic (none
+    there: missing), rolled over each kept window, then the plan's features; non-finite
+    values (0/0, x/0) are null (missing evidence), or 0 for ``zero_fill`` families
+    (sparse tables: no rows means no events)."""
     at, values = kernels.runs(bk[DEV])
-    names = sorted(set(values))  # (Polars' string order: by code point)
-    code = {name: i for i, name in enumerate(names)}
-    dev = np.repeat(np.array([code[v] for v in values], dtype=np.int64), np.diff(np.r_[at, bk.height]))
+    devs = sorted(set(values))  # (Polars' string order: by code point, as numpy's)
+    dev = np.repeat(np.searchsorted(devs, values), np.diff(np.r_[at, bk.height]))
     at, hosts = host_runs
-    pos = {x: i for i, x in enumerate(grid.hosts)}
-    h = np.repeat(np.array([pos[x] for x in hosts], dtype=np.int64), np.diff(np.r_[at, bk.height]))
-    at = dev * grid.keep.size + grid.off[h] + (bk[_B].to_numpy() - grid.first[h]) // grid.b_us
-    if at.size == len(names) * grid.keep.size and bool((at == np.arange(at.size)).all()):
-        return names, None
-    src = np.full(len(names) * grid.keep.size, -1, dtype=np.int64)
-    src[at] = np.arange(bk.height)
-    return names, src
+    base = np.repeat([grid.base[x] for x in hosts], np.diff(np.r_[at, bk.height]))
+    n = len(devs) * grid.n
+    # the (device x grid) row of each bucket row; in place: the grid's rows in order
+    at = dev * grid.n + base + bk[_B].to_numpy() // grid.b_us
+    in_place = at.size == n and bool((at == np.arange(n)).all())
 
+    def place(x: np.ndarray, fill: object) -> np.ndarray:
+        """A bucket column on the (device x grid) rows, ``fill`` where no bucket is."""
+        if in_place:
+            return x
+        out = np.full(n, fill, dtype=x.dtype)
+        out[at] = x
+        return out
 
-def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Plan, grid: _Grid
-             ) -> tuple[list[str], pl.DataFrame]:
-    """A table's devices and features (``len(devices) * n_windows`` rows, device-major,
-    each device's rows in the grid's window order): each bucket column the features read
-    rolled over the ``m`` buckets of every kept window, then the plan's features in one
-    Polars query; non-finite values (0/0, x/0) are null (missing evidence), or 0 for
-    ``zero_fill`` families (sparse tables: no rows in a window means no events)."""
-    devs, src = _dense_index(bk, host_runs, grid)
-    miss = None if src is None else src < 0
-    at = None if src is None or miss is None else np.where(miss, 0, src)
-    sel = grid.keep[grid.m - 1:]  # (the first m-1 rows of a grid are never kept)
-    kept = None if sel.all() else np.flatnonzero(sel)
-    roots = {r for e in plan.features.values() for r in e.meta.root_names()}
     cols: list[pl.Series] = []
-    for name, (_, agg) in plan.buckets.items():
-        if name in roots:
-            v, valid = kernels.values(bk[name])
-            v = kernels.filled(v, valid, agg)
-            if at is not None and miss is not None:  # (device x grid) rows; none there: missing
-                v = v[at]
-                v[miss] = kernels.identity(v.dtype.kind == "f", agg)
-                valid = valid[at] & ~miss if valid is not None else ~miss if miss.any() else None
-            got, ok = kernels.rolling(v, valid, agg, len(devs), grid.m, kept)
-            cols.append(kernels.masked(name, got, ok))
+    for name, (_, agg) in plan.buckets.items():  # (every bucket column is read by a feature)
+        v, valid = kernels.values(bk[name], agg)
+        v = place(v, kernels.identity(v.dtype.kind == "f", agg))
+        ok = place(np.ones(bk.height, dtype=bool) if valid is None else valid, False)
+        cols.append(kernels.masked(name, *kernels.rolling(v, ok, agg, len(devs), grid.m,
+                                                          grid.kept)))
     cols.append(pl.Series(DUR, np.tile(grid.dur, len(devs))))
-    raw = pl.DataFrame(cols).select([e.cast(pl.Float64).alias(f) for f, e in plan.features.items()])
-    out = []
-    for col in raw.get_columns():
-        x = col.to_numpy()  # (nulls read NaN: not finite either)
-        ok = np.isfinite(x)
-        out.append(col if ok.all() else pl.Series(col.name, np.where(ok, x, 0.0 if col.name in plan.zero_fill else np.nan),
-                                                  nan_to_null=True))
-    return devs, pl.DataFrame(out)
-
-
-
-def _zero_fill_families() -> frozenset[str]:
-    from analytics.features.plans import PLANS
-
-    out: set[str] = set()
-    for build in PLANS.values():
-        try:
-            out.update(build(set()).zero_fill)
-        except (KeyError, ValueError):  # a builder that needs its columns: no zero-fill family there
-            continue
-    return frozenset(out)
-
-
-#: families whose missing value means 0 (the plans' ``zero_fill``)
-ZERO_FILL: frozenset[str] = _zero_fill_families()
+    feats = {f: e.cast(pl.Float64) for f, e in plan.features.items()}
+    return devs, pl.DataFrame(cols).select([
+        pl.when(e.is_finite()).then(e).otherwise(0.0 if f in plan.zero_fill else None).alias(f)
+        for f, e in feats.items()])
 
 
 def concat_features(parts: Sequence[pl.DataFrame]) -> pl.DataFrame:
-    """Wide feature frames of disjoint hosts (each from :func:`compute_features` on that
-    host's telemetry alone, or read back from the lake) as :func:`compute_features` gives
-    them for all those hosts at once: rows by host then window, columns sorted; a column
-    another host lacks is null there, except the zero-fill families (sparse tables: no
-    rows means no events) and ``cpu.own_cores``, which the fleet-wide computation gives 0
-    wherever any host has them. So features can be computed (and memory held) one host at
-    a time and judged together."""
+    """Wide feature frames of disjoint hosts (each computed on that host's telemetry alone,
+    or read back from the lake) as :func:`compute_features` gives them for all those hosts
+    at once: rows by host then window, columns sorted; a column another host lacks is null
+    there, 0 for the zero-fill families and ``cpu.own_cores`` (as the fleet-wide
+    computation gives them). So features can be computed one host at a time."""
     parts = [p for p in parts if p.width]
     if not parts:
-        return pl.DataFrame(schema={HOST: pl.String, WINDOW_START: schema.TIME_DTYPE, WINDOW_END: schema.TIME_DTYPE})
+        return pl.DataFrame(schema=_KEYS_SCHEMA)
     df = parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal_relaxed")
     rest = sorted(c for c in df.columns if c not in KEYS)
-    zero = [c for c in rest if c == OWN_CORES or split_feature(c)[0] in ZERO_FILL]
+    zero = [c for c in rest if c == OWN_CORES or split_feature(c)[0] in plans.ZERO_FILL]
     if zero:
         df = df.with_columns(pl.col(zero).fill_null(0.0))
-    df = df.select(*KEYS, *rest)  # (a concat without rechunk and a select share the parts' buffers)
+    df = df.select(*KEYS, *rest)  # (a concat without rechunk and a select share the buffers)
     h, ws = df[HOST], df[WINDOW_START]
     ordered = bool(((h.shift(-1) > h) | ((h.shift(-1) == h) & (ws.shift(-1) >= ws))).head(-1).all())
-    return df if ordered else df.sort(HOST, WINDOW_START, maintain_order=True)  # (a sort copies every column)
+    return df if ordered else df.sort(HOST, WINDOW_START, maintain_order=True)  # (copies all)
