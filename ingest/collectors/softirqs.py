@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.collectors.base import Block, Reading, proc_path
+from ingest.collectors.base import Block, CollectorError, Reading, proc_path, readings
 from ingest.collectors.procfs import (
     CountGrid,
     NodeTable,
@@ -18,6 +18,7 @@ from ingest.collectors.procfs import (
     fixed_width_counts,
     parse_cpu_header,
     parse_error,
+    parse_runs,
 )
 from ingest.schema import Tier
 
@@ -26,6 +27,7 @@ class SoftirqsCollector:
     name = "softirqs"
     measurements: tuple[str, ...] = ("softirqs",)
     tier: Tier = "medium"
+    learns_layout = True  # parse() learns the file's layout (procfs.parse_runs)
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/softirqs"), whole=True)
@@ -33,25 +35,22 @@ class SoftirqsCollector:
         self._grid = CountGrid()
 
     def collect(self) -> list[Reading]:
-        return self.parse(self.sample())
+        return readings(self.parse([self.sample()]))
 
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
 
-    def parse(self, data: bytes) -> list[Reading]:
-        values = self._grid.counts(data)  # the same lines as last time: only the counts
-        if values is None:
-            values = self._parse_full(data)
-        return [self._table.reading(values)]
+    def parse(self, raws: list[bytes], errors: list[CollectorError] | None = None) -> list[Block]:
+        """Samples whose lines are those of the last full parse, in one numpy pass; the
+        others parsed in full (:func:`parse_runs`)."""
+        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
-    def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
-        """Samples whose lines are all those of the last parse, in one numpy pass; None
-        (nothing changed) otherwise."""
+    def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
         values = self._grid.counts_many(raws)
         return None if values is None else [self._table.block(values)]
 
-    def _parse_full(self, data: bytes) -> np.ndarray:
+    def _parse_full(self, data: bytes) -> list[Block]:
         path = self._file.path
         lines = data.split(b"\n")
         cpus = parse_cpu_header(lines[0], path)
@@ -84,7 +83,7 @@ class SoftirqsCollector:
                     raise parse_error(path, i + 2, r, f"expected {ncpu} counts")
                 values[i] = [int(p) for p in parts]
         self._table.set_rows({"softirq": names}, list(names))
-        return values
+        return [self._table.block(values[None])]
 
     def close(self) -> None:
         self._file.close()
