@@ -11,19 +11,17 @@ from typing import Any
 from ingest.collectors.base import (
     Block,
     CollectorError,
-    Reading,
     SourceUnavailable,
     Value,
     proc_path,
-    readings,
 )
 from ingest.collectors.procfs import (
     DigitTable,
+    LayoutCollector,
     ProcFile,
     cpu_node_map,
     line_runs,
     parse_error,
-    parse_runs,
 )
 from ingest.schema import CPU, Tier
 
@@ -32,11 +30,10 @@ _CPU_FIELDS: tuple[str, ...] = tuple(f.name for f in CPU.fields if f.kind == "co
 _NCOL = len(_CPU_FIELDS)
 
 
-class CpuCollector:
+class CpuCollector(LayoutCollector[tuple[bytes, bytes | None, dict[bytes, Value] | None]]):
     name = "cpu"
     measurements: tuple[str, ...] = ("cpu", "system")
     tier: Tier = "fast"
-    learns_layout = True  # parse() learns the file's layout (procfs.parse_runs)
 
     def __init__(
         self, root: str | Path = "/", *, freq: bool = True, freq_every: int = 10, **options: object
@@ -79,9 +76,6 @@ class CpuCollector:
         except (SourceUnavailable, CollectorError):
             return None
 
-    def collect(self) -> list[Reading]:
-        return readings(self.parse([self.sample()]))
-
     def sample(self) -> tuple[bytes, bytes | None, dict[bytes, Value] | None]:
         """The tick's reads only: /proc/stat every tick; /proc/loadavg (a 5-s kernel
         average) and cpufreq every ``freq_every`` ticks. :meth:`parse` does the rest,
@@ -103,15 +97,6 @@ class CpuCollector:
                 except (ValueError, CollectorError):
                     pass  # cpufreq driver without a current value (EBUSY ...)
         return stat, load if load is not None else b"", freq
-
-    def parse(
-        self, raws: list[tuple[bytes, bytes | None, dict[bytes, Value] | None]],
-        errors: list[CollectorError] | None = None,
-    ) -> list[Block]:
-        """Samples of the CPUs of the last full parse, /proc/stat laid out as then: all the
-        counters in one numpy pass (:class:`DigitTable`); the others parsed in full
-        (:func:`parse_runs`)."""
-        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
     def _parse_full(self, raw: tuple[bytes, bytes | None, dict[bytes, Value] | None]) -> list[Block]:
         stat, load_raw, freq_raw = raw

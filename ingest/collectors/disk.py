@@ -9,14 +9,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ingest.collectors.base import Block, CollectorError, Reading, Value, proc_path, readings
+from ingest.collectors.base import Block, Value, proc_path
 from ingest.collectors.procfs import (
     DigitTable,
+    LayoutCollector,
     ProcFile,
     digit_runs,
     learn_rows,
     parse_error,
-    parse_runs,
 )
 from ingest.schema import Tier
 
@@ -35,11 +35,10 @@ _IN_FLIGHT = 8
 SKIP_PREFIXES: tuple[str, ...] = ("loop", "ram", "zram")
 
 
-class DiskCollector:
+class DiskCollector(LayoutCollector[bytes]):
     name = "disk"
     measurements: tuple[str, ...] = ("disk",)
     tier: Tier = "medium"
-    learns_layout = True  # parse() learns the file's layout (procfs.parse_runs)
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/diskstats"))
@@ -59,17 +58,9 @@ class DiskCollector:
             self._whole[name] = known
         return known
 
-    def collect(self) -> list[Reading]:
-        return readings(self.parse([self.sample()]))
-
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
-
-    def parse(self, raws: list[bytes], errors: list[CollectorError] | None = None) -> list[Block]:
-        """Samples laid out like the learnt one (same disks), in one numpy pass; the others
-        parsed in full (:func:`parse_runs`)."""
-        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
     def _parse_full(self, data: bytes) -> list[Block]:
         path = self._file.path

@@ -9,8 +9,8 @@ import functools
 import re
 from pathlib import Path
 
-from ingest.collectors.base import Block, CollectorError, Reading, Value, proc_path, readings
-from ingest.collectors.procfs import LineLayout, ProcFile, parse_error, parse_runs
+from ingest.collectors.base import Block, Value, proc_path
+from ingest.collectors.procfs import LayoutCollector, LineLayout, ProcFile, parse_error
 from ingest.schema import MEMINFO_KEYS, Tier
 
 #: meminfo key (bytes) -> lake field
@@ -55,27 +55,18 @@ def _parse_meminfo_lines(data: bytes, path: str, prefix: bytes) -> dict[bytes, i
     return out
 
 
-class MemoryCollector:
+class MemoryCollector(LayoutCollector[bytes]):
     name = "memory"
     measurements: tuple[str, ...] = ("memory",)
     tier: Tier = "medium"
-    learns_layout = True  # parse() learns the file's layout (procfs.parse_runs)
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/meminfo"), whole=True)
         self._layout = LineLayout()
 
-    def collect(self) -> list[Reading]:
-        return readings(self.parse([self.sample()]))
-
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
-
-    def parse(self, raws: list[bytes], errors: list[CollectorError] | None = None) -> list[Block]:
-        """Samples laid out like the last fully parsed one, in one pass; the others parsed
-        in full (:func:`parse_runs`)."""
-        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
     def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
         return self._layout.block("memory", _FIELDS, raws)

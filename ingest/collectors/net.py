@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ingest.collectors.base import Block, CollectorError, Reading, Value, proc_path, readings
+from ingest.collectors.base import Block, Value, proc_path
 from ingest.collectors.procfs import (
     DigitTable,
+    LayoutCollector,
     ProcFile,
     digit_runs,
     learn_rows,
     line_runs,
     parse_error,
-    parse_runs,
 )
 from ingest.schema import Tier
 
@@ -42,11 +42,10 @@ _TCP_KEYS: dict[str, bytes] = {
 }
 
 
-class NetCollector:
+class NetCollector(LayoutCollector[bytes]):
     name = "net"
     measurements: tuple[str, ...] = ("net",)
     tier: Tier = "medium"
-    learns_layout = True  # parse() learns the file's layout (procfs.parse_runs)
 
     def __init__(
         self, root: str | Path = "/", *, skip: tuple[str, ...] = ("lo",), **options: object
@@ -57,17 +56,9 @@ class NetCollector:
         self._digits = DigitTable()  # batches, learnt from a full parse
         self._names: list[str] = []  # the interfaces of the learnt layout
 
-    def collect(self) -> list[Reading]:
-        return readings(self.parse([self.sample()]))
-
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
-
-    def parse(self, raws: list[bytes], errors: list[CollectorError] | None = None) -> list[Block]:
-        """Samples laid out like the learnt one (same interfaces), in one numpy pass; the others
-        parsed in full (:func:`parse_runs`)."""
-        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
     def _parse_full(self, data: bytes) -> list[Block]:
         path = self._file.path
@@ -116,27 +107,18 @@ class NetCollector:
         self._file.close()
 
 
-class TcpCollector:
+class TcpCollector(LayoutCollector[bytes]):
     name = "tcp"
     measurements: tuple[str, ...] = ("tcp",)
     tier: Tier = "medium"
-    learns_layout = True  # parse() learns the file's layout (procfs.parse_runs)
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/net/snmp"), whole=True)
         self._digits = DigitTable()  # batches, learnt from a full parse
 
-    def collect(self) -> list[Reading]:
-        return readings(self.parse([self.sample()]))
-
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
-
-    def parse(self, raws: list[bytes], errors: list[CollectorError] | None = None) -> list[Block]:
-        """Samples laid out like the learnt one (same columns), in one numpy pass; the others
-        parsed in full (:func:`parse_runs`)."""
-        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
     def _parse_full(self, data: bytes) -> list[Block]:
         path = self._file.path

@@ -9,15 +9,17 @@ from pathlib import Path
 
 from ingest.collectors.base import (
     Block,
-    CollectorError,
-    Reading,
     SourceUnavailable,
     Value,
     proc_path,
-    readings,
 )
 from ingest.collectors.memory import parse_meminfo
-from ingest.collectors.procfs import LineLayout, ProcFile, parse_runs, wanted_counters
+from ingest.collectors.procfs import (
+    LayoutCollector,
+    LineLayout,
+    ProcFile,
+    wanted_counters,
+)
 from ingest.schema import NUMA, Tier
 
 _STAT_FIELDS: tuple[str, ...] = NUMA.counters
@@ -25,11 +27,10 @@ _WANTED: dict[bytes, str] = {n.encode(): n for n in _STAT_FIELDS}
 _MEM_WANTED: dict[bytes, str] = {b"MemFree": "mem_free", b"AnonHugePages": "anon_huge_pages"}
 
 
-class NumaCollector:
+class NumaCollector(LayoutCollector[list[tuple[bytes, bytes | None]]]):
     name = "numa"
     measurements: tuple[str, ...] = ("numa",)
     tier: Tier = "medium"
-    learns_layout = True  # parse() learns the file's layout (procfs.parse_runs)
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         base = proc_path(root, "sys/devices/system/node")
@@ -52,19 +53,9 @@ class NumaCollector:
             except SourceUnavailable:
                 self._meminfo.append(None)
 
-    def collect(self) -> list[Reading]:
-        return readings(self.parse([self.sample()]))
-
     def sample(self) -> list[tuple[bytes, bytes | None]]:
         """The tick's reads; :meth:`parse` can run later (the agent batches it)."""
         return [(s.read(), m.read() if m else None) for s, m in zip(self._stat, self._meminfo, strict=True)]
-
-    def parse(
-        self, raws: list[list[tuple[bytes, bytes | None]]], errors: list[CollectorError] | None = None
-    ) -> list[Block]:
-        """Samples laid out like the last fully parsed one, in one pass per file; the
-        others parsed in full (:func:`parse_runs`)."""
-        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
     def _parse_learnt(self, raws: list[list[tuple[bytes, bytes | None]]]) -> list[Block] | None:
         n = len(raws)

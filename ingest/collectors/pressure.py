@@ -11,13 +11,17 @@ from pathlib import Path
 from ingest.collectors.base import (
     Block,
     CollectorError,
-    Reading,
     SourceUnavailable,
     Value,
     proc_path,
-    readings,
 )
-from ingest.collectors.procfs import DigitTable, ProcFile, line_runs, parse_error, parse_runs
+from ingest.collectors.procfs import (
+    DigitTable,
+    LayoutCollector,
+    ProcFile,
+    line_runs,
+    parse_error,
+)
 from ingest.schema import Tier
 
 RESOURCES: tuple[str, ...] = ("cpu", "memory", "io")
@@ -48,11 +52,10 @@ def parse_psi(data: bytes, path: str) -> tuple[float | None, int | None, float |
     return out[0], out[1], out[2], out[3]  # type: ignore[return-value]
 
 
-class PressureCollector:
+class PressureCollector(LayoutCollector[list[bytes]]):
     name = "pressure"
     measurements: tuple[str, ...] = ("pressure",)
     tier: Tier = "fast"
-    learns_layout = True  # parse() learns the file's layout (procfs.parse_runs)
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._files: list[tuple[str, ProcFile]] = []
@@ -73,17 +76,9 @@ class PressureCollector:
         self._resources = [r for r, _ in self._files]
         self._digits = DigitTable()  # batches of the files joined, learnt from a full parse
 
-    def collect(self) -> list[Reading]:
-        return readings(self.parse([self.sample()]))
-
     def sample(self) -> list[bytes]:
         """The tick's reads; :meth:`parse` can run later (the agent batches it)."""
         return [f.read() for _, f in self._files]
-
-    def parse(self, raws: list[list[bytes]], errors: list[CollectorError] | None = None) -> list[Block]:
-        """Samples laid out like the learnt one, in one numpy pass; the others parsed in
-        full (:func:`parse_runs`)."""
-        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
     def _parse_full(self, data: list[bytes]) -> list[Block]:
         sa: list[Value] = []

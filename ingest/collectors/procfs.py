@@ -12,17 +12,19 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from ingest.collectors.base import (
     Block,
     CollectorError,
+    Reading,
     SourceUnavailable,
     Value,
     merge_blocks,
     proc_path,
+    readings,
 )
 
 log = logging.getLogger(__name__)
@@ -166,6 +168,30 @@ def parse_runs(
     if raws:
         run(0, len(raws))
     return merge_blocks(out)
+
+
+class LayoutCollector(Generic[R]):
+    """Base of the collectors that learn their files' layout: ``sample()`` (the tick's
+    reads) returns an ``R``; ``parse(raws, errors)`` is :func:`parse_runs` over the
+    subclass's ``_parse_learnt`` (samples through the learnt layout, or None) and
+    ``_parse_full`` (any one sample, learning its layout); ``collect()`` parses one."""
+
+    learns_layout = True  # the agent parses one sample at start
+
+    def sample(self) -> R:
+        raise NotImplementedError
+
+    def _parse_learnt(self, raws: list[R]) -> list[Block] | None:
+        raise NotImplementedError
+
+    def _parse_full(self, raw: R) -> list[Block]:
+        raise NotImplementedError
+
+    def collect(self) -> list[Reading]:
+        return readings(self.parse([self.sample()]))
+
+    def parse(self, raws: list[R], errors: list[CollectorError] | None = None) -> list[Block]:
+        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
 
 def read_text(path: str | Path) -> str | None:

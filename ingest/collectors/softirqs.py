@@ -9,42 +9,33 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.collectors.base import Block, CollectorError, Reading, proc_path, readings
+from ingest.collectors.base import Block, proc_path
 from ingest.collectors.procfs import (
     CountGrid,
+    LayoutCollector,
     NodeTable,
     ProcFile,
     cpu_node_map,
     fixed_width_counts,
     parse_cpu_header,
     parse_error,
-    parse_runs,
 )
 from ingest.schema import Tier
 
 
-class SoftirqsCollector:
+class SoftirqsCollector(LayoutCollector[bytes]):
     name = "softirqs"
     measurements: tuple[str, ...] = ("softirqs",)
     tier: Tier = "medium"
-    learns_layout = True  # parse() learns the file's layout (procfs.parse_runs)
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/softirqs"), whole=True)
         self._table = NodeTable("softirqs", cpu_node_map(root))
         self._grid = CountGrid()
 
-    def collect(self) -> list[Reading]:
-        return readings(self.parse([self.sample()]))
-
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
-
-    def parse(self, raws: list[bytes], errors: list[CollectorError] | None = None) -> list[Block]:
-        """Samples whose lines are those of the last full parse, in one numpy pass; the
-        others parsed in full (:func:`parse_runs`)."""
-        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
     def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
         values = self._grid.counts_many(raws)

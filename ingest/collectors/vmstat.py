@@ -7,34 +7,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ingest.collectors.base import Block, CollectorError, Reading, Value, proc_path, readings
-from ingest.collectors.procfs import LineLayout, ProcFile, parse_runs, wanted_counters
+from ingest.collectors.base import Block, Value, proc_path
+from ingest.collectors.procfs import (
+    LayoutCollector,
+    LineLayout,
+    ProcFile,
+    wanted_counters,
+)
 from ingest.schema import VMSTAT_COUNTERS, Tier
 
 _WANTED: dict[bytes, str] = {n.encode(): n for n in VMSTAT_COUNTERS}
 
 
-class VmstatCollector:
+class VmstatCollector(LayoutCollector[bytes]):
     name = "vmstat"
     measurements: tuple[str, ...] = ("vmstat",)
     tier: Tier = "medium"
-    learns_layout = True  # parse() learns the file's layout (procfs.parse_runs)
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/vmstat"))
         self._layout = LineLayout()
 
-    def collect(self) -> list[Reading]:
-        return readings(self.parse([self.sample()]))
-
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
-
-    def parse(self, raws: list[bytes], errors: list[CollectorError] | None = None) -> list[Block]:
-        """Samples laid out like the last fully parsed one, in one pass; the others parsed
-        in full (:func:`parse_runs`)."""
-        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
     def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
         return self._layout.block("vmstat", VMSTAT_COUNTERS, raws)
