@@ -214,7 +214,7 @@ def test_digit_table_declines_other_layouts() -> None:
     assert t.values([b"cpu0  11   201\nctxt  9\n"]) is not None  # other padding
     assert not t.relearn
     assert t.values([b"cpu0 11 201\nctxx 9\n"]) is None  # another key
-    assert t.relearn  # the collector learns again from its next single parse
+    assert t.relearn  # the collector learns again from its next full parse
     assert t.values([b"cpu0 11 201 5\nctxt 9\n"]) is None  # one more value
     assert t.values([b"cpu0 11 2 01\nctxt 9\n"]) is None  # a value split in two
     assert t.values([b"cpu0 11 -201\nctxt 9\n"]) is None  # a sign the digits do not carry
@@ -295,3 +295,17 @@ def test_agent_priming_lets_the_first_flush_read_batches() -> None:
     Agent(AgentConfig(lake=None, host="t", compact_every_s=0), [], collectors=collectors)
     for c in collectors:  # learnt at start: a first batch is read in one pass
         assert c._parse_learnt([c.sample(), c.sample()]) is not None, c.name
+
+
+def test_merge_blocks_joins_contiguous_samples_without_touching_its_input() -> None:
+    from ingest.collectors.base import merge_blocks
+
+    shared: list[Any] = [None]
+    tags = {"interface": ["a"]}
+    blocks = [Block("net", 1, tags, {"rx_bytes": shared}, at=i) for i in range(3)]
+    blocks += [Block("net", 1, {"interface": ["b"]}, {"rx_bytes": [5]}, at=3)]  # other series
+    blocks += [Block("net", 1, {"interface": ["b"]}, {"rx_bytes": [6]}, at=5)]  # a sample left out before
+    got = merge_blocks(blocks)
+    assert [(b.at, b.ticks, b.fields["rx_bytes"]) for b in got] == [
+        (0, 3, [None] * 3), (3, 1, [5]), (5, 1, [6])]
+    assert shared == [None] and all(b.ticks == 1 for b in blocks)

@@ -3,7 +3,9 @@
 A collector reads one source and returns :class:`Reading` objects: for one measurement,
 one row per series with its tag values and its field values. Counter fields carry the
 raw cumulative value as read; :class:`ingest.counters.CounterTracker` turns them into
-deltas. ``host`` and ``time`` are added by the agent.
+deltas. ``host`` and ``time`` are added by the agent. A collector that splits reading
+from parsing (:class:`Sampled`) parses the samples of a flush at once into
+:class:`Block` objects, the rows of consecutive samples of the same series.
 """
 
 from __future__ import annotations
@@ -69,14 +71,19 @@ def merge_blocks(blocks: list[Block]) -> list[Block]:
     in one pass; the measurements' blocks keep their order."""
     out: list[Block] = []
     last: dict[str, int] = {}  # measurement -> its last block in ``out``
+    joined: set[int] = set()  # blocks of ``out`` whose field lists are this call's own
     for b in blocks:
         i = last.get(b.measurement)
         if i is not None:
             a = out[i]
             if (a.at + a.ticks == b.at and a.fields.keys() == b.fields.keys()
                     and (a.tags is b.tags or a.tags == b.tags)):
-                fields = {f: a.fields[f] + b.fields[f] for f in a.fields}
-                out[i] = Block(a.measurement, a.ticks + b.ticks, a.tags, fields, a.at)
+                if i not in joined:  # copy once (a block's lists may be shared), then extend
+                    a = out[i] = Block(a.measurement, a.ticks, a.tags, {f: list(v) for f, v in a.fields.items()}, a.at)
+                    joined.add(i)
+                for f, v in b.fields.items():
+                    a.fields[f].extend(v)
+                a.ticks += b.ticks
                 continue
         last[b.measurement] = len(out)
         out.append(b)

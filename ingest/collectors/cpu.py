@@ -125,6 +125,8 @@ class CpuCollector(LayoutCollector[tuple[bytes, bytes | None, dict[bytes, Value]
     def _parse_learnt(
         self, raws: list[tuple[bytes, bytes | None, dict[bytes, Value] | None]]
     ) -> list[Block] | None:
+        """Samples of the CPUs of the last full parse, /proc/stat laid out as then: all the
+        counters in one numpy pass (:class:`DigitTable`); None otherwise."""
         if self._learnt_key != self._tags_key:  # CPUs came or went since the layout was learnt
             self._digits.relearn = True
             return None

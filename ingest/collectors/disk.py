@@ -102,6 +102,7 @@ class DiskCollector(LayoutCollector[bytes]):
         learn_rows(self._digits, data, row_of, {**_COLS, "in_flight": _IN_FLIGHT}, fields)
 
     def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
+        """Samples laid out like the learnt one (same disks), in one numpy pass."""
         got = self._digits.values(raws)
         if got is None:
             return None

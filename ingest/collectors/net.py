@@ -98,6 +98,7 @@ class NetCollector(LayoutCollector[bytes]):
         learn_rows(self._digits, data, row_of, _NETDEV_COLS, fields)
 
     def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
+        """Samples laid out like the learnt one (same interfaces), in one numpy pass."""
         got = self._digits.values(raws)
         if got is None:
             return None

@@ -361,7 +361,7 @@ class DigitTable:
         self._factors: np.ndarray | None = None
         self._single: list[str] = []
         self._multi: list[tuple[str, int, int]] = []
-        self.relearn = True  # learn at the next parse of a single text
+        self.relearn = True  # learn at the next full parse
 
     def learn(
         self,
