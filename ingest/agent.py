@@ -291,7 +291,8 @@ class Agent:
             list(collectors) if collectors is not None else self._build_collectors()
         )
         self._periods = {c.name: self._period_ticks(c) for c in self.collectors}
-        # Collectors with sample()/parse() only read at the tick; parsing waits for the flush.
+        # Collectors with sample()/parse() only read at the tick; parsing waits for the flush
+        # (base.Sampled).
         self._samplers: dict[str, Callable[[], Any]] = {
             c.name: getattr(c, "sample") for c in self.collectors  # noqa: B009
             if callable(getattr(c, "sample", None)) and callable(getattr(c, "parse", None))
@@ -325,16 +326,16 @@ class Agent:
                 buf.commit_to(LakeSink(tmp, durable=False), schema.SYSTEM.name, self.config.host, "00000000")
 
     def _prime(self) -> None:
-        """Parse one sample of each collector that reads batches, and drop it: the
-        collectors learn their files' layouts now, so the first flush reads its samples in
-        batches instead of one by one (tens of milliseconds that could make a tick late).
+        """Parse one sample of each collector that learns its files' layout
+        (``learns_layout``), and drop it: the full parse that learns it runs now rather
+        than in the first flush, which then reads all its samples through the layout.
         Errors are left to the first ticks to report."""
         for c in self.collectors:
             sample = self._samplers.get(c.name)
-            if sample is None or not callable(getattr(c, "parse_batch", None)):
+            if sample is None or not getattr(c, "learns_layout", False):
                 continue
             try:
-                c.parse(sample())  # type: ignore[attr-defined]
+                c.parse([sample()])  # type: ignore[attr-defined]
             except (CollectorError, OSError):
                 pass
 
@@ -407,7 +408,9 @@ class Agent:
     # ---------------------------------------------------------------- sampling
     def _ingest(self, readings: list[Reading], ts: int) -> None:
         for r in readings:
-            self._ingest_run(self._measurement(r), [(ts, r)])
+            n = r.n_rows
+            if n:
+                self._ingest_rows(self._measurement(r), [ts], n, r.tags, dict(r.fields))
 
     @staticmethod
     def _measurement(r: Reading) -> schema.Measurement:
@@ -419,38 +422,6 @@ class Agent:
         if m is None:
             raise CollectorError(f"collector produced unknown measurement {name!r}")
         return m
-
-    def _ingest_run(self, m: schema.Measurement, items: list[tuple[int, Reading]]) -> None:
-        """Buffer consecutive readings of one measurement (tick order), counters as deltas.
-
-        A run whose readings share their series and fields (the usual case: the same
-        CPUs, IRQ lines, disks tick after tick) is handled as one block of rows: one
-        comprehension per column instead of a pass per reading. The run is split where the
-        series change (a device came or went)."""
-        start = 0
-        while start < len(items):
-            first = items[start][1]
-            n, tags, fnames = first.n_rows, first.tags, first.fields.keys()
-            end = start + 1
-            while end < len(items):
-                r = items[end][1]
-                if r.tags != tags or r.fields.keys() != fnames or r.n_rows != n:
-                    break
-                end += 1
-            self._ingest_block(m, items[start:end])
-            start = end
-
-    def _ingest_block(self, m: schema.Measurement, items: list[tuple[int, Reading]]) -> None:
-        first = items[0][1]
-        n = first.n_rows
-        ticks = len(items)
-        if n == 0:
-            return
-        if ticks == 1:
-            self._ingest_rows(m, [items[0][0]], n, first.tags, dict(first.fields))
-        else:
-            values = {f: [v for _, r in items for v in r.fields[f]] for f in first.fields}
-            self._ingest_rows(m, [ts for ts, _ in items], n, first.tags, values)
 
     def _ingest_rows(self, m: schema.Measurement, stamps: list[int], n: int,
                      tags: dict[str, list[str]], values: dict[str, list[Any]]) -> None:
@@ -506,10 +477,10 @@ class Agent:
 
     def _parse_deferred(self) -> None:
         """Parse the raw samples of the collectors that split reading from parsing, in
-        tick order (counter deltas need it), all at once: the parsing code then runs hot.
-        A collector with ``parse_batch`` gets all its samples in one call (numpy over the
-        whole batch); when it declines (None: a layout change, or nothing learnt yet),
-        each sample is parsed on its own."""
+        tick order (counter deltas need it), all at once: each collector gets all its
+        samples in one ``parse(raws, errors)`` call (numpy over runs of samples laid out
+        alike, see ingest.collectors.procfs.parse_runs); a sample it cannot parse is
+        left out and reported."""
         deferred, self._deferred = self._deferred, []
         self._deferred_bytes = 0
         batches: dict[str, tuple[Collector, list[int], list[Any]]] = {}
@@ -519,52 +490,22 @@ class Agent:
                 batch = batches[collector.name] = (collector, [], [])
             batch[1].append(ts)
             batch[2].append(raw)
-        runs: dict[str, list[tuple[int, Reading]]] = {}
         for collector, stamps, raws in batches.values():
-            if self._parse_batch(collector, stamps, raws):
-                continue
-            for ts, raw in zip(stamps, raws, strict=True):
+            errors: list[CollectorError] = []
+            blocks: list[Block] = collector.parse(raws, errors)  # type: ignore[attr-defined]
+            for exc in errors:
+                self.stats.errors += 1
+                log.error("collector %s: %s", collector.name, exc)
+            for b in blocks:
+                n = len(b.fields[next(iter(b.fields))]) // b.ticks if b.fields else 0
+                if not n:
+                    continue
                 try:
-                    readings = collector.parse(raw)  # type: ignore[attr-defined]
+                    self._ingest_rows(self._measurement_named(b.measurement), stamps[b.at : b.at + b.ticks],
+                                      n, b.tags, b.fields)
                 except CollectorError as exc:
                     self.stats.errors += 1
-                    log.error("collector %s: %s", collector.name, exc)
-                    continue
-                for r in readings:
-                    runs.setdefault(r.measurement, []).append((ts, r))
-        for name, items in runs.items():
-            try:
-                self._ingest_run(self._measurement(items[0][1]), items)
-            except CollectorError as exc:
-                self.stats.errors += 1
-                log.error("measurement %s: %s", name, exc)
-
-    def _parse_batch(self, collector: Collector, stamps: list[int], raws: list[Any]) -> bool:
-        """Ingest ``raws`` through ``collector.parse_batch``; False when it declined."""
-        parse_batch = getattr(collector, "parse_batch", None)
-        if parse_batch is None or len(raws) < 2:
-            return False
-        # parse_batch changes no state when it declines (None) or raises: the samples
-        # are then parsed one by one, and an error names its sample
-        try:
-            blocks: list[Block] | None = parse_batch(raws)
-        except CollectorError:
-            return False
-        except Exception:  # a fault of the fast path must not lose the samples
-            log.exception("collector %s: batch parse failed; parsing its samples one by one", collector.name)
-            return False
-        if blocks is None:
-            return False
-        for b in blocks:
-            n = len(b.fields[next(iter(b.fields))]) // b.ticks if b.fields else 0
-            if not n:
-                continue
-            try:
-                self._ingest_rows(self._measurement_named(b.measurement), stamps, n, b.tags, b.fields)
-            except CollectorError as exc:
-                self.stats.errors += 1
-                log.error("measurement %s: %s", b.measurement, exc)
-        return True
+                    log.error("measurement %s: %s", b.measurement, exc)
 
     def _collect_facts(self, ts: int) -> None:
         for c in self.collectors:

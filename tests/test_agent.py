@@ -14,7 +14,7 @@ import pytest
 
 from ingest import lake
 from ingest.agent import Agent, AgentConfig
-from ingest.collectors.base import Reading
+from ingest.collectors.base import Block, CollectorError, Reading, merge_blocks, readings
 from ingest.lake import LakeSink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,12 +195,14 @@ class _DeferredCollector:
         self.i += 1
         return raw
 
-    def parse(self, raw: dict[str, int]) -> list[Reading]:
-        names = sorted(raw)
-        return [Reading("net", {"interface": names}, {"rx_bytes": [raw[n] for n in names]})]
+    def parse(self, raws: list[dict[str, int]], errors: list[CollectorError] | None = None) -> list[Block]:
+        return merge_blocks([
+            Block("net", 1, {"interface": sorted(raw)}, {"rx_bytes": [raw[n] for n in sorted(raw)]}, at=i)
+            for i, raw in enumerate(raws)
+        ])
 
     def collect(self) -> list[Reading]:
-        return self.parse(self.sample())
+        return readings(self.parse([self.sample()]))
 
     def close(self) -> None:
         pass

@@ -438,16 +438,24 @@ def test_interrupt_wraps_are_corrected_per_cpu(tmp_path: Path) -> None:
 def test_node_reducer_keeps_sums_monotonic() -> None:
     r = NodeReducer({0: "0", 1: "0", 2: "1"})
     r.set_columns((0, 1, 2))
-    a = r.reduce(["x"], np.array([[500_000, 500_000, 2**32 - 10]], dtype=np.int64))
+
+    def reduce(keys: list[object], rows: list[list[int]]) -> np.ndarray:  # one sample
+        return r.reduce(keys, np.array([rows], dtype=np.int64))[0]
+
+    a = reduce(["x"], [[500_000, 500_000, 2**32 - 10]])
     # CPU0 reset (counts from zero), CPU1 +100, CPU2 wrapped (+15)
-    b = r.reduce(["x"], np.array([[10, 500_100, 5]], dtype=np.int64))
+    b = reduce(["x"], [[10, 500_100, 5]])
     assert (b - a).tolist() == [[110, 15]]
     assert r.resets == 1
     # a row that appears later starts from its own first value
-    c = r.reduce(["x", "y"], np.array([[10, 500_100, 5], [7, 0, 1]], dtype=np.int64))
+    c = reduce(["x", "y"], [[10, 500_100, 5], [7, 0, 1]])
     assert c[0].tolist() == b[0].tolist() and c[1].tolist() == [7, 1]
     r.set_columns((0, 1))  # hotplug: the sums restart
-    assert r.reduce(["x"], np.array([[1, 2]], dtype=np.int64)).tolist() == [[3, 0]]
+    assert reduce(["x"], [[1, 2]]).tolist() == [[3, 0]]
+    # consecutive samples at once: the sums of one sample at a time
+    r.set_columns((0, 1, 2))
+    many = r.reduce(["x"], np.array([[[500_000, 500_000, 2**32 - 10]], [[10, 500_100, 5]]], dtype=np.int64))
+    assert (many[1] - many[0]).tolist() == [[110, 15]]
 
 
 def test_net_wraps_and_reset(tmp_path: Path) -> None:

@@ -28,8 +28,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ingest.collectors.base import CollectorError, Reading, SourceUnavailable, Value, proc_path
-from ingest.collectors.procfs import ProcFile
+from ingest.collectors.base import (
+    Block,
+    CollectorError,
+    Reading,
+    SourceUnavailable,
+    Value,
+    proc_path,
+    readings,
+)
+from ingest.collectors.procfs import ProcFile, parse_runs
 from ingest.schema import CGROUP, Tier
 
 #: seconds between two listings of the groups (a new container shows within this)
@@ -234,7 +242,7 @@ class CgroupCollector:
             self._plan.append((g, paths, [self._open(p) for p in paths]))
 
     def collect(self) -> list[Reading]:
-        return self.parse(self.sample())
+        return readings(self.parse([self.sample()]))
 
     def sample(self) -> list[tuple[str, tuple[Path | None, ...], list[bytes | None]]]:
         """The tick's reads (each group's files); :meth:`parse` can run later."""
@@ -255,7 +263,14 @@ class CgroupCollector:
             out.append((g, paths, data))
         return out
 
-    def parse(self, raw: list[tuple[str, tuple[Path | None, ...], list[bytes | None]]]) -> list[Reading]:
+    def parse(
+        self, raws: list[list[tuple[str, tuple[Path | None, ...], list[bytes | None]]]],
+        errors: list[CollectorError] | None = None,
+    ) -> list[Block]:
+        """Each sample on its own (groups come and go, files are small)."""
+        return parse_runs(raws, None, self._parse_one, errors)
+
+    def _parse_one(self, raw: list[tuple[str, tuple[Path | None, ...], list[bytes | None]]]) -> list[Block]:
         fields: dict[str, list[Value]] = {f: [] for f in CGROUP.field_index}
         row = self._row_v2 if self.version == 2 else self._row_v1
         kept: list[str] = []
@@ -264,7 +279,7 @@ class CgroupCollector:
             kept.append(g)
             for k, v in row(paths, texts).items():
                 fields[k].append(v)
-        return [Reading("cgroup", tags={"cgroup": kept}, fields=fields)]
+        return [Block("cgroup", 1, tags={"cgroup": kept}, fields=fields)]
 
     @staticmethod
     def _row_v2(paths: tuple[Path | None, ...], texts: list[str | None]) -> dict[str, Value]:

@@ -11,12 +11,18 @@ from typing import Any
 from ingest.collectors.base import (
     Block,
     CollectorError,
-    Reading,
     SourceUnavailable,
     Value,
     proc_path,
 )
-from ingest.collectors.procfs import DigitTable, ProcFile, cpu_node_map, line_runs, parse_error
+from ingest.collectors.procfs import (
+    DigitTable,
+    LayoutCollector,
+    ProcFile,
+    cpu_node_map,
+    line_runs,
+    parse_error,
+)
 from ingest.schema import CPU, Tier
 
 #: /proc/stat per-CPU columns in order (guest time is already inside user/nice)
@@ -24,7 +30,7 @@ _CPU_FIELDS: tuple[str, ...] = tuple(f.name for f in CPU.fields if f.kind == "co
 _NCOL = len(_CPU_FIELDS)
 
 
-class CpuCollector:
+class CpuCollector(LayoutCollector[tuple[bytes, bytes | None, dict[bytes, Value] | None]]):
     name = "cpu"
     measurements: tuple[str, ...] = ("cpu", "system")
     tier: Tier = "fast"
@@ -53,11 +59,11 @@ class CpuCollector:
         self._cpu_tags: list[str] = []
         self._node_tags: list[str] = []
         self._load1: float | None = None
-        # batch parsing: /proc/stat without its 'intr' line, as a digit table (see parse_batch)
+        # /proc/stat without its 'intr' line, as a digit table (see _parse_learnt)
         self._digits = DigitTable()
         self._learnt_key: tuple[bytes, ...] = ()  # the CPUs of the learnt layout
         try:  # learn the CPUs now: sample() reads their cpufreq
-            self.parse((self._stat.read(), None, None))
+            self.parse([(self._stat.read(), None, None)])
         except CollectorError:
             pass  # reported by every collect() while it lasts
 
@@ -69,9 +75,6 @@ class CpuCollector:
             return ProcFile(path, whole=True, size=4096)
         except (SourceUnavailable, CollectorError):
             return None
-
-    def collect(self) -> list[Reading]:
-        return self.parse(self.sample())
 
     def sample(self) -> tuple[bytes, bytes | None, dict[bytes, Value] | None]:
         """The tick's reads only: /proc/stat every tick; /proc/loadavg (a 5-s kernel
@@ -95,7 +98,7 @@ class CpuCollector:
                     pass  # cpufreq driver without a current value (EBUSY ...)
         return stat, load if load is not None else b"", freq
 
-    def parse(self, raw: tuple[bytes, bytes | None, dict[bytes, Value] | None]) -> list[Reading]:
+    def _parse_full(self, raw: tuple[bytes, bytes | None, dict[bytes, Value] | None]) -> list[Block]:
         stat, load_raw, freq_raw = raw
         labels, cols, ctxt, forks, running, blocked = parse_stat(stat, self._stat.path)
         if self._digits.relearn:
@@ -105,13 +108,10 @@ class CpuCollector:
         fields: dict[str, list[Value]] = dict(zip(_CPU_FIELDS, cols, strict=True))
         fields["freq_mhz"] = list(self._last_freq)
         return [
-            Reading(
-                "cpu",
-                tags={"cpu": list(self._cpu_tags), "node": list(self._node_tags)},
-                fields=fields,
-            ),
-            Reading(
+            Block("cpu", 1, tags={"cpu": self._cpu_tags, "node": self._node_tags}, fields=fields),
+            Block(
                 "system",
+                1,
                 fields={
                     "ctxt": [ctxt],
                     "forks": [forks],
@@ -122,11 +122,11 @@ class CpuCollector:
             ),
         ]
 
-    def parse_batch(
+    def _parse_learnt(
         self, raws: list[tuple[bytes, bytes | None, dict[bytes, Value] | None]]
     ) -> list[Block] | None:
-        """Samples of the CPUs of the last parse, /proc/stat laid out as then: all the
-        counters of the batch in one numpy pass (:class:`DigitTable`); None otherwise."""
+        """Samples of the CPUs of the last full parse, /proc/stat laid out as then: all the
+        counters in one numpy pass (:class:`DigitTable`); None otherwise."""
         if self._learnt_key != self._tags_key:  # CPUs came or went since the layout was learnt
             self._digits.relearn = True
             return None
@@ -145,7 +145,7 @@ class CpuCollector:
                 freq.extend(self._last_freq)
                 load.append(self._load1)
         except CollectorError:
-            self._last_freq, self._load1 = before  # declined: changed nothing
+            self._last_freq, self._load1 = before  # changed nothing: the full parse names the sample
             raise
         none: list[Value] = [None] * (n * len(labels))
         fields: dict[str, list[Value]] = {f: got.get(f) or none for f in _CPU_FIELDS}
@@ -163,11 +163,11 @@ class CpuCollector:
     def _learn(self, stat: bytes, labels: list[bytes], cols: list[list[Any]],
                tail: tuple[int | None, int | None, float | None, float | None]) -> None:
         """Learn where each value of a parsed /proc/stat lies among its digit runs, for
-        :meth:`parse_batch` (checked against the parse, else batches are declined)."""
+        :meth:`_parse_learnt` (checked against the parse, else batches are declined)."""
         self._learnt_key = tuple(labels)
         cut = _without_intr(stat)
         if cut is None or None in tail:
-            self._digits.disable()
+            self._digits.disable(cut or stat)
             return
         lines = cut.split(b"\n")
         starts = line_runs(cut)
@@ -181,7 +181,7 @@ class CpuCollector:
         for f, key, v in zip(("ctxt", "forks", "procs_running", "procs_blocked"),
                              (b"ctxt", b"processes", b"procs_running", b"procs_blocked"), tail, strict=True):
             if key not in heads:
-                self._digits.disable()
+                self._digits.disable(cut)
                 return
             picks[f] = [starts[heads[key]]]
             expected[f] = [int(v)]  # type: ignore[arg-type]

@@ -9,8 +9,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ingest.collectors.base import Block, Reading, Value, proc_path
-from ingest.collectors.procfs import DigitTable, ProcFile, digit_runs, learn_rows, parse_error
+from ingest.collectors.base import Block, Value, proc_path
+from ingest.collectors.procfs import (
+    DigitTable,
+    LayoutCollector,
+    ProcFile,
+    digit_runs,
+    learn_rows,
+    parse_error,
+)
 from ingest.schema import Tier
 
 #: lake field -> column of /proc/diskstats after major, minor, name
@@ -28,7 +35,7 @@ _IN_FLIGHT = 8
 SKIP_PREFIXES: tuple[str, ...] = ("loop", "ram", "zram")
 
 
-class DiskCollector:
+class DiskCollector(LayoutCollector[bytes]):
     name = "disk"
     measurements: tuple[str, ...] = ("disk",)
     tier: Tier = "medium"
@@ -37,7 +44,7 @@ class DiskCollector:
         self._file = ProcFile(proc_path(root, "proc/diskstats"))
         self._block = proc_path(root, "sys/block")
         self._whole: dict[bytes, bool] = {}
-        self._digits = DigitTable()  # batches (parse_batch), learnt from a parse
+        self._digits = DigitTable()  # batches, learnt from a full parse
         self._names: list[str] = []  # the disks of the learnt layout
 
     def _is_whole(self, name: bytes) -> bool:
@@ -51,14 +58,11 @@ class DiskCollector:
             self._whole[name] = known
         return known
 
-    def collect(self) -> list[Reading]:
-        return self.parse(self.sample())
-
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
 
-    def parse(self, data: bytes) -> list[Reading]:
+    def _parse_full(self, data: bytes) -> list[Block]:
         path = self._file.path
         names: list[str] = []
         fields: dict[str, list[Value]] = {f: [] for f in _COLS}
@@ -85,7 +89,7 @@ class DiskCollector:
         fields["in_flight"] = in_flight
         if self._digits.relearn:
             self._learn(data, names, fields)
-        return [Reading("disk", tags={"device": names}, fields=fields)]
+        return [Block("disk", 1, tags={"device": names}, fields=fields)]
 
     def _learn(self, data: bytes, names: list[str], fields: dict[str, list[Value]]) -> None:
         def row_of(line: bytes) -> tuple[int, bool] | None:
@@ -97,7 +101,7 @@ class DiskCollector:
         self._names = names
         learn_rows(self._digits, data, row_of, {**_COLS, "in_flight": _IN_FLIGHT}, fields)
 
-    def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
+    def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
         """Samples laid out like the learnt one (same disks), in one numpy pass."""
         got = self._digits.values(raws)
         if got is None:

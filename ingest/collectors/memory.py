@@ -9,8 +9,8 @@ import functools
 import re
 from pathlib import Path
 
-from ingest.collectors.base import Block, Reading, Value, proc_path
-from ingest.collectors.procfs import LineLayout, ProcFile, parse_error
+from ingest.collectors.base import Block, Value, proc_path
+from ingest.collectors.procfs import LayoutCollector, LineLayout, ProcFile, parse_error
 from ingest.schema import MEMINFO_KEYS, Tier
 
 #: meminfo key (bytes) -> lake field
@@ -55,7 +55,7 @@ def _parse_meminfo_lines(data: bytes, path: str, prefix: bytes) -> dict[bytes, i
     return out
 
 
-class MemoryCollector:
+class MemoryCollector(LayoutCollector[bytes]):
     name = "memory"
     measurements: tuple[str, ...] = ("memory",)
     tier: Tier = "medium"
@@ -64,25 +64,20 @@ class MemoryCollector:
         self._file = ProcFile(proc_path(root, "proc/meminfo"), whole=True)
         self._layout = LineLayout()
 
-    def collect(self) -> list[Reading]:
-        return self.parse(self.sample())
-
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
 
-    def parse(self, data: bytes) -> list[Reading]:
-        got = self._layout.parse(data)
-        if got is None:
-            values = parse_meminfo(data, self._file.path)
-            got = {f: values[k] for k, f in _KEY_FIELD.items() if k in values}
-            self._layout.learn(data, b":", _KEY_FIELD)
-        fields: dict[str, list[Value]] = {f: [got.get(f)] for f in _FIELDS}
-        return [Reading("memory", fields=fields)]
-
-    def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
-        """Samples laid out like the last parsed one, in one pass; None otherwise."""
+    def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
         return self._layout.block("memory", _FIELDS, raws)
+
+    def _parse_full(self, data: bytes) -> list[Block]:
+        values = parse_meminfo(data, self._file.path)
+        got = {f: values[k] for k, f in _KEY_FIELD.items() if k in values}
+        if self._layout.relearn:
+            self._layout.learn(data, b":", _KEY_FIELD, got)
+        fields: dict[str, list[Value]] = {f: [got.get(f)] for f in _FIELDS}
+        return [Block("memory", 1, fields=fields)]
 
     def close(self) -> None:
         self._file.close()

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ingest.collectors.base import Block, Reading, Value, proc_path
+from ingest.collectors.base import Block, Value, proc_path
 from ingest.collectors.procfs import (
     DigitTable,
+    LayoutCollector,
     ProcFile,
     digit_runs,
     learn_rows,
@@ -41,7 +42,7 @@ _TCP_KEYS: dict[str, bytes] = {
 }
 
 
-class NetCollector:
+class NetCollector(LayoutCollector[bytes]):
     name = "net"
     measurements: tuple[str, ...] = ("net",)
     tier: Tier = "medium"
@@ -52,17 +53,14 @@ class NetCollector:
         """``skip``: interface names not reported (loopback by default)."""
         self._file = ProcFile(proc_path(root, "proc/net/dev"))
         self._skip = {s.encode() for s in skip}
-        self._digits = DigitTable()  # batches (parse_batch), learnt from a parse
+        self._digits = DigitTable()  # batches, learnt from a full parse
         self._names: list[str] = []  # the interfaces of the learnt layout
-
-    def collect(self) -> list[Reading]:
-        return self.parse(self.sample())
 
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
 
-    def parse(self, data: bytes) -> list[Reading]:
+    def _parse_full(self, data: bytes) -> list[Block]:
         path = self._file.path
         names: list[str] = []
         fields: dict[str, list[Value]] = {f: [] for f in _NETDEV_COLS}
@@ -87,7 +85,7 @@ class NetCollector:
             names.append(name.decode())
         if self._digits.relearn:
             self._learn(data, names, fields)
-        return [Reading("net", tags={"interface": names}, fields=fields)]
+        return [Block("net", 1, tags={"interface": names}, fields=fields)]
 
     def _learn(self, data: bytes, names: list[str], fields: dict[str, list[Value]]) -> None:
         def row_of(line: bytes) -> tuple[int, bool] | None:
@@ -99,7 +97,7 @@ class NetCollector:
         self._names = names
         learn_rows(self._digits, data, row_of, _NETDEV_COLS, fields)
 
-    def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
+    def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
         """Samples laid out like the learnt one (same interfaces), in one numpy pass."""
         got = self._digits.values(raws)
         if got is None:
@@ -110,23 +108,20 @@ class NetCollector:
         self._file.close()
 
 
-class TcpCollector:
+class TcpCollector(LayoutCollector[bytes]):
     name = "tcp"
     measurements: tuple[str, ...] = ("tcp",)
     tier: Tier = "medium"
 
     def __init__(self, root: str | Path = "/", **options: object) -> None:
         self._file = ProcFile(proc_path(root, "proc/net/snmp"), whole=True)
-        self._digits = DigitTable()  # batches (parse_batch), learnt from a parse
-
-    def collect(self) -> list[Reading]:
-        return self.parse(self.sample())
+        self._digits = DigitTable()  # batches, learnt from a full parse
 
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
 
-    def parse(self, data: bytes) -> list[Reading]:
+    def _parse_full(self, data: bytes) -> list[Block]:
         path = self._file.path
         header: list[bytes] | None = None
         for lineno, line in enumerate(data.split(b"\n"), start=1):
@@ -151,16 +146,15 @@ class TcpCollector:
                 first = line_runs(data)[lineno - 1]  # 'Tcp:' has no digits; one run per value
                 picks = {f: [first + header.index(k)] for f, k in _TCP_KEYS.items() if k in header}
                 self._digits.learn(data, picks, expected=fields)
-            return [Reading("tcp", fields=fields)]
+            return [Block("tcp", 1, fields=fields)]
         raise parse_error(path, 0, b"", "no 'Tcp:' lines")
 
-    def close(self) -> None:
-        self._file.close()
-
-    def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
-        """Samples laid out like the learnt one, in one numpy pass; None otherwise."""
+    def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
         got = self._digits.values(raws)
         if got is None:
             return None
         none: list[Value] = [None] * len(raws)
         return [Block("tcp", len(raws), fields={f: got.get(f) or none for f in _TCP_KEYS})]
+
+    def close(self) -> None:
+        self._file.close()

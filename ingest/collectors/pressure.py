@@ -11,12 +11,17 @@ from pathlib import Path
 from ingest.collectors.base import (
     Block,
     CollectorError,
-    Reading,
     SourceUnavailable,
     Value,
     proc_path,
 )
-from ingest.collectors.procfs import DigitTable, ProcFile, line_runs, parse_error
+from ingest.collectors.procfs import (
+    DigitTable,
+    LayoutCollector,
+    ProcFile,
+    line_runs,
+    parse_error,
+)
 from ingest.schema import Tier
 
 RESOURCES: tuple[str, ...] = ("cpu", "memory", "io")
@@ -47,7 +52,7 @@ def parse_psi(data: bytes, path: str) -> tuple[float | None, int | None, float |
     return out[0], out[1], out[2], out[3]  # type: ignore[return-value]
 
 
-class PressureCollector:
+class PressureCollector(LayoutCollector[list[bytes]]):
     name = "pressure"
     measurements: tuple[str, ...] = ("pressure",)
     tier: Tier = "fast"
@@ -69,16 +74,13 @@ class PressureCollector:
                 f"{proc_path(root, 'proc/pressure')} does not exist (kernel without PSI)"
             )
         self._resources = [r for r, _ in self._files]
-        self._digits = DigitTable()  # batches of the files joined (parse_batch), learnt from a parse
-
-    def collect(self) -> list[Reading]:
-        return self.parse(self.sample())
+        self._digits = DigitTable()  # batches of the files joined, learnt from a full parse
 
     def sample(self) -> list[bytes]:
         """The tick's reads; :meth:`parse` can run later (the agent batches it)."""
         return [f.read() for _, f in self._files]
 
-    def parse(self, data: list[bytes]) -> list[Reading]:
+    def _parse_full(self, data: list[bytes]) -> list[Block]:
         sa: list[Value] = []
         st: list[Value] = []
         fa: list[Value] = []
@@ -92,7 +94,7 @@ class PressureCollector:
         fields: dict[str, list[Value]] = {"some_avg10": sa, "full_avg10": fa, "some_total": st, "full_total": ft}
         if self._digits.relearn:
             self._learn(data, fields)
-        return [Reading("pressure", tags={"resource": list(self._resources)}, fields=fields)]
+        return [Block("pressure", 1, tags={"resource": self._resources}, fields=fields)]
 
     def _learn(self, data: list[bytes], fields: dict[str, list[Value]]) -> None:
         """Where the values lie among the digit runs of the files joined by newlines:
@@ -110,7 +112,7 @@ class PressureCollector:
             for key, at in (("_i", 1), ("_f", 2), ("_total", 9)):
                 picks.setdefault(kind[:4] + key, []).append(starts[i] + at)
         if any(len(v) != len(self._resources) for v in picks.values()):
-            self._digits.disable()  # a 'full' line in some files only (cpu before 5.13)
+            self._digits.disable(joined)  # a 'full' line in some files only (cpu before 5.13)
             return
         totals: dict[str, list[Value]] = {f: fields[f] for f in ("some_total", "full_total") if f in picks}
         self._digits.learn(joined, picks, labels=labels, expected=totals)
@@ -127,8 +129,7 @@ class PressureCollector:
             for k in ("some", "full") if k + "_i" in got
         }
 
-    def parse_batch(self, raws: list[list[bytes]]) -> list[Block] | None:
-        """Samples laid out like the learnt one, in one numpy pass; None otherwise."""
+    def _parse_learnt(self, raws: list[list[bytes]]) -> list[Block] | None:
         got = self._digits.values([b"\n".join(r) for r in raws])
         if got is None:
             return None

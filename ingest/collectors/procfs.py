@@ -8,9 +8,11 @@ object, no decoding (parsing works on ``bytes``).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -20,8 +22,12 @@ from ingest.collectors.base import (
     Reading,
     SourceUnavailable,
     Value,
+    merge_blocks,
     proc_path,
+    readings,
 )
+
+log = logging.getLogger(__name__)
 
 #: read size; ``whole`` files double it when a file does not fit
 _CHUNK = 65536
@@ -89,6 +95,103 @@ class ProcFile:
                 os.close(self._fd)  # type: ignore[arg-type]
             except OSError:
                 pass
+
+
+R = TypeVar("R")
+
+
+def parse_runs(
+    raws: list[R],
+    learnt: Callable[[list[R]], list[Block] | None] | None,
+    full: Callable[[R], list[Block]],
+    errors: list[CollectorError] | None,
+) -> list[Block]:
+    """The one parse of a collector's samples (its ``parse(raws, errors)``).
+
+    ``learnt(texts)`` reads samples laid out like the one it learnt last, all in one numpy
+    pass, or declines (None, changing nothing) when one of them is laid out otherwise;
+    ``full(raw)`` parses any single sample, names a bad line, and learns that sample's
+    layout. A declined batch is halved until the sample where the layout changed (a line
+    came or went, nothing learnt yet) stands alone: it goes through ``full``, and the
+    samples after it through the layout just learnt. A sample that ``full`` cannot parse is
+    left out, its error appended to ``errors`` (raised when ``errors`` is None). Blocks
+    carry their first sample's index (``at``) and are merged where they follow each other.
+
+    ``learnt`` changes nothing when it declines or raises: a CollectorError (a bad value
+    outside the learnt digits) is a decline, and so is any other exception, logged, after
+    which this call parses its remaining samples in full (a fault of the learnt layout
+    must not lose samples)."""
+    out: list[Block] = []
+    broken = learnt is None
+
+    def try_learnt(lo: int, hi: int) -> list[Block] | None:
+        nonlocal broken
+        if broken:
+            return None
+        try:
+            return learnt(raws[lo:hi])  # type: ignore[misc]
+        except CollectorError:
+            return None
+        except Exception:
+            log.exception("reading samples through their learnt layout failed; parsing them in full")
+            broken = True
+            return None
+
+    def one(i: int) -> None:
+        try:
+            got = full(raws[i])
+        except CollectorError as e:
+            if errors is None:
+                raise
+            errors.append(e)
+            return
+        for b in got:
+            b.at = i
+        out.extend(got)
+
+    def run(lo: int, hi: int) -> None:
+        got = try_learnt(lo, hi)
+        if got is not None:
+            for b in got:
+                b.at = lo
+            out.extend(got)
+        elif hi - lo == 1:
+            one(lo)
+        elif broken:
+            for i in range(lo, hi):
+                one(i)
+        else:
+            mid = (lo + hi) // 2
+            run(lo, mid)
+            run(mid, hi)
+
+    if raws:
+        run(0, len(raws))
+    return merge_blocks(out)
+
+
+class LayoutCollector(Generic[R]):
+    """Base of the collectors that learn their files' layout: ``sample()`` (the tick's
+    reads) returns an ``R``; ``parse(raws, errors)`` is :func:`parse_runs` over the
+    subclass's ``_parse_learnt`` (samples through the learnt layout, or None) and
+    ``_parse_full`` (any one sample, learning its layout); ``collect()`` parses one."""
+
+    learns_layout = True  # the agent parses one sample at start
+
+    def sample(self) -> R:
+        raise NotImplementedError
+
+    def _parse_learnt(self, raws: list[R]) -> list[Block] | None:
+        raise NotImplementedError
+
+    def _parse_full(self, raw: R) -> list[Block]:
+        raise NotImplementedError
+
+    def collect(self) -> list[Reading]:
+        return readings(self.parse([self.sample()]))
+
+    def parse(self, raws: list[R], errors: list[CollectorError] | None = None) -> list[Block]:
+        return parse_runs(raws, self._parse_learnt, self._parse_full, errors)
 
 
 def read_text(path: str | Path) -> str | None:
@@ -234,15 +337,17 @@ class DigitTable:
     field's values lie among the runs (:func:`line_runs` helps) and which runs belong to
     names ('cpu12', 'eth0', 'pgalloc_dma32', a disk's major and minor): those must keep
     their values. It checks the picks against that parse (``expected``) and otherwise
-    declines every batch. :meth:`values` declines (None) a batch in which a text differs
-    from the learnt one other than in its values, and sets ``relearn``: the collector
-    parses those texts one by one and learns again from the next one.
+    declines every batch of that layout. :meth:`values` declines (None) a batch in which a
+    text differs from the learnt one other than in its values, and sets ``relearn``: the
+    collector's full parser reads the text where the layout changed and learns from it
+    (:func:`parse_runs`).
 
     Spaces do not count in the comparison: padded values ('MemFree:  812340 kB', the
     kernel's %8lu) shift when a value gains a digit. The count of runs per text must
     match too, so a value split in two or merged is still caught."""
 
-    __slots__ = ("_template", "runs", "_labels", "_label_values", "_picks", "_scale", "relearn")
+    __slots__ = ("_template", "runs", "_labels", "_label_values", "_picks", "_gather", "_factors",
+                 "_single", "_multi", "relearn")
 
     def __init__(self) -> None:
         self._template = b""  # the learnt text without its digits and spaces
@@ -250,8 +355,13 @@ class DigitTable:
         self._labels = np.zeros(0, dtype=np.intp)
         self._label_values = np.zeros(0, dtype=np.uint64)
         self._picks: dict[str, np.ndarray] = {}
-        self._scale: dict[str, int] = {}
-        self.relearn = True  # learn at the next parse of a single text
+        # every pick gathered in one take: fields of one value per text first (one column
+        # each), then the others (a slice each), a factor per column when some are scaled
+        self._gather = np.zeros(0, dtype=np.intp)
+        self._factors: np.ndarray | None = None
+        self._single: list[str] = []
+        self._multi: list[tuple[str, int, int]] = []
+        self.relearn = True  # learn at the next full parse
 
     def learn(
         self,
@@ -270,7 +380,17 @@ class DigitTable:
         self.runs = digit_runs(text)
         self._labels = np.asarray(labels, dtype=np.intp)
         self._picks = {f: np.asarray(ix, dtype=np.intp) for f, ix in picks.items()}
-        self._scale = {f: k for f, k in (scale or {}).items() if k != 1}
+        self._single = [f for f, ix in self._picks.items() if ix.size == 1]
+        order = self._single + [f for f, ix in self._picks.items() if ix.size != 1]
+        self._gather = np.concatenate([self._picks[f] for f in order]) if order else np.zeros(0, dtype=np.intp)
+        self._multi, at = [], len(self._single)
+        for f in order[at:]:
+            self._multi.append((f, at, at + self._picks[f].size))
+            at += self._picks[f].size
+        k = scale or {}
+        factors = np.concatenate([np.full(self._picks[f].size, k.get(f, 1), dtype=np.uint64) for f in order]) \
+            if order else np.zeros(0, dtype=np.uint64)
+        self._factors = factors if (factors != 1).any() else None
         if any(ix.size and (ix.min() < 0 or ix.max() >= self.runs) for ix in self._picks.values()) or (
             self._labels.size and (self._labels.min() < 0 or self._labels.max() >= self.runs)
         ):
@@ -289,8 +409,11 @@ class DigitTable:
                 return False
         return True
 
-    def disable(self) -> None:
-        """Decline every batch (a layout this table cannot read) until :meth:`learn`."""
+    def disable(self, text: bytes | None = None) -> None:
+        """Decline every batch: ``text``'s layout (the one just learnt when None) is one
+        this table cannot read. A text laid out otherwise sets ``relearn`` again."""
+        if text is not None:
+            self._template = text.translate(None, _DIGITS_SPACE)
         self.runs = -1
         self.relearn = False
 
@@ -299,14 +422,17 @@ class DigitTable:
         None when a text is not laid out as the learnt one."""
         nums = self._numbers(texts)
         if nums is None:
-            self.relearn = self.relearn or self.runs >= 0
+            self.relearn = self.relearn or self.runs >= 0 or (
+                bool(texts) and b"\n".join(texts).translate(None, _DIGITS_SPACE)
+                != b"\n".join([self._template] * len(texts)))
             return None
-        out: dict[str, list[Value]] = {}
-        for f, ix in self._picks.items():
-            picked = nums[:, ix]
-            k = self._scale.get(f)
-            out[f] = (picked * np.uint64(k) if k else picked).ravel().tolist()
-        return out
+        picked = nums[:, self._gather]
+        if self._factors is not None:
+            picked = picked * self._factors
+        got: dict[str, list[Value]] = dict(zip(self._single, picked[:, : len(self._single)].T.tolist(), strict=True))
+        for f, a, b in self._multi:
+            got[f] = picked[:, a:b].ravel().tolist()
+        return {f: got[f] for f in self._picks}
 
     def _numbers(self, texts: list[bytes]) -> np.ndarray | None:
         n = len(texts)
@@ -360,34 +486,31 @@ def line_runs(text: bytes) -> list[int]:
 
 
 class LineLayout:
-    """Re-parses a file whose lines keep their places between reads (/proc/vmstat,
-    meminfo, numastat) by converting only the wanted lines.
+    """Where the wanted values of a 'key<sep>value' file (/proc/vmstat, meminfo,
+    numastat) lie among its digit runs, for a :class:`DigitTable`: a value is the last run
+    of its line, digits in keys are names, ' kB' values are scaled to bytes. Learnt from a
+    text that the collector's full parser read (:meth:`learn`, its values check the
+    picks); :meth:`block` reads a batch of texts laid out alike."""
 
-    :meth:`learn` records, from a text the full parser accepted, the line index of each
-    wanted key, the bytes that begin its line and whether it ends in ' kB'. :meth:`parse`
-    then splits the lines and converts those lines only. A text whose lines differ (their
-    count, a key not at its place, a value that is not a number) gives None: the caller
-    parses it in full, which names a bad line, and learns again.
-
-    :meth:`parse_many` reads a whole batch at once through a :class:`DigitTable` (a
-    value is the last digit run of its line; digits in keys are names)."""
-
-    __slots__ = ("_nlines", "_slots", "_digits", "_how")
+    __slots__ = ("_digits",)
 
     def __init__(self) -> None:
-        self._nlines = -1
-        self._slots: tuple[tuple[int, bytes, str, bool], ...] = ()
         self._digits = DigitTable()
-        self._how: tuple[bytes, dict[bytes, str], bytes] = (b"", {}, b"")
 
-    def learn(self, data: bytes, sep: bytes, wanted: dict[bytes, str], strip: bytes = b"") -> None:
+    @property
+    def relearn(self) -> bool:
+        """A batch was declined since :meth:`learn` (or nothing is learnt yet)."""
+        return self._digits.relearn
+
+    def learn(self, data: bytes, sep: bytes, wanted: dict[bytes, str], expected: dict[str, int],
+              strip: bytes = b"") -> None:
         """Learn the places of the ``wanted`` keys (file key -> field) in ``data``, whose
-        lines are 'key<sep>value'; ``strip`` is a prefix of every key ('Node 0 ')."""
-        lines = data.split(b"\n")
-        slots: dict[str, tuple[int, bytes, str, bool]] = {}
+        lines are 'key<sep>value' and whose values the full parser read as ``expected``;
+        ``strip`` is a prefix of every key ('Node 0 ')."""
+        slots: dict[str, tuple[int, bool]] = {}
         labels: list[int] = []
         starts = line_runs(data)
-        for i, line in enumerate(lines):
+        for i, line in enumerate(data.split(b"\n")):
             key, found, rest = line.partition(sep)
             if not found:
                 continue
@@ -395,56 +518,25 @@ class LineLayout:
             if strip and key.startswith(strip):
                 key = key[len(strip) :]
             name = wanted.get(key.strip())
-            if name is not None:  # a repeated key: the last one counts, as in the full parsers
-                slots[name] = (i, line[: len(line) - len(rest)], name, rest.endswith(b" kB"))
-        self._slots = tuple(slots.values())
-        self._nlines = len(lines)
-        self._how = (sep, wanted, strip)
-        parsed = self._parse_lines(data) or {}
+            if name is not None and name in expected:  # a repeated key: the last one counts
+                slots[name] = (i, rest.endswith(b" kB"))
         self._digits.learn(
             data,
-            {name: [starts[i + 1] - 1] for i, _, name, _ in self._slots},  # the line's last run
+            {name: [starts[i + 1] - 1] for name, (i, _) in slots.items()},  # the line's last run
             labels=labels,
-            scale={name: 1024 for _, _, name, kb in self._slots if kb},
-            expected={k: [v] for k, v in parsed.items()},
+            scale={name: 1024 for name, (_, kb) in slots.items() if kb},
+            expected={k: [v] for k, v in expected.items()},
         )
 
-    def parse(self, data: bytes) -> dict[str, int] | None:
-        """Field -> value (kB lines in bytes) of the learnt keys; None when the layout differs."""
-        out = self._parse_lines(data)
-        if out is not None and self._digits.relearn:  # same lines, a batch was declined
-            self.learn(data, *self._how)
-        return out
-
-    def _parse_lines(self, data: bytes) -> dict[str, int] | None:
-        lines = data.split(b"\n")
-        if len(lines) != self._nlines:
-            return None
-        out: dict[str, int] = {}
-        try:
-            for i, head, name, kb in self._slots:
-                line = lines[i]
-                if not line.startswith(head):
-                    return None
-                if kb:
-                    if line[-3:] != b" kB":
-                        return None
-                    out[name] = int(line[len(head) : -3]) * 1024
-                else:
-                    out[name] = int(line[len(head) :])
-        except ValueError:
-            return None
-        return out
-
-    def parse_many(self, texts: list[bytes]) -> dict[str, list[Value]] | None:
+    def values(self, texts: list[bytes]) -> dict[str, list[Value]] | None:
         """Field -> one value per text, when every text is the learnt one but for its
-        values (:class:`DigitTable`); None otherwise."""
+        values; None otherwise (:meth:`DigitTable.values`)."""
         return self._digits.values(texts)
 
     def block(self, measurement: str, fields: Iterable[str], texts: list[bytes]) -> list[Block] | None:
-        """:meth:`parse_many` as the one-row-per-text block of ``measurement`` (the
-        ``fields`` the file lacks are null); None when a text is laid out otherwise."""
-        got = self.parse_many(texts)
+        """:meth:`values` as the one-row-per-text block of ``measurement`` (the ``fields``
+        the file lacks are null); None when a text is laid out otherwise."""
+        got = self.values(texts)
         if got is None:
             return None
         none: list[Value] = [None] * len(texts)
@@ -500,24 +592,8 @@ class NodeReducer:
         self._keys, self._prev, self._carry = [], None, None
 
     def reduce(self, keys: list[object], values: np.ndarray) -> np.ndarray:
-        """``values`` (rows x columns, int64, raw 32-bit counts) -> rows x nodes sums."""
-        prev, carry = self._prev, self._carry
-        if prev is None or carry is None or keys != self._keys:
-            prev, carry = self._realign(keys, values)
-        dec = values < prev
-        if dec.any():
-            wrap = dec & (((values - prev) % _W32) < (1 << 31))
-            # a wrap adds 2**32; a reset (IRQ freed and requested again) counts from zero:
-            # the old value joins the carry so that the node sum never decreases
-            carry = carry + np.where(wrap, _W32, 0) + np.where(dec & ~wrap, prev, 0)
-            self.resets += int((dec & ~wrap).sum())
-        self._keys, self._prev, self._carry = keys, values, carry
-        total: np.ndarray = (values + carry) @ self._onehot
-        return total
-
-    def reduce_many(self, keys: list[object], values: np.ndarray) -> np.ndarray:
-        """:meth:`reduce` of consecutive samples at once: ``values`` is samples x rows x
-        columns; returns samples x rows x nodes. The same sums as one call per sample."""
+        """``values`` (consecutive samples x rows x columns, int64, raw 32-bit counts) ->
+        samples x rows x nodes sums."""
         prev, carry = self._prev, self._carry
         if prev is None or carry is None or keys != self._keys:
             prev, carry = self._realign(keys, values[0])
@@ -629,11 +705,6 @@ class CountGrid:
         self._size = buf.size
         self._shape = (len(row_starts), ncols)
 
-    def counts(self, data: bytes) -> np.ndarray | None:
-        """The rows x columns counts when ``data`` has the learnt layout, else None."""
-        many = self.counts_many([data])
-        return None if many is None else many[0]
-
     def counts_many(self, texts: list[bytes]) -> np.ndarray | None:
         """Samples x rows x columns counts when every text has the learnt layout, else
         None: one numpy pass over the whole batch."""
@@ -671,12 +742,6 @@ class NodeTable:
 
     def block(self, values: np.ndarray) -> Block:
         """``values``: samples x rows x CPU columns, consecutive samples of the rows last set."""
-        sums = self.reducer.reduce_many(self._keys, values)
-        counts: list[Value] = sums.ravel().tolist()
-        return Block(self.measurement, values.shape[0], tags=self._tags, fields={"count": counts})
-
-    def reading(self, values: np.ndarray) -> Reading:
-        """``values``: rows x CPU columns (raw 32-bit counts) of the rows last set."""
         sums = self.reducer.reduce(self._keys, values)
         counts: list[Value] = sums.ravel().tolist()
-        return Reading(self.measurement, tags=dict(self._tags), fields={"count": counts})
+        return Block(self.measurement, values.shape[0], tags=self._tags, fields={"count": counts})

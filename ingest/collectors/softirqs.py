@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.collectors.base import Block, Reading, proc_path
+from ingest.collectors.base import Block, proc_path
 from ingest.collectors.procfs import (
     CountGrid,
+    LayoutCollector,
     NodeTable,
     ProcFile,
     cpu_node_map,
@@ -22,7 +23,7 @@ from ingest.collectors.procfs import (
 from ingest.schema import Tier
 
 
-class SoftirqsCollector:
+class SoftirqsCollector(LayoutCollector[bytes]):
     name = "softirqs"
     measurements: tuple[str, ...] = ("softirqs",)
     tier: Tier = "medium"
@@ -32,26 +33,15 @@ class SoftirqsCollector:
         self._table = NodeTable("softirqs", cpu_node_map(root))
         self._grid = CountGrid()
 
-    def collect(self) -> list[Reading]:
-        return self.parse(self.sample())
-
     def sample(self) -> bytes:
         """The tick's read; :meth:`parse` can run later (the agent batches it)."""
         return self._file.read()
 
-    def parse(self, data: bytes) -> list[Reading]:
-        values = self._grid.counts(data)  # the same lines as last time: only the counts
-        if values is None:
-            values = self._parse_full(data)
-        return [self._table.reading(values)]
-
-    def parse_batch(self, raws: list[bytes]) -> list[Block] | None:
-        """Samples whose lines are all those of the last parse, in one numpy pass; None
-        (nothing changed) otherwise."""
+    def _parse_learnt(self, raws: list[bytes]) -> list[Block] | None:
         values = self._grid.counts_many(raws)
         return None if values is None else [self._table.block(values)]
 
-    def _parse_full(self, data: bytes) -> np.ndarray:
+    def _parse_full(self, data: bytes) -> list[Block]:
         path = self._file.path
         lines = data.split(b"\n")
         cpus = parse_cpu_header(lines[0], path)
@@ -84,7 +74,7 @@ class SoftirqsCollector:
                     raise parse_error(path, i + 2, r, f"expected {ncpu} counts")
                 values[i] = [int(p) for p in parts]
         self._table.set_rows({"softirq": names}, list(names))
-        return values
+        return [self._table.block(values[None])]
 
     def close(self) -> None:
         self._file.close()
