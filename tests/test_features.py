@@ -36,6 +36,22 @@ def frame(name: str, **cols: object) -> pl.LazyFrame:
     return schema.conform(name, pl.DataFrame(cols)).lazy()
 
 
+def test_sm_clock_ratio_reads_busy_samples_only() -> None:
+    """An idle GPU lowers its clocks by design (P-states): samples under 10 % utilisation
+    do not count, a window with no busy sample has no clock ratio, and unknown utilisation
+    counts as busy."""
+    n = 30  # 3 s at 100 ms: one window
+    util = [0.0] * 10 + [95.0] * 10 + [None] * 10
+    clock = [300.0] * 10 + [1980.0] * 10 + [990.0] * 10
+    gpu = frame("gpu", time=times(n), host=["h"] * n, gpu=["0"] * n, uuid=["u"] * n, util_gpu=util,
+                sm_clock_mhz=clock, sm_clock_max_mhz=[1980.0] * n)
+    f = compute_features({"gpu": gpu})
+    assert f.row(0, named=True)["gpu.sm_clock_ratio@gpu0"] == pytest.approx((1.0 + 0.5) / 2)
+    idle = frame("gpu", time=times(n), host=["h"] * n, gpu=["0"] * n, uuid=["u"] * n, util_gpu=[2.0] * n,
+                 sm_clock_mhz=[300.0] * n, sm_clock_max_mhz=[1980.0] * n)
+    assert compute_features({"gpu": idle}).row(0, named=True)["gpu.sm_clock_ratio@gpu0"] is None
+
+
 def test_gpu_ratios_and_throttle_shares_match_hand_computation() -> None:
     n = 50  # 5 s at 100 ms
     t = times(n)
@@ -384,8 +400,9 @@ def _gpu_rows(layout: str, seed: int) -> pl.DataFrame:
 def _gpu_reference(rows: pl.DataFrame, spec: WindowSpec) -> pl.DataFrame:
     """The five families of ``_GPU_FAMILIES`` the plain Polars way, as the plans state them:
     samples -> buckets (one group_by: counters summed, gauges averaged with NaN missing,
-    throttle samples counted, temperature max, link min/max), every bucket exploded into
-    the windows it is in -> windows (a group_by: sums, mean of the bucket means, max/min),
+    throttle samples counted, temperature max, link min while >= 10 % busy and max), every
+    bucket exploded into the windows it is in -> windows (a group_by: sums, mean of the
+    bucket means, max/min),
     full windows at multiples of the stride inside each host's data; x/0 is null."""
     b, s = round(spec.bucket * 1e6), round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
@@ -394,7 +411,8 @@ def _gpu_reference(rows: pl.DataFrame, spec: WindowSpec) -> pl.DataFrame:
         ecc=pl.col("ecc_corrected").sum(), util=pl.col("util_gpu").cast(f64).fill_nan(None).mean(),
         temp=pl.col("temperature_c").cast(f64).max(), n=cer.count(),
         thermal=((cer & THROTTLE_BITS["thermal"]) != 0).cast(pl.Int64).sum(),
-        gen=pl.col("pcie_link_gen").cast(f64).min(), gen_max=pl.col("pcie_link_gen_max").cast(f64).max())
+        gen=pl.col("pcie_link_gen").cast(f64).filter(~(pl.col("util_gpu") < 10).fill_null(False)).min(),
+        gen_max=pl.col("pcie_link_gen_max").cast(f64).max())
     span = buckets.group_by("host").agg(lo=pl.col("b").min(), hi=pl.col("b").max())
     windows = (buckets.with_columns(ws=pl.int_ranges(pl.col("b") - (m - 1) * b, pl.col("b") + 1, b))
                .explode("ws").join(span, on="host")

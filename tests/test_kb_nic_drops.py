@@ -14,8 +14,7 @@ from datetime import timedelta
 import polars as pl
 import pytest
 
-from analytics.features import compute_features
-from analytics.features.engine import feature_columns
+from analytics.features import compute_features, feature_columns
 from ingest.simulator import from_dict, simulate_frames
 from knowledge_base import load_kb, match_windows
 

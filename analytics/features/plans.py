@@ -2,8 +2,7 @@
 
 ``_SPECS`` states each measurement's features over the window's aggregates of its columns
 (as the schema calls them: counter deltas summed, gauges averaged with NaN missing; or
-derived bucket columns) and the covered duration ``_dur`` (s). The engine executes them.
-"""
+derived bucket columns) and the covered duration ``_dur`` (s). The engine executes them."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from analytics.catalog import DEVICE_SEP
 from analytics.features.kernels import Agg
 from ingest import schema
 
-HOST = schema.HOST
-TIME = schema.TIME
+HOST, TIME = schema.HOST, schema.TIME
 DUR = "_dur"  # covered window duration, seconds
 DEV = "_dev"  # device of a row ("" for host-wide tables)
 LOCAL = "_local"  # an interrupt series counted on its device's own NUMA node
@@ -40,8 +38,7 @@ class WindowSpec:
         for name in ("length_s", "stride_s", "bucket_s"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and v > 0 or v is None and name == "bucket_s"):
-                raise ValueError(f"WindowSpec.{name} must be a positive number of seconds, "
-                                 f"not {v!r}")
+                raise ValueError(f"WindowSpec.{name} must be a positive time (s), not {v!r}")
         for name in ("length_s", "stride_s"):
             if round(getattr(self, name) * 1e6) % round(self.bucket * 1e6):
                 raise ValueError(f"WindowSpec.{name}={getattr(self, name)} is not a multiple "
@@ -104,9 +101,13 @@ def _share(part: str, other: str) -> pl.Expr:
 
 
 def _per_s(scale: float, cols: Mapping[str, str]) -> dict[str, pl.Expr]:
-    """family -> counter / (window * scale): rates (scale 1) or shares of time counted
-    in ms (1e3), µs (1e6) or ns (1e9)."""
+    """family -> counter / (window * scale): rates (1), shares of time in ms, µs, ns (1e3...)."""
     return {fam: _c(c) / (_c(DUR) * scale) for fam, c in cols.items()}
+
+
+def _busy(col: str) -> pl.Expr:
+    """``col`` while the GPU is >= 10 % busy (or unknown): idle GPUs lower clocks and links."""
+    return pl.when(_c("util_gpu") < 10).then(None).otherwise(_c(col)).cast(pl.Float64)
 
 
 def _cpu(cols: set[str]) -> dict[str, pl.Expr]:
@@ -118,9 +119,8 @@ def _cpu(cols: set[str]) -> dict[str, pl.Expr]:
 
 
 def _net(cols: set[str]) -> dict[str, pl.Expr]:
-    # net.drop_share: the share of offered packets the receive side lost (rx_packets counts
-    # only those delivered): a ring overflow loses a share of the traffic, while a fixed
-    # trickle of benign drops (unknown protocols, micro-bursts on a busy RDMA port) is a rate
+    # net.drop_share: the share of offered packets (rx_packets counts the delivered) lost: a ring
+    # overflow loses a share of traffic; benign drops (unknown protocols, bursts) are a rate
     lost = _total(cols, "rx_dropped", "rx_fifo")
     return {**_per_s(1, {"net.rx_bytes_rate": "rx_bytes", "net.tx_bytes_rate": "tx_bytes"}),
             "net.drop_rate": _total(cols, "rx_dropped", "tx_dropped", "rx_fifo") / _c(DUR),
@@ -210,7 +210,7 @@ _SPECS: dict[str, _Spec] = {
         "gpu.mem_used_share": _ratio("mem_used", "mem_total"),
         "gpu.power_ratio": _ratio("power_w", "power_limit_w"),
         "gpu.power_limit_ratio": _ratio("power_limit_w", "power_limit_default_w"),
-        "gpu.sm_clock_ratio": _ratio("sm_clock_mhz", "sm_clock_max_mhz"),
+        "gpu.sm_clock_ratio": _ratio("sm_clock_busy", "sm_clock_max_mhz"),
         "gpu.mem_clock_ratio": _ratio("mem_clock_mhz", "mem_clock_max_mhz"),
         "gpu.temperature_max": _c("temp_max"),
         "pcie.tx_rate": _c("pcie_tx"), "pcie.rx_rate": _c("pcie_rx"),
@@ -223,9 +223,10 @@ _SPECS: dict[str, _Spec] = {
         **{f"pcie.link_{k}_ratio": _ratio(f"{cur}__min", f"{mx}__max")
            for k, (cur, mx) in _LINK.items()}}, {
         "temp_max": (_c("temperature_c").cast(pl.Float64), "max"), "cer__n": (_CER, "count"),
+        "sm_clock_busy": (_busy("sm_clock_mhz"), "mean"),
         **{f"cer_{name}": (((_CER & bits) != 0).cast(pl.Int64), "sum")
            for name, bits in THROTTLE_BITS.items()},
-        **{f"{cur}__min": (_c(cur).cast(pl.Float64), "min") for cur, _ in _LINK.values()},
+        **{f"{cur}__min": (_busy(cur), "min") for cur, _ in _LINK.values()},
         **{f"{mx}__max": (_c(mx).cast(pl.Float64), "max") for _, mx in _LINK.values()}}),
 }
 
