@@ -518,6 +518,19 @@ def test_key_value_fast_paths_equal_the_line_parsers_and_name_bad_lines(tmp_path
         MemoryCollector(tmp_path).collect()
 
 
+def test_a_cpu_line_without_a_number_is_a_collector_error(tmp_path: Path) -> None:
+    """A corrupt /proc/stat label ('cpux65') is a CollectorError naming the file, not a
+    ValueError that would abort the agent's flush."""
+    (tmp_path / "proc").mkdir()
+    stat = tmp_path / "proc/stat"
+    good = "cpu  2 0 2 8 0 0 0 0\ncpu0 1 0 1 4 0 0 0 0\ncpu1 1 0 1 4 0 0 0 0\nintr 5\nctxt 9\n"
+    stat.write_text(good)
+    assert CpuCollector(tmp_path).collect()[0].tags["cpu"] == ["0", "1"]
+    stat.write_text(good.replace("cpu1 ", "cpux65 "))
+    with pytest.raises(CollectorError, match=r"proc/stat:2: .*expected only cpuN lines"):
+        CpuCollector(tmp_path).collect()
+
+
 def test_interrupts_odd_layout_falls_back_and_bad_counts_are_named(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir()
     f = tmp_path / "proc/interrupts"

@@ -255,7 +255,7 @@ def parse_stat(
     if nlines and (width * nlines != len(toks) or width < 5):
         raise parse_error(path, 2, block[:80], "cpu lines of unequal length")
     labels = toks[0::width] if nlines else []
-    if not all(lb[:3] == b"cpu" for lb in labels):
+    if not all(lb[:3] == b"cpu" and lb[3:].isdigit() for lb in labels):
         raise parse_error(path, 2, block[:80], "expected only cpuN lines before 'intr'")
     try:
         cols: list[list[Any]] = [
