@@ -29,8 +29,7 @@ def identity(is_float: bool, agg: Agg) -> float:
 
 
 def values(s: pl.Series, agg: Agg) -> tuple[np.ndarray, np.ndarray | None]:
-    """A column as int64/float64 values, nulls replaced by :func:`identity`, and its
-    validity (None: no nulls)."""
+    """A column as int64/float64 values, nulls replaced by :func:`identity`; its validity."""
     if s.dtype not in (pl.Int64, pl.Float64):
         s = s.cast(pl.Float64 if s.dtype.is_float() else pl.Int64)
     if not s.null_count():
@@ -41,9 +40,7 @@ def values(s: pl.Series, agg: Agg) -> tuple[np.ndarray, np.ndarray | None]:
 
 def masked(name: str, v: np.ndarray, valid: np.ndarray | None) -> pl.Series:
     """A series of ``v``, null where ``valid`` is False (a validity mask: a NaN stays NaN)."""
-    if valid is None or valid.all():
-        return pl.Series(name, v)
-    return pl.Series(name, pa.array(v, mask=~valid))
+    return pl.Series(name, v if valid is None or valid.all() else pa.array(v, mask=~valid))
 
 
 def runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
@@ -57,13 +54,12 @@ def runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
 def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
                    group_of: Callable[[pl.DataFrame], pl.Series], out: str = GROUP
                    ) -> pl.DataFrame:
-    """``rows`` (``keys``, host first; ``_t``, ``_b`` and the ``aggs`` columns; no null
-    times) -> one row per (host, group ``out``, bucket ``_b``): ``group_of`` names the
-    series (a frame of distinct ``keys`` -> a name per row; null: dropped); each column is
-    aggregated over a group's rows of a bucket (sums keep integers, means are floats, counts
-    int64; null where there is no value; max/min skip NaN). Each host's rows are reduced
-    as a (samples x series) grid; rows in another order, or series sampled at different
-    times, are first sorted and padded into one (a missing sample is a null row)."""
+    """``rows`` (``keys``, host first; ``_t``, ``_b``, the ``aggs`` columns; no null times) ->
+    one row per (host, group ``out``, bucket ``_b``): ``group_of`` names the series (a frame of
+    distinct ``keys`` -> a name per row; null: dropped); each column aggregated over a group's
+    rows of a bucket (sums keep integers, means are floats, counts int64; null where there is
+    no value; max/min skip NaN). Each host's rows are reduced as a (samples x series) grid;
+    rows in another order or times are first sorted and padded into one (null rows)."""
     if not rows.height:
         empty = pl.Series(out, [], dtype=pl.String)
         return pl.DataFrame([rows[keys[0]], empty, rows[B], *[rows[n] for n in aggs]])
@@ -145,17 +141,20 @@ def _reduce_grid(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg
     run = n_t // n_r if (sizes == n_t // n_r).all() else 0  # samples a bucket, if equal
 
     def reduce(v: np.ndarray, op: np.ufunc) -> np.ndarray:
-        """(groups, buckets): over each bucket's samples, then each group's series.
-        Equal buckets are reduced by a reshape (einsum for sums), unequal ones by
-        ``reduceat``: the two add floats in different orders (left to right; the first
-        plus a pairwise sum of the rest), each kept as it was, bit for bit."""
-        g = v.reshape(n_t, k).T if time_major else v.reshape(k, n_t)  # (series, samples)
+        """(groups, buckets): over each bucket's samples in the rows' own layout (a transposed
+        copy costs), then each group's series; equal buckets by a reshape: einsum for sums,
+        max/min one pass per position (op.reduce: ~5x slower), else ``reduceat``."""
+        g = v.reshape((n_t, k) if time_major else (k, n_t))
+        g3 = g.reshape((n_r, run, k) if time_major else (k, n_r, run)) if run > 1 else g
         if not run:
-            r = op.reduceat(g, r_at, axis=1)
-        elif op is np.add:
-            r = np.einsum("krl->kr", g.reshape(k, n_r, run))
+            r = op.reduceat(g, r_at, axis=0 if time_major else 1)
+        elif run == 1 or op is np.add:
+            r = g if run == 1 else np.einsum("rlk->rk" if time_major else "krl->kr", g3)
         else:
-            r = op.reduce(g.reshape(k, n_r, run), axis=2)
+            r = (g3[:, 0] if time_major else g3[:, :, 0]).copy()
+            for j in range(1, run):
+                op(r, g3[:, j] if time_major else g3[:, :, j], out=r)
+        r = r.T if time_major else r  # (series, buckets)
         return r if alone else op.reduceat(r[perm], g_at, axis=0)
 
     full = np.outer(np.diff(np.r_[g_at, perm.size]), sizes)  # samples a (group, bucket)
@@ -172,7 +171,7 @@ def _reduce_grid(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg
         cols.append(masked(name, r.ravel(), None if ok is None else ok.ravel()))
     groups = pl.Series(out, list(idx), dtype=pl.String)
     return pl.DataFrame([rows[keys[0]].new_from_index(0, len(idx) * n_r),
-                         groups.gather(np.repeat(np.arange(len(idx)), n_r)),
+                         pl.concat([groups.new_from_index(i, n_r) for i in range(len(idx))]),
                          pl.Series(B, np.tile(bb[r_at], len(idx))), *cols])
 
 
