@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-incident", type=float, nargs="+", default=[0.0, 5.0, 10.0, 20.0, 30.0, 60.0], metavar="S",
                    help="min_incident_s values to compare (one sweep per run serves them all)")
     args = p.parse_args(argv)
-    cfg = SweepConfig(lag=timedelta(0), compact_every=None, queue_remediations=False, min_incident_s=0.0)
+    cfg = SweepConfig(lag=timedelta(0), compact_every=None, queue_remediations=False, min_incident_s=0.0,
+                      min_unmatched_s=0.0)
     t0 = time.perf_counter()
     first_cycle = math.floor(ONSET / CYCLE) + 1  # the first cycle whose horizon passes the onset
     lat: dict[float, list[int | None]] = {m: [] for m in args.min_incident}

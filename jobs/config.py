@@ -189,6 +189,9 @@ class SweepConfig:
     max_incident: timedelta = timedelta(minutes=15)
     # an incident is raised (open, then closed) once it spans this long; shorter ones never are
     min_incident_s: float = 10.0  # measured: benchmarks/incident_latency.py (docs/operations.md)
+    # an unmatched incident (no KB entry explains it: a statistical anomaly) must span this
+    # long: a load swing of a minute is no fault to page on (docs/identification.md)
+    min_unmatched_s: float = 120.0
     # windows are judged in clock-aligned steps of this length on the data up to the step's
     # end (the live cadence): the verdict does not depend on the chunking. None: per chunk
     analysis_step: timedelta | None = timedelta(minutes=1)
@@ -230,6 +233,8 @@ class SweepConfig:
         if not 0 <= self.min_incident_s < self.max_incident.total_seconds():
             raise ValueError(f"scheduler.min_incident_s must be >= 0 and below max_incident "
                              f"({self.max_incident}), not {self.min_incident_s!r}")
+        if not 0 <= self.min_unmatched_s:  # (above max_incident: an incident of max_incident does)
+            raise ValueError(f"scheduler.min_unmatched_s must be >= 0, not {self.min_unmatched_s!r}")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any], *, analytics: AnalyticsConfig | None = None,
@@ -259,10 +264,11 @@ class SweepConfig:
             kw["max_chunks"] = d["max_chunks"]
         if "incident_gap_s" in d:
             kw["incident_gap_s"] = float(d["incident_gap_s"])
-        if "min_incident_s" in d:
-            v = d["min_incident_s"]
-            kw["min_incident_s"] = (v if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
-                                    else duration(v, f"{where} min_incident_s", zero=True).total_seconds())
+        for key in ("min_incident_s", "min_unmatched_s"):
+            if key in d:
+                v = d[key]
+                kw[key] = (v if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+                           else duration(v, f"{where} {key}", zero=True).total_seconds())
         if "queue_remediations" in d:
             if not isinstance(d["queue_remediations"], bool):
                 raise ValueError(f"{where} queue_remediations: expected true or false")
@@ -284,7 +290,7 @@ class SweepConfig:
 SCHEDULER_KEYS = frozenset({
     "every", "chunk", "lag", "max_chunks", "incident_gap_s", "max_incident", "queue_remediations",
     "compact_every", "retention", "kb_path", "history", "signature_detector", "signature_min_confidence",
-    "warmup", "restart_gap", "min_incident_s", "analysis_step", "engine", "peer_only_findings"})
+    "warmup", "restart_gap", "min_incident_s", "min_unmatched_s", "analysis_step", "engine", "peer_only_findings"})
 
 
 def detection_from_mapping(d: Mapping[str, Any], where: str = "[scheduler]") -> DetectionConfig:

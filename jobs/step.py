@@ -154,7 +154,7 @@ def step_incidents(findings: pl.DataFrame, kb: KnowledgeBase, cfg: SweepConfig, 
     w = cfg.analytics.window
     return incidents_of(findings, kb, gap_s=cfg.incident_gap_s, max_len=cfg.max_incident, horizon=horizon,
                         window_length=timedelta(seconds=w.length_s), stride=timedelta(seconds=w.stride_s),
-                        min_incident_s=cfg.min_incident_s)
+                        min_incident_s=cfg.min_incident_s, min_unmatched_s=cfg.min_unmatched_s)
 
 
 def _keep(since: datetime | None, until: datetime | None, hosts: Sequence[str] | None) -> pl.Expr | None:
@@ -377,7 +377,8 @@ def segment(findings: pl.DataFrame, gap_s: float, max_len: timedelta) -> list[pl
 
 def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max_len: timedelta,
                  horizon: datetime | None, window_length: timedelta,
-                 stride: timedelta, min_incident_s: float = 0.0) -> tuple[pl.DataFrame, dict[str, datetime]]:
+                 stride: timedelta, min_incident_s: float = 0.0, min_unmatched_s: float | None = None
+                 ) -> tuple[pl.DataFrame, dict[str, datetime]]:
     """(incidents, host -> start of its still-open segment). With ``horizon=None`` every
     incident is closed (a post-mortem over a finished interval).
 
@@ -386,14 +387,18 @@ def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max
     horizon), so they are visible while they last; its unmatched windows wait for the close
     (a matched span may still absorb them). Closed segments give ``state = 'closed'`` rows.
     An incident persisted when it spans at least ``min_incident_s`` (first window's start to
-    last window's end); a shorter one is never raised, open or closed."""
+    last window's end), an unmatched one ``min_unmatched_s`` (None: the same; at most
+    ``max_len``); a shorter one is never raised, open or closed."""
     rows: list[pl.DataFrame] = []
     open_since: dict[str, datetime] = {}
     if findings.is_empty():
         return pl.DataFrame(schema=INCIDENT_SCHEMA), open_since
     findings = findings.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
     gap = timedelta(seconds=gap_s)
-    persisted = (pl.col("end") - pl.col("start")) >= timedelta(seconds=min_incident_s)
+    # (a segment is cut at max_len: one that long has persisted whatever the setting)
+    unmatched_s = min_incident_s if min_unmatched_s is None else min(min_unmatched_s, max_len.total_seconds())
+    persisted = (pl.col("end") - pl.col("start")) >= pl.when(pl.col("status") == "matched").then(
+        pl.lit(timedelta(seconds=min_incident_s))).otherwise(pl.lit(timedelta(seconds=unmatched_s)))
     for seg in segment(findings, gap_s, max_len):
         host = str(seg[HOST][0])
         start, end = seg[WS].min(), seg[WE].max()

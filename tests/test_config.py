@@ -69,7 +69,7 @@ _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Ca
     **{("scheduler", k): [(lambda c, k=k: getattr(c.sweep, k), _td)] for k in (
         "chunk", "lag", "max_incident", "compact_every")},
     **{("scheduler", k): [(lambda c, k=k: getattr(c.sweep, k), _SAME)] for k in (
-        "incident_gap_s", "queue_remediations", "kb_path", "engine")},
+        "incident_gap_s", "queue_remediations", "kb_path", "engine", "min_incident_s", "min_unmatched_s")},
     ("scheduler", "retention"): [(lambda c: dict(c.sweep.retention), lambda v: {t: _td(d) for t, d in v.items()})],
     ("scheduler", "signature_detector"): [(lambda c: c.detection.signature, _SAME)],
     ("scheduler", "signature_min_confidence"): [(lambda c: c.detection.min_confidence, _SAME)],

@@ -147,6 +147,10 @@ def test_sweep_config_min_incident_s() -> None:
         SweepConfig.from_mapping({"min_incident_s": "1h"})  # not below max_incident (15 min)
     with pytest.raises(ValueError, match="min_incident_s"):
         SweepConfig.from_mapping({"min_incident_s": "soon"})
+    assert SweepConfig().min_unmatched_s == 120.0
+    assert SweepConfig.from_mapping({"min_unmatched_s": "3m"}).min_unmatched_s == 180.0
+    with pytest.raises(ValueError, match="min_unmatched_s"):
+        SweepConfig.from_mapping({"min_unmatched_s": -1})
 
 
 def _fast_cfg(**kw: object) -> SweepConfig:

@@ -278,6 +278,30 @@ def test_incident_open_at_the_horizon_is_carried_not_written() -> None:
     assert closed2.height == 2 and open2 == {}
 
 
+def test_unmatched_incidents_need_their_own_persistence() -> None:
+    """min_unmatched_s: a statistical anomaly no entry explains is raised once it spans that
+    long (a load swing of a minute is not); a matched incident of the same span is raised at
+    min_incident_s."""
+    kb = load_kb()
+    kw = {"gap_s": 5.0, "max_len": timedelta(minutes=15), "horizon": None, "window_length": timedelta(seconds=3),
+          "stride": timedelta(seconds=1), "min_incident_s": 10.0, "min_unmatched_s": 120.0}
+    minute = _findings("h", list(range(58)))  # 58 windows spanning 60 s
+    got, _ = incidents_of(minute, kb, **kw)  # type: ignore[arg-type]
+    assert got.is_empty()
+    got, _ = incidents_of(_findings("h", list(range(125))), kb, **kw)  # type: ignore[arg-type]
+    assert got["status"].to_list() == ["unmatched"]
+    assert (got["end"][0] - got["start"][0]).total_seconds() >= 120
+    matched = minute.with_columns(pl.lit("thp_coverage_loss").alias("entry_id"),
+                                  pl.lit(0.9).alias("match_confidence"),
+                                  pl.lit([], pl.List(pl.String)).alias("match_devices"),
+                                  pl.lit("thp off").alias("match_explanation"))
+    got, _ = incidents_of(matched, kb, **kw)  # type: ignore[arg-type]
+    assert got.select("status", "entry_id").rows() == [("matched", "thp_coverage_loss")]
+    # without min_unmatched_s both kinds share min_incident_s
+    got, _ = incidents_of(minute, kb, **{**kw, "min_unmatched_s": None})  # type: ignore[arg-type]
+    assert got["status"].to_list() == ["unmatched"]
+
+
 def test_progress_draws_on_request_and_logs_otherwise(caplog: pytest.LogCaptureFixture) -> None:
     buf = io.StringIO()
     with Progress(4, "catch-up", unit="chunks", enabled=True, stream=buf) as p:
