@@ -625,11 +625,12 @@ def _rolling_median(values: np.ndarray, k: int) -> np.ndarray:
     last; Polars' kernel costs 1.4-1.6x as much here)."""
     n = values.shape[0]
     out = np.empty_like(values, dtype=np.float64)
-    gaps = np.isnan(values).any(axis=0)
+    nan = np.isnan(values)
+    gaps = nan.any(axis=0)
     if gaps.any() and not gaps.all():  # complete columns take the cheaper path
         out[:, gaps], out[:, ~gaps] = (_rolling_median(values[:, g], k) for g in (gaps, ~gaps))
         return out
-    ok = None if not gaps.any() else ~np.isnan(values)
+    ok = None if not gaps.any() else ~nan
 
     def middle(srt: np.ndarray, cnt: np.ndarray | int) -> np.ndarray:
         """The median of the first ``cnt`` (the valid) values of each sorted window."""

@@ -233,7 +233,7 @@ class SweepConfig:
         if not 0 <= self.min_incident_s < self.max_incident.total_seconds():
             raise ValueError(f"scheduler.min_incident_s must be >= 0 and below max_incident "
                              f"({self.max_incident}), not {self.min_incident_s!r}")
-        if not 0 <= self.min_unmatched_s:  # (above max_incident: an incident of max_incident does)
+        if self.min_unmatched_s < 0:  # (no upper bound: incidents_of caps it at max_incident)
             raise ValueError(f"scheduler.min_unmatched_s must be >= 0, not {self.min_unmatched_s!r}")
 
     @classmethod

@@ -273,10 +273,10 @@ def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Pl
     raw = pl.DataFrame(cols).select([e.cast(pl.Float64).alias(f) for f, e in plan.features.items()])
     out = []  # the finite check in numpy: a when/then per feature costs twice the feature
     for s in raw.get_columns():
-        x, z = s.to_numpy(), s.name in plan.zero_fill  # (a null reads NaN)
+        x, zero = s.to_numpy(), s.name in plan.zero_fill  # (a null reads NaN)
         ok = np.isfinite(x)
-        out.append(s if ok.all() else pl.Series(s.name, np.where(ok, x, 0.0 if z else np.nan),
-                                                nan_to_null=not z))
+        out.append(s if ok.all() else pl.Series(s.name, np.where(ok, x, 0.0 if zero else np.nan),
+                                                nan_to_null=not zero))
     return devs, pl.DataFrame(out)
 
 

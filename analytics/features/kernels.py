@@ -151,9 +151,10 @@ def _reduce_grid(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg
         elif run == 1 or op is np.add:
             r = g if run == 1 else np.einsum("rlk->rk" if time_major else "krl->kr", g3)
         else:
-            r = (g3[:, 0] if time_major else g3[:, :, 0]).copy()
-            for j in range(1, run):
-                op(r, g3[:, j] if time_major else g3[:, :, j], out=r)
+            lanes = np.moveaxis(g3, 1 if time_major else 2, 0)  # (position in the bucket, ...)
+            r = lanes[0].copy()
+            for x in lanes[1:]:
+                op(r, x, out=r)
         r = r.T if time_major else r  # (series, buckets)
         return r if alone else op.reduceat(r[perm], g_at, axis=0)
 
@@ -171,7 +172,7 @@ def _reduce_grid(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg
         cols.append(masked(name, r.ravel(), None if ok is None else ok.ravel()))
     groups = pl.Series(out, list(idx), dtype=pl.String)
     return pl.DataFrame([rows[keys[0]].new_from_index(0, len(idx) * n_r),
-                         pl.concat([groups.new_from_index(i, n_r) for i in range(len(idx))]),
+                         groups.gather(np.repeat(np.arange(len(idx)), n_r)),
                          pl.Series(B, np.tile(bb[r_at], len(idx))), *cols])
 
 
