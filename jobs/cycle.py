@@ -188,8 +188,9 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     known = first_times(lake, hosts, history_known)
     found: list[Corrupt] = []
     prior = _read_open_findings(lake_p, marks, hosts, s, found)
+    staged = wm.StagedSweep(lake, sid)
     out = sweep_step(loaded, cfg, kb, since=first, until=e, hosts=hosts, history_known=known, horizon=e,
-                     prior=prior, engine=engine)
+                     prior=prior, engine=engine, scratch=staged.dir)
     corrupt = [*out.corrupt, *found]
     incidents, open_since = out.incidents, out.open_since
     incidents = _changed_incidents(lake_p, marks, hosts, incidents, corrupt)
@@ -198,7 +199,6 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         # open incidents too: a proposal is due as soon as the fault has persisted
         remediations = new_remediation_rows(
             lake_p, queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e), corrupt)
-    staged = wm.StagedSweep(lake, sid)
     if out.features.height:
         # each host's own columns (not the fleet's union): the next chunks read them back
         # as that host's history exactly as host_features computed them

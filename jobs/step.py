@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 from threadpoolctl import threadpool_limits
 
 from analytics.evaluation import DetectHook
@@ -88,7 +91,8 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
                history_known: Mapping[str, datetime] | None = None, result: AnalysisResult | None = None,
                frame_start: datetime | None = None, signature: pl.DataFrame | None = None,
                incidents: bool = True, horizon: datetime | None = None,
-               prior: pl.DataFrame | None = None, engine: Engine | None = None) -> StepResult:
+               prior: pl.DataFrame | None = None, engine: Engine | None = None,
+               scratch: Path | None = None) -> StepResult:
     """Judge the windows starting at or after ``since`` (None: all) and ending at or before
     ``until`` (None: no bound) of ``hosts`` (None: all); see the module doc.
 
@@ -108,7 +112,11 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
 
     ``engine``: runs the analysis steps in contiguous blocks, one per worker (the steps are
     independent: each reads its own history), when there are several steps and workers
-    and no ``analytics.refit`` (whose epochs span steps); None: here."""
+    and no ``analytics.refit`` (whose epochs span steps); None: here. The blocks read the
+    features from one Arrow IPC file written to ``scratch`` (a directory every worker can
+    read: the scheduler passes its staging directory in the lake; None: the system's temp
+    directory), memory-mapped, and send back scores and findings only: the parent holds one
+    copy of the features, not one per block and its pickle."""
     # one BLAS thread: a step's matrices are small (a few hundred features), and BLAS
     # threads spinning on them cost more CPU than they save (measured: Mahalanobis scoring
     # 8.7 -> 0.2 CPU-s in a 30-step sweep of 8 hosts on the loaded 2-core VM); sweeps run
@@ -116,14 +124,14 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
     with threadpool_limits(limits=1, user_api="blas"):
         return _sweep_step(loaded, cfg, kb, since=since, until=until, hosts=hosts, history_known=history_known,
                            result=result, frame_start=frame_start, signature=signature, incidents=incidents,
-                           horizon=horizon, prior=prior, engine=engine)
+                           horizon=horizon, prior=prior, engine=engine, scratch=scratch)
 
 
 def _sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: datetime | None,
                 until: datetime | None, hosts: Sequence[str] | None, history_known: Mapping[str, datetime] | None,
                 result: AnalysisResult | None, frame_start: datetime | None, signature: pl.DataFrame | None,
                 incidents: bool, horizon: datetime | None, prior: pl.DataFrame | None,
-                engine: Engine | None) -> StepResult:
+                engine: Engine | None, scratch: Path | None) -> StepResult:
     a = cfg.analytics
     step = None if result is not None else cfg.analysis_step
     keep = _keep(since, until, hosts)
@@ -138,7 +146,7 @@ def _sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: d
         out = _judged(detect(res, loaded.facts, kb, cfg.detection, keep=keep, frame_start=read,
                              history_known=history_known), loaded.corrupt)
     else:
-        out = _stepped(loaded, cfg, kb, since, until, hosts, step, history_known, engine)
+        out = _stepped(loaded, cfg, kb, since, until, hosts, step, history_known, engine, scratch)
     if incidents:
         findings = out.findings
         if prior is not None and prior.height:
@@ -186,8 +194,8 @@ def _judged(det: Detection, corrupt: list[Corrupt]) -> StepResult:
 
 
 def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetime, until: datetime,
-             hosts: Sequence[str] | None, step: timedelta,
-             history_known: Mapping[str, datetime] | None, engine: Engine | None) -> StepResult:
+             hosts: Sequence[str] | None, step: timedelta, history_known: Mapping[str, datetime] | None,
+             engine: Engine | None, scratch: Path | None) -> StepResult:
     """The windows ending in ``(since + L - 1us, until]``, analysed step by step (module doc)."""
     a = cfg.analytics
     feats = features_of(loaded, cfg)
@@ -202,12 +210,19 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     starts = _host_starts(feats)
     keep = None if hosts is None else list(hosts)
     known = None if history_known is None else dict(history_known)
-    jobs = [StepBlock(feats if len(blocks) == 1 else _block_frame(feats, blk, a), loaded.facts, kb, cfg, blk,
-                      keep, known, starts) for blk in blocks]
-    done = run_steps(jobs[0]) if len(jobs) == 1 or engine is None else \
-        [r for rs in engine.map(run_steps, jobs) for r in rs]
+    if len(blocks) == 1 or engine is None:
+        done = run_steps(StepBlock(feats, loaded.facts, kb, cfg, bounds, keep, known, starts))
+    else:
+        with tempfile.TemporaryDirectory(prefix="step-features-", dir=scratch) as d:
+            shared = str(Path(d) / "features.arrow")
+            feats.write_ipc(shared)
+            done = [r for rs in engine.map(run_steps, [StepBlock(shared, loaded.facts, kb, cfg, blk, keep, known,
+                                                                 starts) for blk in blocks]) for r in rs]
+    # the reported windows: the steps' windows together (the blocks do not send them back)
+    reported = _keep(since, until, hosts)
+    assert reported is not None  # (since and until are set)
     findings = _concat([o.findings for o in done])
-    return StepResult(_concat([o.features for o in done]), _concat([o.scores for o in done]),
+    return StepResult(feats.filter(reported), _concat([o.scores for o in done]),
                       findings if findings.height else empty_findings(), loaded.corrupt,
                       sum(o.suppressed for o in done))
 
@@ -217,7 +232,7 @@ class StepBlock:
     """Contiguous analysis steps of a sweep and the windows they read (plain data: a
     block runs in a worker process as well as here)."""
 
-    features: pl.DataFrame
+    features: pl.DataFrame | str  # the sweep's windows, or an Arrow IPC file of them
     facts: pl.DataFrame | None
     kb: KnowledgeBase
     cfg: SweepConfig
@@ -227,16 +242,11 @@ class StepBlock:
     starts: dict[str, np.ndarray]  # host -> its window starts in the whole sweep (warm-up)
 
 
-def _block_frame(feats: pl.DataFrame, bounds: Sequence[tuple[datetime, datetime]], a: AnalyticsConfig
-                 ) -> pl.DataFrame:
-    """The windows the steps ``bounds`` read: from the first one's history to the last's end."""
-    first = floor_grid(bounds[0][0] - a.history, a.window.stride_s)
-    return feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= bounds[-1][1]))
-
-
 def run_steps(job: StepBlock) -> list[StepResult]:
-    """The block's steps, one after the other (see :func:`sweep_step`)."""
-    a, feats = job.cfg.analytics, job.features
+    """The block's steps, one after the other (see :func:`sweep_step`); their results carry
+    no features (the caller has them)."""
+    a = job.cfg.analytics
+    feats = _mapped(job.features) if isinstance(job.features, str) else job.features
     length = timedelta(seconds=a.window.length_s)
     # the running medians of a step's windows reach back half of `smooth` (more at the
     # start of a host's data): the frame a step is scored on starts this far before it
@@ -256,8 +266,18 @@ def run_steps(job: StepBlock) -> list[StepResult]:
             det = detect(res, job.facts, job.kb, job.cfg.detection, keep=_keep(b_since, b2, job.hosts),
                          frame_start=first, history_known=job.history_known,
                          match_config=MatchConfig(reference_before=b_since))
-            outs.append(_judged(det, []))
+            outs.append(StepResult(pl.DataFrame(), det.scores, det.findings, [], det.suppressed))
     return outs
+
+
+def _mapped(path: str) -> pl.DataFrame:
+    """The frame of an Arrow IPC file, memory-mapped (zero copy): the workers of one machine
+    share its pages, and each step copies only its own windows."""
+    with pa.memory_map(path) as src:
+        table = pa.ipc.open_file(src).read_all()
+    out = pl.from_arrow(table, rechunk=False)
+    assert isinstance(out, pl.DataFrame)
+    return out
 
 
 def _host_starts(feats: pl.DataFrame) -> dict[str, np.ndarray]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -204,3 +205,44 @@ def test_unveil_sweep_per_host_on_a_process_pool_equals_the_fleet_wide_path(temp
         if n == 2:
             want = pl.concat([want, want])
         assert_frame_equal(scores.sort(keys), want.select(scores.columns).sort(keys), check_dtypes=False)
+
+
+class _Recording:
+    """An engine that runs a real process pool and keeps the items it was given."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.items = inner, []  # type: ignore[var-annotated]
+
+    @property
+    def workers(self) -> int:
+        return int(self.inner.workers)
+
+    def map(self, fn: Any, items: Any) -> list[Any]:
+        self.items.extend(items)
+        return list(self.inner.map(fn, items))
+
+
+def test_blocks_of_steps_on_a_pool_read_one_shared_file_and_give_the_same_verdicts(template: Path,
+                                                                                   tmp_path: Path) -> None:
+    """Six one-minute analysis steps in two blocks on a process pool: the blocks get the
+    features as the path of one Arrow file in ``scratch`` (not a copy each), the file is gone
+    afterwards, and features, scores, findings and incidents equal the steps run here."""
+    cfg, kb = _cfg(), load_kb()
+    first = T0 + timedelta(minutes=4) - timedelta(seconds=cfg.analytics.window.length_s) + US
+    end = T0 + timedelta(minutes=MINUTES)
+    loaded, _, _ = _per_host(template, cfg, first, end)
+    kw = {"since": first, "until": end, "hosts": HOSTS, "history_known": first_times(template, HOSTS),
+          "horizon": end}
+    here = sweep_step(loaded, cfg, kb, **kw)  # type: ignore[arg-type]
+    assert here.findings.height > 0  # (the throttle on sim-01)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with make_engine("processes:2") as pool:
+        eng = _Recording(pool)
+        pooled = sweep_step(loaded, cfg, kb, engine=eng, scratch=scratch, **kw)  # type: ignore[arg-type]
+    assert len(eng.items) == 2
+    for block in eng.items:
+        assert isinstance(block.features, str) and Path(block.features).parent.parent == scratch
+    assert list(scratch.iterdir()) == []
+    for t in ("features", "scores", "findings", "incidents"):
+        assert_frame_equal(getattr(pooled, t), getattr(here, t))
