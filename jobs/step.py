@@ -252,22 +252,26 @@ def run_steps(job: StepBlock) -> list[StepResult]:
     # start of a host's data): the frame a step is scored on starts this far before it
     lead = 2 * max(a.smooth, timedelta(seconds=a.window.stride_s)) + length
     epochs: dict[datetime, Reference] = {}
-    outs: list[StepResult] = []
     with threadpool_limits(limits=1, user_api="blas"):  # (a worker process too: see sweep_step)
-        for b, b2 in job.bounds:
-            first = floor_grid(b - a.history, a.window.stride_s)
-            part = feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= b2))
-            if part.is_empty():
-                outs.append(StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings()))
-                continue
-            b_since = b - length + US
-            res = _analysed(feats, part, a, job.facts, b, b2, b_since, first, lead, job.starts, epochs)
-            # the signature matcher judges a window against the host's own past only
-            det = detect(res, job.facts, job.kb, job.cfg.detection, keep=_keep(b_since, b2, job.hosts),
-                         frame_start=first, history_known=job.history_known,
-                         match_config=MatchConfig(reference_before=b_since))
-            outs.append(StepResult(pl.DataFrame(), det.scores, det.findings, [], det.suppressed))
+        # one step at a time: a step's frames are freed before the next one's are cut
+        outs = [_one_step(job, feats, b, b2, length, lead, epochs) for b, b2 in job.bounds]
     return outs
+
+
+def _one_step(job: StepBlock, feats: pl.DataFrame, b: datetime, b2: datetime, length: timedelta, lead: timedelta,
+              epochs: dict[datetime, Reference]) -> StepResult:
+    a = job.cfg.analytics
+    first = floor_grid(b - a.history, a.window.stride_s)
+    part = feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= b2))
+    if part.is_empty():
+        return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings())
+    b_since = b - length + US
+    res = _analysed(feats, part, a, job.facts, b, b2, b_since, first, lead, job.starts, epochs)
+    # the signature matcher judges a window against the host's own past only
+    det = detect(res, job.facts, job.kb, job.cfg.detection, keep=_keep(b_since, b2, job.hosts),
+                 frame_start=first, history_known=job.history_known,
+                 match_config=MatchConfig(reference_before=b_since))
+    return StepResult(pl.DataFrame(), det.scores, det.findings, [], det.suppressed)
 
 
 def _mapped(path: str) -> pl.DataFrame:
@@ -309,7 +313,8 @@ def _analysed(feats: pl.DataFrame, part: pl.DataFrame, a: AnalyticsConfig, facts
             refs = {h: epoch for h in step_hosts if epoch.windows.get(h, 0) >= need}
         cold = [h for h in step_hosts if h not in refs]
         if cold:
-            now = fit(part.filter(pl.col(HOST).is_in(cold)), a)
+            whole = len(cold) == part[HOST].n_unique()  # (every host: no copy of the history)
+            now = fit(part if whole else part.filter(pl.col(HOST).is_in(cold)), a)
             refs.update({h: now for h in cold})
     # first window start of each host in the history (its warm-up), as analyze sees it
     first_us = (first - datetime(1970, 1, 1, tzinfo=UTC)) // US

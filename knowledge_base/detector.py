@@ -46,7 +46,7 @@ import polars as pl
 
 from analytics.pipeline import FINDINGS_SCHEMA, SCORES_SCHEMA, AnalysisResult
 from knowledge_base.loader import KnowledgeBase
-from knowledge_base.matcher import MATCH_SCHEMA, MatchConfig, match_findings
+from knowledge_base.matcher import MATCH_SCHEMA, MatchConfig, match_findings, release_references
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +299,7 @@ def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: Knowledg
         n_peer = int(drop.sum())
         findings = findings.filter(~drop)
     findings = findings.select([pl.col(c).cast(t) for c, t in FINDINGS_OUT_SCHEMA.items()])
+    release_references()  # (both matchings of these windows are done)
     return Detection(feats, scores, findings, sig, int(warm.sum()), n_peer)
 
 

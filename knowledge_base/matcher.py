@@ -206,10 +206,17 @@ class _Frame:
 _LAST_FRAME: list[_Frame] = []
 
 
+def release_references() -> None:
+    """Forget the references kept for the last features frame (:func:`_frame`): the caller
+    is done with it, and its matrix is as large as the frame."""
+    _LAST_FRAME.clear()
+
+
 def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[str]) -> _Frame:
     key = (features.height, tuple(cols), id(host_facts), None if host_facts is None else host_facts.height)
     if _LAST_FRAME and _LAST_FRAME[0].features is features and _LAST_FRAME[0].key == key:
         return _LAST_FRAME[0]
+    _LAST_FRAME.clear()  # (its matrix is freed before the next one is built)
     feats = features.select(HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), *cols).with_row_index("_r")
     X = feats.select(cols).to_numpy().astype(np.float64)
     X[~np.isfinite(X)] = np.nan
