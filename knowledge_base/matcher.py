@@ -188,9 +188,12 @@ class _Frame:
     feats: pl.DataFrame  # keys and the relevant columns, row-indexed
     X: np.ndarray
     floors: np.ndarray
-    hosts: np.ndarray
     starts: np.ndarray  # window starts, µs since the epoch
     cohort_of: dict[str, list[str]]
+    rows_of: dict[str, np.ndarray]  # host -> its rows, ascending
+    codes: np.ndarray  # per row: the index of its host in rows_of
+    code_of: dict[str, int]
+    cohort_rows: dict[str, np.ndarray]  # host -> the rows of its cohort's hosts (itself included), ascending
     fitted: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def ref(self, key: tuple[Any, ...], rows: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
@@ -223,9 +226,19 @@ def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[s
     groups: dict[str, list[str]] = {}
     for h, label in sorted(hardware_cohorts(features, host_facts).items()):
         groups.setdefault(label, []).append(h)
+    # rows per host and per cohort found once: one comparison of every row per host and
+    # step grows with the square of the fleet
+    codes = feats.select((pl.col(HOST).rank("dense") - 1).cast(pl.Int64))[HOST].to_numpy()
+    names = feats[HOST].unique().sort().to_list()
+    order = np.argsort(codes, kind="stable")
+    rows_of = dict(zip(names, np.split(order, np.cumsum(np.bincount(codes, minlength=len(names)))[:-1]), strict=True))
+    cohort_rows: dict[str, np.ndarray] = {}
+    for members in groups.values():
+        rows = np.sort(np.concatenate([rows_of[m] for m in members if m in rows_of] or [np.zeros(0, np.int64)]))
+        cohort_rows.update({h: rows for h in members})
     fr = _Frame(features, key, feats, X, np.array([lookup(c).floor for c in cols], dtype=np.float64),
-                feats[HOST].to_numpy(), feats[WS].dt.epoch("us").to_numpy(),
-                {h: members for members in groups.values() for h in members})
+                feats[WS].dt.epoch("us").to_numpy(), {h: members for members in groups.values() for h in members},
+                rows_of, codes, {h: i for i, h in enumerate(names)}, cohort_rows)
     _LAST_FRAME[:] = [fr]
     return fr
 
@@ -238,7 +251,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     if not p or not n:
         return out
     fr = _frame(features, host_facts, cols)
-    feats, X, hosts, starts = fr.feats, fr.X, fr.hosts, fr.starts
+    feats, X, starts = fr.feats, fr.X, fr.starts
     before = cfg.reference_before
     if before is not None and before.tzinfo is None:
         before = before.replace(tzinfo=UTC)
@@ -254,7 +267,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     limit = cfg.max_reference_rows
     for h in sorted(set(fhosts.tolist())):
         target = np.flatnonzero(fhosts == h)
-        own = np.flatnonzero(hosts == h)
+        own = fr.rows_of.get(h, np.zeros(0, np.int64))
         if cfg.reference_before is not None:
             # the past only; too little of it (a host's first seconds) is no reference at all
             own = own[starts[own] < before_us]
@@ -265,7 +278,8 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
             out.c_self[target], out.s_self[target] = c, s
         members = fr.cohort_of.get(h, [])
         if len(members) >= cfg.min_cohort:
-            peers = np.flatnonzero(np.isin(hosts, [m for m in members if m != h]))
+            rows = fr.cohort_rows[h]
+            peers = rows[fr.codes[rows] != fr.code_of.get(h, -1)]
             if peers.size:
                 c, s = fr.ref(("cohort", h), peers, limit)
                 out.c_coh[target], out.s_coh[target] = c, s
@@ -287,14 +301,13 @@ def _pre_change(out: _Refs, findings: pl.DataFrame, fr: _Frame, host_facts: pl.D
     c_pre, s_pre = np.full((n, p), np.nan), np.full((n, p), np.nan)
     out.pre[fact] = (c_pre, s_pre)
     feats = fr.feats
-    hosts = fr.hosts
     wstart = feats[WS].to_numpy()
     wend = feats[WE].to_numpy()
     fhosts = findings[HOST].to_numpy()
     fstart = findings[WS].cast(TS).to_numpy()
     for h, times in changes.items():
         target_h = np.flatnonzero(fhosts == h)
-        own = np.flatnonzero(hosts == h)
+        own = fr.rows_of.get(h, np.zeros(0, np.int64))
         if not target_h.size or not own.size:
             continue
         bounds = [np.datetime64(t.replace(tzinfo=None), "us") for t in times]
