@@ -771,10 +771,12 @@ class _Matrix:
         # thresholds are capped (detectors' max_threshold) only on catalog telemetry, whose
         # scales have floors; imported metrics have none
         capped = bool(cols) and all(lookup(c).family in FAMILIES for c in cols)
-        host_arr = feats[HOST].to_numpy()
-        hosts = list(dict.fromkeys(host_arr.tolist()))
-        return cls(cols, X, edge, floors, sign, weight, capped, host_arr, hosts,
-                   {h: np.flatnonzero(host_arr == h) for h in hosts},
+        # rows per host by one grouping (one comparison of every row per host grows with
+        # the square of the fleet); hosts in order of first appearance
+        g = feats.select(HOST).with_row_index("_r").group_by(HOST, maintain_order=True).agg("_r")
+        hosts = g[HOST].to_list()
+        rows = {h: np.sort(r.to_numpy()).astype(np.intp) for h, r in zip(hosts, g["_r"], strict=True)}
+        return cls(cols, X, edge, floors, sign, weight, capped, feats[HOST].to_numpy(), hosts, rows,
                    feats[WINDOW_START].dt.epoch("us").to_numpy())
 
     def warm(self, config: AnalyticsConfig, first_us: Mapping[str, int] | None) -> np.ndarray:

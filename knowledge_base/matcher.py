@@ -221,7 +221,7 @@ def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[s
         return _LAST_FRAME[0]
     _LAST_FRAME.clear()  # (its matrix is freed before the next one is built)
     feats = features.select(HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), *cols).with_row_index("_r")
-    X = feats.select(cols).to_numpy().astype(np.float64)
+    X = np.require(feats.select(cols).to_numpy(), dtype=np.float64, requirements="W")  # (a copy only if needed)
     X[~np.isfinite(X)] = np.nan
     groups: dict[str, list[str]] = {}
     for h, label in sorted(hardware_cohorts(features, host_facts).items()):
