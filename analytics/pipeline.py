@@ -745,6 +745,13 @@ def _result(feats: pl.DataFrame, m: _Matrix, config: AnalyticsConfig, blocks: li
     return AnalysisResult(features=feats, scores=scores, findings=findings, config=config, cohorts=dict(cohort_of))
 
 
+def rows_by_host(feats: pl.DataFrame) -> dict[str, np.ndarray]:
+    """host -> its row indices, ascending; hosts in order of first appearance. One grouping:
+    comparing every row with each host grows with the square of the fleet."""
+    g = feats.select(HOST).with_row_index("_r").group_by(HOST, maintain_order=True).agg("_r")
+    return {h: np.sort(r.to_numpy()).astype(np.intp) for h, r in zip(g[HOST].to_list(), g["_r"], strict=True)}
+
+
 @dataclass
 class _Matrix:
     """A feature frame as the detectors see it (:func:`_detection_matrix`) with what
@@ -771,12 +778,8 @@ class _Matrix:
         # thresholds are capped (detectors' max_threshold) only on catalog telemetry, whose
         # scales have floors; imported metrics have none
         capped = bool(cols) and all(lookup(c).family in FAMILIES for c in cols)
-        # rows per host by one grouping (one comparison of every row per host grows with
-        # the square of the fleet); hosts in order of first appearance
-        g = feats.select(HOST).with_row_index("_r").group_by(HOST, maintain_order=True).agg("_r")
-        hosts = g[HOST].to_list()
-        rows = {h: np.sort(r.to_numpy()).astype(np.intp) for h, r in zip(hosts, g["_r"], strict=True)}
-        return cls(cols, X, edge, floors, sign, weight, capped, feats[HOST].to_numpy(), hosts, rows,
+        rows = rows_by_host(feats)
+        return cls(cols, X, edge, floors, sign, weight, capped, feats[HOST].to_numpy(), list(rows), rows,
                    feats[WINDOW_START].dt.epoch("us").to_numpy())
 
     def warm(self, config: AnalyticsConfig, first_us: Mapping[str, int] | None) -> np.ndarray:

@@ -50,6 +50,7 @@ import polars as pl
 from analytics.attribution import SHARE_COLUMNS
 from analytics.catalog import lookup, split_feature
 from analytics.detectors import RobustStandardizer
+from analytics.pipeline import rows_by_host
 from knowledge_base.facts import FactsIndex, HostFacts, _compare
 from knowledge_base.loader import Entry, KnowledgeBase, Signal, load_kb
 
@@ -191,8 +192,6 @@ class _Frame:
     starts: np.ndarray  # window starts, µs since the epoch
     cohort_of: dict[str, list[str]]
     rows_of: dict[str, np.ndarray]  # host -> its rows, ascending
-    codes: np.ndarray  # per row: the index of its host in rows_of
-    code_of: dict[str, int]
     cohort_rows: dict[str, np.ndarray]  # host -> the rows of its cohort's hosts (itself included), ascending
     fitted: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
@@ -233,19 +232,14 @@ def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[s
     groups: dict[str, list[str]] = {}
     for h, label in sorted(hardware_cohorts(features, host_facts).items()):
         groups.setdefault(label, []).append(h)
-    # rows per host and per cohort found once: one comparison of every row per host and
-    # step grows with the square of the fleet
-    codes = feats.select((pl.col(HOST).rank("dense") - 1).cast(pl.Int64))[HOST].to_numpy()
-    names = feats[HOST].unique().sort().to_list()
-    order = np.argsort(codes, kind="stable")
-    rows_of = dict(zip(names, np.split(order, np.cumsum(np.bincount(codes, minlength=len(names)))[:-1]), strict=True))
+    rows_of = rows_by_host(feats)
     cohort_rows: dict[str, np.ndarray] = {}
     for members in groups.values():
-        rows = np.sort(np.concatenate([rows_of[m] for m in members if m in rows_of] or [np.zeros(0, np.int64)]))
+        rows = np.sort(np.concatenate([rows_of[m] for m in members if m in rows_of] or [np.zeros(0, np.intp)]))
         cohort_rows.update({h: rows for h in members})
     fr = _Frame(features, key, feats, X, np.array([lookup(c).floor for c in cols], dtype=np.float64),
                 feats[WS].dt.epoch("us").to_numpy(), {h: members for members in groups.values() for h in members},
-                rows_of, codes, {h: i for i, h in enumerate(names)}, cohort_rows)
+                rows_of, cohort_rows)
     _LAST_FRAME[:] = [fr]
     return fr
 
@@ -272,9 +266,10 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     out.value[fidx[has]] = X[ridx_i[has]]
     fhosts = findings[HOST].to_numpy()
     limit = cfg.max_reference_rows
+    none = np.zeros(0, np.intp)
     for h in sorted(set(fhosts.tolist())):
         target = np.flatnonzero(fhosts == h)
-        own = fr.rows_of.get(h, np.zeros(0, np.int64))
+        own = fr.rows_of.get(h, none)
         if cfg.reference_before is not None:
             # the past only; too little of it (a host's first seconds) is no reference at all
             own = own[starts[own] < before_us]
@@ -285,8 +280,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
             out.c_self[target], out.s_self[target] = c, s
         members = fr.cohort_of.get(h, [])
         if len(members) >= cfg.min_cohort:
-            rows = fr.cohort_rows[h]
-            peers = rows[fr.codes[rows] != fr.code_of.get(h, -1)]
+            peers = np.setdiff1d(fr.cohort_rows[h], fr.rows_of.get(h, none), assume_unique=True)
             if peers.size:
                 c, s = fr.ref(("cohort", h), peers, limit)
                 out.c_coh[target], out.s_coh[target] = c, s
