@@ -317,31 +317,50 @@ def _median_rows(A: NDArray[np.floating[Any]]) -> Array:
     return (A[:, :k].max(axis=1).astype(np.float64) + A[:, k].astype(np.float64)) / 2.0
 
 
+def _weighted_std(U: NDArray[np.floating[Any]], counts: NDArray[np.int64]) -> Array:
+    """Column standard deviations (ddof 0) of the rows of ``U``, row j counted ``counts[j]``
+    times, NaN ignored (with unit counts and no NaN, exactly ``U.std(axis=0)``)."""
+    w = np.where(np.isnan(U), 0.0, counts[:, None].astype(np.float64))
+    x = np.where(w > 0, U, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        total = w.sum(axis=0)
+        mean = (w * x).sum(axis=0) / total
+        return np.asarray(np.sqrt((w * (x - mean) ** 2).sum(axis=0) / total))
+
+
 def _robust_stats(X: RepeatedRows, finite: NDArray[np.bool_]) -> tuple[Array, Array, Array]:
     """Per-column median, MAD and std over the finite values (``finite``: of ``X.rows``)
     of at most ``STATS_MAX_ROWS`` evenly spaced rows of ``X`` (complete columns by one
-    selection: np.nanmedian is several times slower than a partition)."""
+    selection: np.nanmedian is several times slower than a partition). The distinct rows
+    are transposed, then repeated (a transposed copy of the tall matrix costs several
+    times more); the std weighs the distinct rows by their counts."""
     p = X.rows.shape[1]
     med, mad, std = np.empty(p), np.empty(p), np.empty(p)
     full = finite.all(axis=0)
-    D = _thin(X).dense()
+    T = _thin(X)
+    counts = np.bincount(T.index, minlength=T.rows.shape[0])
+    repeated = T.index.size != T.rows.shape[0]  # (a median is of the multiset: order aside)
     if full.any():
-        Xf = D if full.all() else D[:, full]
+        U = T.rows if full.all() else T.rows[:, full]
         # float32 columns as rows, selected in place: the median reorders each row, which
         # leaves the multiset of |x - median| (the MAD's input) as it was
-        rows = np.array(Xf.T, dtype=np.float32, order="C")
+        rows = np.array(U.T, dtype=np.float32, order="C")
+        if repeated:
+            rows = rows.take(T.index, axis=1)
         m = _median_rows(rows)
         med[full] = m
         np.subtract(rows, m.astype(np.float32)[:, None], out=rows)
         mad[full] = _median_rows(np.abs(rows, out=rows))
-        std[full] = Xf.std(axis=0)
+        std[full] = _weighted_std(U, counts)
     if (~full).any():
-        Xp = D[:, ~full]
-        Xp = np.where(np.isfinite(Xp), Xp, np.nan)
+        Up = T.rows[:, ~full]
+        Up = np.where(np.isfinite(Up), Up, np.nan)
+        Xp = Up[T.index] if repeated else Up
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             m = np.nanmedian(Xp, axis=0)
-            med[~full], mad[~full], std[~full] = m, np.nanmedian(np.abs(Xp - m), axis=0), np.nanstd(Xp, axis=0)
+            med[~full], mad[~full] = m, np.nanmedian(np.abs(Xp - m), axis=0)
+            std[~full] = _weighted_std(Up, counts)
     return med, mad, std
 
 
