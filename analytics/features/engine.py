@@ -41,20 +41,20 @@ def compute_features(frames: Mapping[str, pl.LazyFrame], spec: WindowSpec = _DEF
     or columns give fewer columns, an empty input only the keys. The raw rows are read
     once, one table at a time (peak memory: the largest table's rows)."""
     # bucket frames (a host's rows in one run), their plans and host runs
-    bks: dict[str, tuple[kernels.Buckets, Plan]] = {}
+    bks: dict[str, tuple[pl.DataFrame, Plan, tuple[np.ndarray, list[str]]]] = {}
     for name, lf in frames.items():
         plan = _plan(name, lf)
         bk = (None if plan is None else _irq_buckets(lf, plan, spec, host_facts)
               if name == "interrupts" else _buckets(lf, plan, spec))
-        if bk is not None and bk.frame.height and plan is not None:
-            bks[name] = (bk, plan)
+        if bk is not None and bk.height and plan is not None:
+            bks[name] = (bk, plan, kernels.runs(bk[HOST]))
     if not bks:
         return pl.DataFrame(schema=_KEYS_SCHEMA)
-    grid = _grid([bk for bk, _ in bks.values()], spec)
+    grid = _grid([(bk, runs) for bk, _, runs in bks.values()], spec)
     n_win = grid.index.height
     cols: dict[str, pl.Series] = {}
-    for name, (bk, plan) in bks.items():  # (table order: of equal names the first is kept)
-        devs, feats = _windows(bk, plan, grid)
+    for name, (bk, plan, runs) in bks.items():  # (table order: of equal names the first is kept)
+        devs, feats = _windows(bk, runs, plan, grid)
         for i, dev in enumerate(devs):
             for s in feats.slice(i * n_win, n_win).get_columns():
                 col = feature_name(s.name, dev)
@@ -118,7 +118,7 @@ def _rows(lf: pl.LazyFrame, keys: Sequence[str], exprs: Mapping[str, pl.Expr],
     return rows.filter(pl.col(_T).is_not_null()) if rows[_T].null_count() else rows
 
 
-def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> kernels.Buckets:
+def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> pl.DataFrame:
     """(host, _dev, _b, bucket aggregations) of a table: its rows grouped by host,
     device and bucket."""
     keys = [HOST, *plans.tags(plan)]
@@ -130,7 +130,7 @@ def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> kernels.Buckets:
 
 
 def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec,
-                 host_facts: pl.DataFrame | None) -> kernels.Buckets | None:
+                 host_facts: pl.DataFrame | None) -> pl.DataFrame | None:
     """Interrupt buckets per device (see the module's docstring); None without facts."""
     facts = _irq_facts(host_facts)
     if not facts:
@@ -158,12 +158,11 @@ def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec,
     lf = lf.with_columns(pl.col("device").cast(pl.String),
                          pl.col("node").cast(pl.String).fill_null(""))
     rows = _rows(lf, keys, {r: pl.col(r) for r in roots}, spec)
-    per_series = kernels.reduce_buckets(rows, keys, dict.fromkeys(roots, "sum"), name).frame
-    per_device = per_series.with_columns(pl.col(_G).str.slice(1).alias(DEV),
-                                         (pl.col(_G).str.head(1) == "1").alias(LOCAL)
-                                         ).group_by(HOST, DEV, _B, maintain_order=True).agg(
+    per_series = kernels.reduce_buckets(rows, keys, dict.fromkeys(roots, "sum"), name)
+    return per_series.with_columns(pl.col(_G).str.slice(1).alias(DEV),
+                                   (pl.col(_G).str.head(1) == "1").alias(LOCAL)
+                                   ).group_by(HOST, DEV, _B, maintain_order=True).agg(
         [e.sum().alias(n) for n, (e, _) in plan.buckets.items()])
-    return kernels.Buckets.of(per_device, HOST, DEV)
 
 
 #: (device, NUMA node, PCI address, the address without its domain, a pattern of its name)
@@ -205,15 +204,15 @@ class _Grid:
     b_us: int
 
 
-def _grid(bks: Sequence[kernels.Buckets], spec: WindowSpec) -> _Grid:
-    """The grid of the tables' bucket frames."""
+def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]],
+          spec: WindowSpec) -> _Grid:
+    """The grid of bucket frames given with their host runs (:func:`kernels.runs`)."""
     b_us, s_us = round(spec.bucket * 1e6), round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
     lo: dict[str, int] = {}  # each host's first and last bucket
     hi: dict[str, int] = {}
-    for bk in bks:
-        at, hs = bk.hosts
-        b = bk.frame[_B].to_numpy()
+    for bk, (at, hs) in bks:
+        b = bk[_B].to_numpy()
         for h, x, y in zip(hs, np.minimum.reduceat(b, at).tolist(),
                            np.maximum.reduceat(b, at).tolist(), strict=True):
             lo[h], hi[h] = min(lo.get(h, x), x), max(hi.get(h, y), y)
@@ -239,16 +238,16 @@ def _grid(bks: Sequence[kernels.Buckets], spec: WindowSpec) -> _Grid:
     return _Grid(kept, index, dur, m, int(off[-1]), base, b_us)
 
 
-def _windows(buckets: kernels.Buckets, plan: Plan, grid: _Grid) -> tuple[list[str], pl.DataFrame]:
+def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Plan,
+             grid: _Grid) -> tuple[list[str], pl.DataFrame]:
     """A table's devices (sorted) and features (``len(devices) * n_windows`` rows, device-major):
     the bucket rows placed on (device x grid) rows by arithmetic (none there: missing), rolled
     over each kept window, then the plan's features; non-finite values (0/0, x/0) are null
     (missing evidence), or 0 for ``zero_fill`` families (sparse tables: no rows, no events)."""
-    bk = buckets.frame
-    at, values = buckets.groups
+    at, values = kernels.runs(bk[DEV])
     devs = sorted(set(values))  # (Polars' string order: by code point, as numpy's)
     dev = np.repeat(np.searchsorted(devs, values), np.diff(np.r_[at, bk.height]))
-    at, hosts = buckets.hosts
+    at, hosts = host_runs
     base = np.repeat([grid.base[x] for x in hosts], np.diff(np.r_[at, bk.height]))
     n = len(devs) * grid.n
     # the (device x grid) row of each bucket row; in place: the grid's rows in order

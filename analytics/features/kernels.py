@@ -6,7 +6,6 @@ Polars' ``rolling_*(m, min_samples=1)`` at chosen rows. They know nothing of fea
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -44,25 +43,7 @@ def masked(name: str, v: np.ndarray, valid: np.ndarray | None) -> pl.Series:
     return pl.Series(name, v if valid is None or valid.all() else pa.array(v, mask=~valid))
 
 
-#: runs of a column: the first row of each and their values (equal neighbours may be two runs)
-Runs = tuple[np.ndarray, list[str]]
-
-
-@dataclass(frozen=True)
-class Buckets:
-    """Bucket rows (see :func:`reduce_buckets`) and where their hosts and groups change."""
-
-    frame: pl.DataFrame
-    hosts: Runs
-    groups: Runs
-
-    @classmethod
-    def of(cls, frame: pl.DataFrame, host: str, group: str) -> Buckets:
-        """Rows in any order: their runs found by :func:`runs`."""
-        return cls(frame, runs(frame[host]), runs(frame[group]))
-
-
-def runs(s: pl.Series) -> Runs:
+def runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
     """The first row of each run of equal values of ``s`` and the runs' values, by
     64-bit hashes (a false merge of two runs needs a hash collision of neighbours)."""
     h = s.hash().to_numpy()
@@ -71,18 +52,17 @@ def runs(s: pl.Series) -> Runs:
 
 
 def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
-                   group_of: Callable[[pl.DataFrame], pl.Series], out: str = GROUP) -> Buckets:
+                   group_of: Callable[[pl.DataFrame], pl.Series], out: str = GROUP
+                   ) -> pl.DataFrame:
     """``rows`` (``keys``, host first; ``_t``, ``_b``, the ``aggs`` columns; no null times) ->
     one row per (host, group ``out``, bucket ``_b``): ``group_of`` names the series (a frame of
     distinct ``keys`` -> a name per row; null: dropped); each column aggregated over a group's
     rows of a bucket (sums keep integers, means are floats, counts int64; null where there is
     no value; max/min skip NaN). Each host's rows are reduced as a (samples x series) grid;
-    rows in another order or times are first sorted and padded into one (null rows). The
-    rows come host by host, each host's group by group (in order of first appearance)."""
-    none: Runs = (np.zeros(0, dtype=np.int64), [])
+    rows in another order or times are first sorted and padded into one (null rows)."""
     if not rows.height:
         empty = pl.Series(out, [], dtype=pl.String)
-        return Buckets(pl.DataFrame([rows[keys[0]], empty, rows[B], *[rows[n] for n in aggs]]), none, none)
+        return pl.DataFrame([rows[keys[0]], empty, rows[B], *[rows[n] for n in aggs]])
     at, hosts = runs(rows[keys[0]])
     if len(set(hosts)) != len(hosts):  # hosts interleaved
         rows = rows.sort(keys[0], maintain_order=True)
@@ -90,19 +70,7 @@ def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, A
     ends = np.r_[at[1:], rows.height]
     parts = [_reduce_grid(rows.slice(lo, hi - lo), keys, aggs, group_of, out)
              for lo, hi in zip(at.tolist(), ends.tolist(), strict=True)]
-    host_at, host_of, group_at, group_of_run = [], [], [], []
-    off = 0
-    for host, (part, groups, n_r) in zip(hosts, parts, strict=True):
-        if part.height:
-            host_at.append(off)
-            host_of.append(host)
-            group_at.append(off + np.arange(len(groups), dtype=np.int64) * n_r)
-            group_of_run += groups
-        off += part.height
-    frames = [p for p, _, _ in parts]
-    return Buckets(pl.concat(frames, rechunk=True) if len(frames) != 1 else frames[0],
-                   (np.array(host_at, dtype=np.int64), host_of),
-                   (np.concatenate(group_at) if group_at else none[0], group_of_run))
+    return pl.concat(parts, rechunk=True) if len(parts) != 1 else parts[0]
 
 
 def _as_grid(rows: pl.DataFrame, keys: Sequence[str]
@@ -153,11 +121,9 @@ def _as_grid(rows: pl.DataFrame, keys: Sequence[str]
 
 
 def _reduce_grid(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
-                 group_of: Callable[[pl.DataFrame], pl.Series], out: str
-                 ) -> tuple[pl.DataFrame, list[str], int]:
+                 group_of: Callable[[pl.DataFrame], pl.Series], out: str) -> pl.DataFrame:
     """One host's rows as a (samples x series) grid reduced over each bucket's samples, then
-    over the series of each group (groups in order of first appearance): the rows (group by
-    group), the groups and the buckets of each."""
+    over the series of each group (groups in order of first appearance)."""
     rows, (n_t, k, time_major), real = _as_grid(rows, keys)
     first = np.arange(k) if time_major else np.arange(k) * n_t  # each series' first row
     idx: dict[str, int] = {}
@@ -207,7 +173,7 @@ def _reduce_grid(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg
     groups = pl.Series(out, list(idx), dtype=pl.String)
     return pl.DataFrame([rows[keys[0]].new_from_index(0, len(idx) * n_r),
                          groups.gather(np.repeat(np.arange(len(idx)), n_r)),
-                         pl.Series(B, np.tile(bb[r_at], len(idx))), *cols]), list(idx), n_r
+                         pl.Series(B, np.tile(bb[r_at], len(idx))), *cols])
 
 
 def rolling(v: np.ndarray, valid: np.ndarray | None, agg: Agg, n_dev: int, m: int,
