@@ -117,6 +117,10 @@ def test_irq_locality_uses_the_devices_node_from_host_facts() -> None:
     assert f["irq.rate@mlx5_0"].to_list() == pytest.approx([100.0] * 3)
     # without facts the locality cannot be known: no irq features, no crash
     assert not [c for c in compute_features({"interrupts": irq}).columns if c.startswith("irq.")]
+    # a host of the fleet without facts (its lines name no known device): no irq buckets,
+    # so no windows from this table alone; the other host's features are as alone
+    other = irq.with_columns(pl.lit("g").alias("host"))
+    assert compute_features({"interrupts": pl.concat([other, irq])}, host_facts=facts).equals(f)
 
 
 def test_memory_numa_disk_net_cgroup_ratios() -> None:

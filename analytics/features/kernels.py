@@ -132,7 +132,7 @@ def _reduce_grid(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg
                     dtype=np.int64)  # each series' group (-1: dropped)
     kept = np.flatnonzero(code >= 0)
     perm = kept[np.argsort(code[kept], kind="stable")]  # series sorted by group
-    g_at = np.flatnonzero(np.r_[True, np.diff(code[perm]) != 0])
+    g_at = np.flatnonzero(np.r_[perm.size > 0, np.diff(code[perm]) != 0])  # (none: no group)
     alone = bool((code == np.arange(k)).all())  # each series its own group, in order
     bb = rows[B].to_numpy()[::k if time_major else 1][:n_t]  # each sample's bucket
     r_at = np.flatnonzero(np.r_[True, bb[1:] != bb[:-1]])  # bucket starts among samples
