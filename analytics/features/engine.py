@@ -1,10 +1,10 @@
 """Execution of the feature plans, in two stages. **Buckets**, one table at a time: Polars
 evaluates the plan's row expressions, the bucket kernel reduces them to one row per (host,
-device, bucket); interrupts per (device named by host_facts, on its own node or not) first,
-then summed per device. **Windows**: every host has one grid of buckets from its first to
-its last (over all tables); the window kernel aggregates each table's devices x that grid
-over the buckets of each kept window (at its last bucket's row), then Polars evaluates the
-plan's features. The tables share the grid's rows: the wide frame is a horizontal stack."""
+device, bucket); interrupts per (device named by host_facts, on its own node or not), then
+per device (the kernel again). **Windows**: every host has one grid of buckets from its
+first to its last (over all tables); the window kernel aggregates each table's devices x
+that grid over the buckets of each kept window (at its last bucket's row), then Polars
+evaluates the plan's features; the tables share the grid's rows (a horizontal stack)."""
 
 from __future__ import annotations
 
@@ -153,16 +153,17 @@ def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec,
         return pl.Series(out, dtype=pl.String)
 
     keys = [HOST, "device", "node"]
-    roots = sorted({r for e, _ in plan.buckets.values() for r in e.meta.root_names()}
-                   - {DEV, LOCAL})
+    roots = sorted({r for e, _ in plan.buckets.values() for r in e.meta.root_names()} - {LOCAL})
     lf = lf.with_columns(pl.col("device").cast(pl.String),
                          pl.col("node").cast(pl.String).fill_null(""))
     rows = _rows(lf, keys, {r: pl.col(r) for r in roots}, spec)
-    per_series = kernels.reduce_buckets(rows, keys, dict.fromkeys(roots, "sum"), name)
-    return per_series.with_columns(pl.col(_G).str.slice(1).alias(DEV),
-                                   (pl.col(_G).str.head(1) == "1").alias(LOCAL)
-                                   ).group_by(HOST, DEV, _B, maintain_order=True).agg(
-        [e.sum().alias(n) for n, (e, _) in plan.buckets.items()])
+    per_group = kernels.reduce_buckets(rows, keys, dict.fromkeys(roots, "sum"), name)
+    # then per device: its groups are the series, their buckets the samples
+    per_group = per_group.with_columns((pl.col(_G).str.head(1) == "1").alias(LOCAL),
+                                       pl.col(_B).alias(_T)).select(
+        HOST, _G, _T, _B, *[e.alias(n) for n, (e, _) in plan.buckets.items()])
+    return kernels.reduce_buckets(per_group, [HOST, _G], dict.fromkeys(plan.buckets, "sum"),
+                                  lambda s: s[_G].str.slice(1), DEV)
 
 
 #: (device, NUMA node, PCI address, the address without its domain, a pattern of its name)
@@ -209,8 +210,7 @@ def _grid(bks: Sequence[tuple[pl.DataFrame, tuple[np.ndarray, list[str]]]],
     """The grid of bucket frames given with their host runs (:func:`kernels.runs`)."""
     b_us, s_us = round(spec.bucket * 1e6), round(spec.stride_s * 1e6)
     m = round(spec.length_s / spec.bucket)
-    lo: dict[str, int] = {}  # each host's first and last bucket
-    hi: dict[str, int] = {}
+    lo, hi = dict[str, int](), dict[str, int]()  # each host's first and last bucket
     for bk, (at, hs) in bks:
         b = bk[_B].to_numpy()
         for h, x, y in zip(hs, np.minimum.reduceat(b, at).tolist(),
@@ -265,8 +265,8 @@ def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Pl
     cols: list[pl.Series] = []
     for name, (_, agg) in plan.buckets.items():  # (every bucket column is read by a feature)
         v, valid = kernels.values(bk[name], agg)
+        ok = valid if in_place else place(np.ones(v.size, bool) if valid is None else valid, False)
         v = place(v, kernels.identity(v.dtype.kind == "f", agg))
-        ok = place(np.ones(bk.height, dtype=bool) if valid is None else valid, False)
         cols.append(kernels.masked(name, *kernels.rolling(v, ok, agg, len(devs), grid.m,
                                                           grid.kept)))
     cols.append(pl.Series(DUR, np.tile(grid.dur, len(devs))))

@@ -1,7 +1,6 @@
 """The feature engine's two numpy kernels (docs/analytics.md says why they exist):
 :func:`reduce_buckets` means one Polars ``group_by(group, bucket).agg(...)``, :func:`rolling`
-Polars' ``rolling_*(m, min_samples=1)`` at chosen rows. They know nothing of features.
-"""
+Polars' ``rolling_*(m, min_samples=1)`` at chosen rows. They know nothing of features."""
 
 from __future__ import annotations
 
@@ -46,9 +45,11 @@ def masked(name: str, v: np.ndarray, valid: np.ndarray | None) -> pl.Series:
 def runs(s: pl.Series) -> tuple[np.ndarray, list[str]]:
     """The first row of each run of equal values of ``s`` and the runs' values, by
     64-bit hashes (a false merge of two runs needs a hash collision of neighbours)."""
+    if s.len() and not s.null_count() and s[0] == s[-1] and (s == s[0]).all():
+        return np.zeros(1, dtype=np.int64), [s[0]]  # one run (one pass, not three)
     h = s.hash().to_numpy()
     at = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
-    return at, s.gather(at).to_list()
+    return at, s[at].to_list()  # (a Series indexed by numpy: ~3x cheaper than gather)
 
 
 def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg],
@@ -61,8 +62,7 @@ def reduce_buckets(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, A
     no value; max/min skip NaN). Each host's rows are reduced as a (samples x series) grid;
     rows in another order or times are first sorted and padded into one (null rows)."""
     if not rows.height:
-        empty = pl.Series(out, [], dtype=pl.String)
-        return pl.DataFrame([rows[keys[0]], empty, rows[B], *[rows[n] for n in aggs]])
+        return rows.select(keys[0], pl.lit(None, pl.String).alias(out), B, *aggs)
     at, hosts = runs(rows[keys[0]])
     if len(set(hosts)) != len(hosts):  # hosts interleaved
         rows = rows.sort(keys[0], maintain_order=True)
@@ -128,7 +128,7 @@ def _reduce_grid(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg
     first = np.arange(k) if time_major else np.arange(k) * n_t  # each series' first row
     idx: dict[str, int] = {}
     code = np.array([-1 if g is None else idx.setdefault(g, len(idx))
-                     for g in group_of(rows[list(keys)].gather(first)).to_list()],
+                     for g in group_of(pl.DataFrame([rows[c][first] for c in keys])).to_list()],
                     dtype=np.int64)  # each series' group (-1: dropped)
     kept = np.flatnonzero(code >= 0)
     perm = kept[np.argsort(code[kept], kind="stable")]  # series sorted by group
@@ -172,7 +172,7 @@ def _reduce_grid(rows: pl.DataFrame, keys: Sequence[str], aggs: Mapping[str, Agg
         cols.append(masked(name, r.ravel(), None if ok is None else ok.ravel()))
     groups = pl.Series(out, list(idx), dtype=pl.String)
     return pl.DataFrame([rows[keys[0]].new_from_index(0, len(idx) * n_r),
-                         groups.gather(np.repeat(np.arange(len(idx)), n_r)),
+                         groups[np.repeat(np.arange(len(idx)), n_r)],
                          pl.Series(B, np.tile(bb[r_at], len(idx))), *cols])
 
 
