@@ -193,10 +193,6 @@ def lookup(feature: str) -> FeatureInfo:
     return FeatureInfo(feature, family, device, fam.subsystem, fam.unit, fam.direction, fam.floor, fam.description)
 
 
-def subsystem_of(feature: str) -> str:
-    return lookup(feature).subsystem
-
-
 def markdown() -> str:
     """The catalog as a Markdown table (docs/analytics.md embeds it)."""
     out = [

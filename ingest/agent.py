@@ -861,8 +861,3 @@ def install_signal_handlers(agent: Agent) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-
-
-def default_lake() -> Path | None:
-    env = os.environ.get("UNVEIL_LAKE")
-    return Path(env) if env else None

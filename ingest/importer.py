@@ -375,25 +375,6 @@ def _read(
     return _validate(raw, time_column=time_column, interval=interval, start=start)
 
 
-def read_wide(
-    path: str | Path,
-    *,
-    time_column: str | None = None,
-    interval: timedelta | None = None,
-    start: datetime | None = None,
-    has_header: bool = True,
-) -> tuple[pl.DataFrame, list[str]]:
-    """Read one wide CSV or Parquet file: (frame of ``time`` + Float64 metrics, skipped rows).
-
-    The format follows the suffix (``.parquet``/``.pq`` is Parquet, anything else CSV).
-    Headerless CSVs (``has_header=False``) get columns ``c1 .. cN`` (1-based). Non-finite
-    cells are null in the frame (:func:`import_files` counts them).
-    Raises :class:`ImportFileError` when the file cannot be imported at all.
-    """
-    r = _read(path, time_column=time_column, interval=interval, start=start, has_header=has_header)
-    return r.frame, r.skipped
-
-
 def import_files(
     lake_root: str | Path,
     host: str,
@@ -416,9 +397,9 @@ def import_files(
     frames: list[pl.DataFrame] = []
     report = ImportReport(table=table, host=host)
     next_start = start
-    for f in files:
+    for i, f in enumerate(files):
         r = _read(f, time_column=time_column, interval=interval, start=next_start, has_header=has_header)
-        if time_column is None and interval is not None and next_start is not None:
+        if time_column is None and interval is not None and next_start is not None and i + 1 < len(files):
             # files given together are consecutive: the next starts after this one's last record
             n = _n_records(f, has_header)
             try:

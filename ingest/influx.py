@@ -33,7 +33,7 @@ import tempfile
 import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -640,7 +640,7 @@ class InfluxSink:
         self._thread.join()
         self._transport.close()
         self._closed = True
-        if self._tmp_spool and len(self._spool):
+        if self._tmp_spool and self.spooled_batches:
             log.error(
                 "influx sink closed with %d points still spooled in the temporary directory %s "
                 "(set spool_dir to keep them across restarts)",
@@ -806,11 +806,8 @@ class InfluxSink:
             log.warning(
                 "InfluxDB at %s answers again; replaying %d spooled batches",
                 self._transport.url,
-                len(self._spool),
+                self.spooled_batches,
             )
-
-    def stats_dict(self) -> dict[str, int]:
-        return asdict(self.stats)
 
 
 # ----------------------------------------------------------------------------- source

@@ -1,16 +1,26 @@
 from __future__ import annotations
 
+import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
 
-from ingest.importer import ImportFileError, import_files, read_wide
+from ingest.importer import ImportFileError, import_files
 from ingest.lake import scan, tables
 
 DATA = Path(__file__).parent / "data" / "importer"
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
+
+
+def read_wide(path: Path, **kw: Any) -> tuple[pl.DataFrame, list[str]]:
+    """One file through `import_files` into a scratch lake: (its rows as stored, without the
+    host column; the skipped rows the report names)."""
+    with tempfile.TemporaryDirectory() as lake:
+        rep = import_files(lake, "h", [path], **kw)
+        return scan(lake, rep.table).collect().drop("host").sort("time"), rep.skipped
 
 
 def test_csv_bad_rows_skipped_good_rows_kept() -> None:

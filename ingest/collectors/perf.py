@@ -22,7 +22,7 @@ import shutil
 import signal
 import subprocess
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,10 +135,6 @@ class PerfTotals:
         self._group.append(rec)
         if self._expected is not None and len(self._group) >= self._expected:
             self._commit()
-
-    def feed_all(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            self.feed(line)
 
     def flush(self) -> None:
         """Commit a trailing interval (end of a recorded file, or perf exiting)."""
@@ -356,27 +352,3 @@ class PerfCollector:
         if proc.stderr is not None:
             proc.stderr.close()
 
-
-def parse_perf_file(path: str | Path, events: Mapping[str, str] | None = None) -> list[Reading]:
-    """Replay a recorded ``perf stat -I --per-socket -x,`` output: one reading per interval,
-    through the same parser and totals as the live collector."""
-    p = Path(path)
-    totals = PerfTotals(events if events is not None else {**CORE_EVENTS, **UNCORE_BW_EVENTS})
-    out: list[Reading] = []
-    try:
-        with p.open() as f:
-            for n, line in enumerate(f, 1):
-                try:
-                    totals.feed(line)
-                except ValueError as e:
-                    raise CollectorError(f"{p}:{n}: {e}") from None
-                r = totals.reading()
-                if r is not None:
-                    out.append(r)
-    except OSError as e:
-        raise CollectorError(f"cannot read {p}: {e}") from e
-    totals.flush()
-    r = totals.reading()
-    if r is not None:
-        out.append(r)
-    return out

@@ -10,7 +10,6 @@ what the detectors need (per-node CPU sets, far/near node, per-CPU imbalance).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 # H100 SXM5 80 GB (NVIDIA H100 datasheet / nvidia-smi -q of an HGX H100).
@@ -153,9 +152,6 @@ class HostSpec:
     @property
     def all_netdevs(self) -> tuple[str, ...]:
         return (*(n.netdev for n in self.nics), MGMT_NETDEV)
-
-    def irqs_of(self, device: str) -> Iterator[Irq]:
-        return (q for q in self.irqs if q.device == device)
 
 
 MGMT_NETDEV = "eno1"  # management / frontend (request traffic of serving hosts)
