@@ -338,14 +338,14 @@ def _robust_stats(X: RepeatedRows, finite: NDArray[np.bool_]) -> tuple[Array, Ar
     med, mad, std = np.empty(p), np.empty(p), np.empty(p)
     full = finite.all(axis=0)
     T = _thin(X)
-    counts = np.bincount(T.index, minlength=T.rows.shape[0])
-    repeated = T.index.size != T.rows.shape[0]  # (a median is of the multiset: order aside)
+    w = T.weights()  # None: each distinct row once (a median is of the multiset: order aside)
+    counts = np.ones(T.rows.shape[0], dtype=np.int64) if w is None else w
     if full.any():
         U = T.rows if full.all() else T.rows[:, full]
         # float32 columns as rows, selected in place: the median reorders each row, which
         # leaves the multiset of |x - median| (the MAD's input) as it was
         rows = np.array(U.T, dtype=np.float32, order="C")
-        if repeated:
+        if w is not None:
             rows = rows.take(T.index, axis=1)
         m = _median_rows(rows)
         med[full] = m
@@ -355,7 +355,7 @@ def _robust_stats(X: RepeatedRows, finite: NDArray[np.bool_]) -> tuple[Array, Ar
     if (~full).any():
         Up = T.rows[:, ~full]
         Up = np.where(np.isfinite(Up), Up, np.nan)
-        Xp = Up[T.index] if repeated else Up
+        Xp = Up if w is None else Up[T.index]
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             m = np.nanmedian(Xp, axis=0)
