@@ -46,10 +46,11 @@ bursts) are not anomalies and sustained inefficiencies are from their first wind
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -141,6 +142,8 @@ class AnalyticsConfig:
     detector_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     min_windows: int = 10
     min_cohort: int = 3
+    #: a cohort's reference is drawn from at most this many of its hosts (:func:`cohort_sample`)
+    cohort_sample: int = 16
     max_reference_rows: int = 20000
     one_sided: bool = True
     activity_weight: float = 0.25
@@ -189,7 +192,7 @@ class AnalyticsConfig:
             raise ValueError(f"analytics.cohort_by must be behaviour or hardware, not {self.cohort_by!r}")
         if not (isinstance(self.cohort_tolerance, int | float) and self.cohort_tolerance > 1.0):
             raise ValueError(f"analytics.cohort_tolerance must be a factor > 1, not {self.cohort_tolerance!r}")
-        for key in ("top_k", "min_windows", "min_cohort", "max_reference_rows", "min_run"):
+        for key in ("top_k", "min_windows", "min_cohort", "cohort_sample", "max_reference_rows", "min_run"):
             v = getattr(self, key)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"analytics.{key} must be a positive integer, not {v!r}")
@@ -343,18 +346,26 @@ def cohorts(features: pl.DataFrame, host_facts: pl.DataFrame | None = None, *,
     hw = hardware_cohorts(features, host_facts)
     if by == "hardware" or features.is_empty():
         return hw
-    prof = behaviour_profiles(features)
+    return cluster_cohorts(hw, behaviour_profiles(features), tolerance)
+
+
+def cluster_cohorts(hw: Mapping[str, str], prof: pl.DataFrame, tolerance: float = 2.0) -> dict[str, str]:
+    """The behavioural cohorts of :func:`cohorts` from each host's hardware cohort and
+    behaviour profile (:func:`hardware_cohorts`, :func:`behaviour_profiles`: per host, so
+    they can be computed on batches of hosts and put together)."""
     fams = [c for c in prof.columns if c != HOST]
     if not fams:
-        return hw
+        return dict(hw)
     from scipy.cluster.hierarchy import fcluster, linkage
 
     floors = np.array([5.0 * lookup(f).floor for f in fams])
     log_tol = float(np.log(tolerance))
     out: dict[str, str] = {}
     groups: dict[str, list[str]] = {}
+    have = set(prof[HOST].to_list())
     for h, label in hw.items():
-        groups.setdefault(label, []).append(h)
+        if h in have:  # (a host known from its facts only has no windows to judge)
+            groups.setdefault(label, []).append(h)
     for label, members in groups.items():
         members = sorted(members)
         if len(members) == 1:
@@ -485,9 +496,9 @@ def _margin(s: np.ndarray, median: float, threshold: float) -> np.ndarray:
     return np.asarray((s - median) / span)
 
 
-def _recalibrate_cohort(config: AnalyticsConfig, blocks: Sequence[_Block]) -> None:
-    """One threshold per detector for a cohort, from the *out-of-sample* scores of all
-    its hosts pooled (each host scored against its peers): the detector's
+def _cohort_thresholds(pool_of: Sequence[_Block]) -> dict[str, tuple[float, float]]:
+    """Detector -> (threshold, median) for a cohort, from the *out-of-sample* scores of the
+    hosts of ``pool_of`` pooled (each scored against its peers): the detector's
     :class:`ThresholdRule` on the pool. In-sample thresholds are too low for a host never
     seen in its reference (host-specific offsets of many features add up). Within one
     analysis step a host's windows share nearly one smoothed row, so its scores are
@@ -495,17 +506,26 @@ def _recalibrate_cohort(config: AnalyticsConfig, blocks: Sequence[_Block]) -> No
     (a threshold from each host's own scores sits on that host's level; the median of
     those put half of every cohort above it). The rule's robust centre and spread keep a
     minority of anomalous hosts from moving it."""
-    if not blocks:
-        return
-    margins: dict[int, list[np.ndarray]] = {id(b): [] for b in blocks}
-    for d, det in blocks[0].fit.models.items():
-        pool = np.concatenate([b.scores[d] if b.judged is None else b.scores[d][b.judged] for b in blocks])
+    out: dict[str, tuple[float, float]] = {}
+    if not pool_of:
+        return out
+    for d, det in pool_of[0].fit.models.items():
+        pool = np.concatenate([b.scores[d] if b.judged is None else b.scores[d][b.judged] for b in pool_of])
         pool = pool[np.isfinite(pool)]
         if not pool.size:
             continue
         rule = ThresholdRule.parse(det.threshold_rule)
         thr = det._bounded(rule.threshold(pool, det.threshold_k, log_scale=det._log_scale))
         med = float(np.exp(np.median(np.log(np.maximum(pool, 1e-12))))) if det._log_scale else float(np.median(pool))
+        out[d] = (thr, med)
+    return out
+
+
+def _recalibrate_cohort(config: AnalyticsConfig, blocks: Sequence[_Block],
+                        thresholds: Mapping[str, tuple[float, float]]) -> None:
+    """The cohort's ``blocks`` judged with its pooled thresholds (:func:`_cohort_thresholds`)."""
+    margins: dict[int, list[np.ndarray]] = {id(b): [] for b in blocks}
+    for d, (thr, med) in thresholds.items():
         for b in blocks:
             b.thresholds[d] = thr
             b.medians[d] = med
@@ -811,11 +831,46 @@ def _self_blocks(config: AnalyticsConfig, m: _Matrix, scored: np.ndarray, warm: 
     return blocks
 
 
+def cohort_sample(members: Sequence[str], size: int) -> list[str]:
+    """The hosts of a cohort its reference is drawn from: all of them when there are at
+    most ``size``, else the ``size`` whose names hash lowest (blake2b); sorted by name (the
+    peers' rows are concatenated in this order, whatever order the cohorts came in). A
+    host's verdict then depends on a bounded set of peers whatever the fleet size (the peer
+    spread, a maximum over peers, would otherwise grow with the fleet), one reference
+    serves every host outside the sample, and the choice is stable from step to step and
+    sweep to sweep (a hash, not the first names, which often share a rack)."""
+    if len(members) <= size:
+        return sorted(members)
+    return sorted(sorted(members, key=lambda h: (hashlib.blake2b(h.encode(), digest_size=8).digest(), h))[:size])
+
+
+@dataclass(frozen=True)
+class CohortReference:
+    """What a cohort's hosts outside its sample are judged with in one analysis step:
+    the sample, the whole sample's fit, and the thresholds pooled from the sampled hosts'
+    out-of-sample scores (detector -> (threshold, median)). Computed once per step on the
+    sample's windows (:func:`cohort_references`), it lets the step judge its hosts in
+    batches that do not hold each other's windows."""
+
+    sample: tuple[str, ...]
+    shared: _Fit | None
+    thresholds: Mapping[str, tuple[float, float]]
+
+
 def _cohort_blocks(config: AnalyticsConfig, m: _Matrix, cohort_of: Mapping[str, str], scored: np.ndarray,
-                   warm: np.ndarray, rng: np.random.Generator) -> list[_Block]:
+                   warm: np.ndarray, rng: np.random.Generator,
+                   given: Mapping[str, CohortReference] | None = None,
+                   made: dict[str, CohortReference] | None = None,
+                   judge: Collection[str] | None = None) -> list[_Block]:
     """Every host's block of the frame's ``scored`` rows judged against its cohort peers'
-    scored rows out of warm-up (``cohort``; ``cohort_of``: host -> cohort), thresholds
-    recalibrated per cohort on the members' out-of-sample scores."""
+    scored rows out of warm-up (``cohort``; ``cohort_of``: host -> cohort). The peers are
+    the cohort's sample (:func:`cohort_sample` of the members with such rows): a sampled
+    host is judged against the other sampled hosts, every other host against the whole
+    sample (one fit). Thresholds are recalibrated per cohort on the sampled hosts'
+    out-of-sample scores. ``given``: the cohorts' references from the step's sample
+    frame (this frame is a batch of hosts, with the sampled hosts' windows of the step);
+    a cohort absent from it has none; ``judge``: the hosts whose blocks are wanted then
+    (None: all). ``made``: filled with the references computed here."""
     X, floors, host_rows = m.X, m.floors, m.host_rows
     none = np.zeros(0, dtype=np.int64)
     judged = scored & warm
@@ -827,26 +882,68 @@ def _cohort_blocks(config: AnalyticsConfig, m: _Matrix, cohort_of: Mapping[str, 
         if len(members) < config.min_cohort:
             log.info("cohort %s has %d host(s) < min_cohort=%d", label, len(members), config.min_cohort)
             continue
+        ref = given.get(label) if given is not None else None
+        if given is not None and ref is None:
+            continue
         cohort_blocks: list[_Block] = []
         rows_of = {h: host_rows.get(h, none) for h in members}
-        level = {h: _host_level(X, rows_of[h][judged[rows_of[h]]]) for h in members}
+        # start-up windows are no reference: every peer loads its model at boot
+        ref_rows = {h: rows_of[h][judged[rows_of[h]]] for h in members}
+        sample = list(ref.sample) if ref is not None else cohort_sample(
+            [h for h in members if ref_rows[h].size], config.cohort_sample)
+        in_sample = set(sample)
+        level = {h: _host_level(X, ref_rows[h]) for h in sample}
+        shared = ref.shared if ref is not None else None  # the whole sample's fit: every host outside it
         for h in members:
-            # start-up windows are no reference: every peer loads its model at boot
-            peers = np.concatenate([rows_of[p][judged[rows_of[p]]] for p in members if p != h])
             target = rows_of[h][scored[rows_of[h]]]
-            if peers.size < config.min_windows or target.size == 0:
+            if target.size == 0 or (ref is not None and judge is not None and h not in judge):
                 continue
-            ref = _subsample(peers, config.max_reference_rows, rng)
             # no two healthy hosts are identical: a feature's scale is at least the
             # largest offset of one peer's median from the peers' median, so the host
             # is judged on deviations larger than any healthy peer shows
-            spread = _peer_spread(np.vstack([level[p] for p in members if p != h]))
-            cohort_blocks.append(_Block(h, "cohort", target,
-                                        *_fit_and_score(config, X, ref, target, np.fmax(floors, spread),
-                                                        m.sign, m.weight, m.capped), judged=warm[target]))
-        _recalibrate_cohort(config, cohort_blocks)
+            if h in in_sample:
+                peers = np.concatenate([ref_rows[p] for p in sample if p != h] or [none])
+                if peers.size < config.min_windows:
+                    continue
+                spread = _peer_spread(np.vstack([level[p] for p in sample if p != h]))
+                cohort_blocks.append(_Block(h, "cohort", target,
+                                            *_fit_and_score(config, X, _subsample(peers, config.max_reference_rows,
+                                                                                  rng),
+                                                            target, np.fmax(floors, spread), m.sign, m.weight,
+                                                            m.capped), judged=warm[target]))
+                continue
+            if shared is None and ref is None:
+                shared = _sample_fit(config, m, [ref_rows[p] for p in sample], [level[p] for p in sample], rng)
+            if shared is None:
+                continue
+            cohort_blocks.append(_Block(h, "cohort", target, shared,
+                                        *_score(config, shared, shared.evidence_rows(X.take(target))),
+                                        judged=warm[target]))
+        if ref is not None:
+            thresholds = ref.thresholds
+        else:
+            pool = [b for b in cohort_blocks if b.host in in_sample]
+            thresholds = _cohort_thresholds(pool or cohort_blocks)
+            if made is not None:
+                if shared is None and len(members) > len(sample):
+                    shared = _sample_fit(config, m, [ref_rows[p] for p in sample], [level[p] for p in sample], rng)
+                made[label] = CohortReference(tuple(sample), shared, thresholds)
+        _recalibrate_cohort(config, cohort_blocks, thresholds)
         blocks += cohort_blocks
     return blocks
+
+
+def _sample_fit(config: AnalyticsConfig, m: _Matrix, rows: Sequence[np.ndarray], levels: Sequence[np.ndarray],
+                rng: np.random.Generator) -> _Fit | None:
+    """The fit of a cohort's whole sample (its hosts' ``rows`` and ``levels``): the reference
+    of every host outside it; None with fewer than ``min_windows`` rows."""
+    peers = np.concatenate([*rows, np.zeros(0, dtype=np.int64)])
+    if peers.size < config.min_windows:
+        return None
+    spread = _peer_spread(np.vstack(levels))
+    fit, _ = _fit(config, m.X.take(_subsample(peers, config.max_reference_rows, rng)),
+                  np.fmax(m.floors, spread), m.sign, m.weight, m.capped)
+    return fit
 
 
 def frame_cohorts(config: AnalyticsConfig, feats: pl.DataFrame, host_facts: pl.DataFrame | None) -> dict[str, str]:
@@ -886,7 +983,9 @@ def fit(features: pl.DataFrame, config: AnalyticsConfig | None = None) -> Refere
 def score(features: pl.DataFrame, config: AnalyticsConfig, references: Mapping[str, Reference], *,
           score_since: datetime | None = None,
           first_us: Mapping[str, int] | None = None, cohort_of: Mapping[str, str] | None = None,
-          host_facts: pl.DataFrame | None = None) -> AnalysisResult:
+          host_facts: pl.DataFrame | None = None,
+          cohort_refs: Mapping[str, CohortReference] | None = None,
+          judge: Collection[str] | None = None) -> AnalysisResult:
     """The windows of ``features`` starting at or after ``score_since`` (None: all),
     judged as :func:`analyze` judges them, except that each host's own reference is
     ``references[host]`` (fitted by :func:`fit` on other windows; hosts without one have
@@ -894,7 +993,10 @@ def score(features: pl.DataFrame, config: AnalyticsConfig, references: Mapping[s
     peers' scored windows (``cohort_of``: host -> cohort; None: :func:`cohorts` of this
     frame). The earlier windows of the frame serve the running medians the detectors see
     (and the cohorts when not given). ``first_us``: host -> its first window start (µs since
-    the epoch) when the frame does not begin with the host's data (its warm-up). Every
+    the epoch) when the frame does not begin with the host's data (its warm-up).
+    ``cohort_refs``: the cohorts' references of this step (:func:`cohort_references`) when
+    the frame holds a batch of the step's hosts (and the sampled hosts' windows), ``judge``
+    those hosts (the others' windows are only the cohorts' reference). Every
     reference must have the frame's feature columns and been fitted with ``config``."""
     refs = list({id(r): r for r in references.values()}.values())
     if any(r.config != config for r in refs):
@@ -921,8 +1023,23 @@ def score(features: pl.DataFrame, config: AnalyticsConfig, references: Mapping[s
                                  judged=warm[target]))
     if cohort_of is None:
         cohort_of = frame_cohorts(config, features, host_facts)
-    blocks += _cohort_blocks(config, m, cohort_of, scored, warm, np.random.default_rng(config.random_state))
+    blocks += _cohort_blocks(config, m, cohort_of, scored, warm, np.random.default_rng(config.random_state),
+                             given=cohort_refs, judge=judge)
     return _result(features, m, config, blocks, cohort_of)
+
+
+def cohort_references(features: pl.DataFrame, config: AnalyticsConfig, cohort_of: Mapping[str, str], *,
+                      score_since: datetime, first_us: Mapping[str, int] | None = None
+                      ) -> dict[str, CohortReference]:
+    """Cohort -> its reference for the windows of ``features`` starting at or after
+    ``score_since``, as :func:`score` forms it; ``features`` must hold the cohorts'
+    sampled hosts (their windows from a ``smooth`` before ``score_since`` on suffice)."""
+    m = _Matrix.of(features, config)
+    scored = (features[WINDOW_START] >= score_since).to_numpy()
+    made: dict[str, CohortReference] = {}
+    _cohort_blocks(config, m, cohort_of, scored, m.warm(config, first_us),
+                   np.random.default_rng(config.random_state), made=made)
+    return made
 
 
 def _scores_table(feats: pl.DataFrame, blocks: Sequence[_Block]) -> pl.DataFrame:

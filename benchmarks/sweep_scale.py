@@ -7,8 +7,9 @@ configuration (no config file, no InfluxDB): lake scan, history, features, detec
 signature matching, incidents, remediation proposals, staged writes and publishing. The
 child's CPU (user + system) and peak RSS come from ``wait4``; simulation time is not counted.
 
-It prints, per N: host-hours swept, CPU-s, CPU-s per host-hour, wall time, peak RSS, and
-the growth of CPU per host-hour and of RSS against the smallest N. With ``--profile`` the
+It prints, per N: host-hours swept, CPU-s, CPU-s per host-hour, wall time, peak RSS, the
+growth of CPU per host-hour and of RSS against the smallest N, and the findings and
+incidents the sweep wrote (the fleet is healthy: all of them are false). With ``--profile`` the
 same sweep runs again on a copy of the lake under cProfile, and the CPU is split into
 stages by the cumulative CPU time (process time) of the functions that implement them (stages nest: the
 lines are not additive; "other" is the total minus the top-level stages).
@@ -73,6 +74,8 @@ class Point:
     simulate_s: float
     stages: dict[str, float] = field(default_factory=dict)
     engine: str = "default"
+    findings: int = 0  # the fleet is healthy: every finding and incident is a false one
+    incidents: int = 0  # distinct incident_id
 
     @property
     def cpu_per_host_hour(self) -> float:
@@ -120,6 +123,19 @@ def run_child(cmd: list[str], cwd: Path) -> tuple[float, float, float]:
     return ru.ru_utime + ru.ru_stime, wall, ru.ru_maxrss / 1024
 
 
+def verdicts(lake: Path) -> dict[str, int]:
+    """Findings and distinct incidents the sweep wrote (all false: the fleet is healthy)."""
+    from ingest import lake as lake_mod
+
+    have = lake_mod.tables(lake)
+    out = {"findings": 0, "incidents": 0}
+    if "findings" in have:
+        out["findings"] = lake_mod.read(lake, "findings").height
+    if "incidents" in have:
+        out["incidents"] = lake_mod.read(lake, "incidents")["incident_id"].n_unique()
+    return out
+
+
 def stage_split(prof: Path) -> dict[str, float]:
     """Cumulative seconds per stage from a cProfile dump (project functions only)."""
     st = pstats.Stats(str(prof))
@@ -156,7 +172,7 @@ def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Pat
         until = T0 + duration
         cpu, wall, rss = run_child(schedule_cmd(lake, until, engine), base)
         pt = Point(hosts, hosts * duration.total_seconds() / 3600, rows, cpu, wall, rss, sim_s,
-                   engine=engine or "default")
+                   engine=engine or "default", **verdicts(lake))
         if prof_lake is not None:
             out = base / "sweep.prof"
             cmd = [sys.executable, "-c",
@@ -171,13 +187,14 @@ def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Pat
 
 
 def render(points: list[Point]) -> str:
-    lines = ["| hosts | host-hours | CPU-s | CPU-s per host-hour | wall s | peak RSS MiB | CPU/h-h vs first | RSS vs first |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| hosts | host-hours | CPU-s | CPU-s per host-hour | wall s | peak RSS MiB | CPU/h-h vs first | RSS vs first "
+             "| findings | incidents |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     p0 = points[0]
     for p in points:
         lines.append(f"| {p.hosts} | {p.host_hours:.2f} | {p.cpu_s:.1f} | {p.cpu_per_host_hour:.2f} | {p.wall_s:.1f} | "
                      f"{p.peak_rss_mb:.0f} | {p.cpu_per_host_hour / p0.cpu_per_host_hour:.2f}x | "
-                     f"{p.peak_rss_mb / p0.peak_rss_mb:.2f}x |")
+                     f"{p.peak_rss_mb / p0.peak_rss_mb:.2f}x | {p.findings} | {p.incidents} |")
     for p in points:
         if p.stages:
             tot = p.stages.get("total (profiled)", 0.0) or 1.0

@@ -123,7 +123,7 @@ def duration(v: Any, where: str, *, zero: bool = False) -> timedelta:
 
 ANALYTICS_KEYS = frozenset({
     "window_s", "stride_s", "detectors", "combine", "vote_k", "reference", "history", "threshold_k", "threshold_rule",
-    "top_k", "min_windows", "min_cohort", "random_state", "max_reference_rows", "one_sided",
+    "top_k", "min_windows", "min_cohort", "cohort_sample", "random_state", "max_reference_rows", "one_sided",
     "activity_weight", "min_run", "cohort_by", "cohort_tolerance", "warmup", "smooth", "refit"})
 
 
@@ -195,6 +195,9 @@ class SweepConfig:
     # windows are judged in clock-aligned steps of this length on the data up to the step's
     # end (the live cadence): the verdict does not depend on the chunking. None: per chunk
     analysis_step: timedelta | None = timedelta(minutes=1)
+    # an analysis step judges its hosts in batches of this many (with their cohorts' sampled
+    # hosts): a worker holds the windows of a batch, not of the fleet (docs/fleet.md)
+    batch_hosts: int = 32
     queue_remediations: bool = True
     auto_remediate: bool = False
     remediation_root: str = "/"  # [remediation] root: where scripts act (auto runs, verification rollbacks)
@@ -233,6 +236,8 @@ class SweepConfig:
         if not 0 <= self.min_incident_s < self.max_incident.total_seconds():
             raise ValueError(f"scheduler.min_incident_s must be >= 0 and below max_incident "
                              f"({self.max_incident}), not {self.min_incident_s!r}")
+        if not isinstance(self.batch_hosts, int) or isinstance(self.batch_hosts, bool) or self.batch_hosts < 1:
+            raise ValueError(f"scheduler.batch_hosts must be a positive integer, not {self.batch_hosts!r}")
         if self.min_unmatched_s < 0:  # (no upper bound: incidents_of caps it at max_incident)
             raise ValueError(f"scheduler.min_unmatched_s must be >= 0, not {self.min_unmatched_s!r}")
 
@@ -262,6 +267,8 @@ class SweepConfig:
             kw["retention"] = {t: duration(v, f"{where} retention.{t}") for t, v in r.items()}
         if "max_chunks" in d:
             kw["max_chunks"] = d["max_chunks"]
+        if "batch_hosts" in d:
+            kw["batch_hosts"] = d["batch_hosts"]
         if "incident_gap_s" in d:
             kw["incident_gap_s"] = float(d["incident_gap_s"])
         for key in ("min_incident_s", "min_unmatched_s"):
@@ -290,7 +297,8 @@ class SweepConfig:
 SCHEDULER_KEYS = frozenset({
     "every", "chunk", "lag", "max_chunks", "incident_gap_s", "max_incident", "queue_remediations",
     "compact_every", "retention", "kb_path", "history", "signature_detector", "signature_min_confidence",
-    "warmup", "restart_gap", "min_incident_s", "min_unmatched_s", "analysis_step", "engine", "peer_only_findings"})
+    "warmup", "restart_gap", "min_incident_s", "min_unmatched_s", "analysis_step", "engine", "peer_only_findings",
+    "batch_hosts"})
 
 
 def detection_from_mapping(d: Mapping[str, Any], where: str = "[scheduler]") -> DetectionConfig:

@@ -8,12 +8,14 @@ Per chunk ``[s, e)`` of a group of hosts sharing the watermark ``s``:
 * each host's features are computed alone (:func:`jobs.telemetry.host_features`, run by
   the ``engine``): from its raw telemetry ``[s - L + 1us, e)`` only, its ``history`` read
   back from the lake's ``features`` table (raw telemetry only where that lacks it), so
-  memory holds one host's raw rows at a time; corrupt files are skipped and returned to
-  the caller, who warns once per file. The windows ending in ``(s, e]`` of all the hosts'
-  features together (cohort references need peers) are judged by the sweep step (:func:`jobs.step.sweep_step`; ``L`` = window
-  length: a window straddling ``s`` was incomplete in the previous chunk and is judged
-  now): scores, findings (statistical outside warm-up, or a knowledge-base signature),
-  their rank-1 matches;
+  memory holds one host's raw rows at a time; they go to a file of the host's own in the
+  staging directory, and its judged windows to the staged ``features`` table; corrupt
+  files are skipped and returned to the caller, who warns once per file. The windows
+  ending in ``(s, e]`` are judged by the sweep step (:func:`jobs.step.sweep_step`; ``L`` =
+  window length: a window straddling ``s`` was incomplete in the previous chunk and is
+  judged now), which reads the hosts' files a batch of hosts at a time (the cohorts are
+  formed over all of them): scores, findings (statistical outside warm-up, or a
+  knowledge-base signature), their rank-1 matches;
 * findings are grouped into incidents (gap <= ``incident_gap_s``, at most
   ``max_incident`` long, raised once they span ``min_incident_s``); a matched incident is
   written with ``state = 'open'`` as soon as it has persisted and again each chunk it
@@ -38,6 +40,7 @@ import hashlib
 import logging
 import math
 import os
+import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -46,7 +49,6 @@ from typing import Any
 
 import polars as pl
 
-from analytics.features import KEYS
 from ingest import lake as lake_mod
 from ingest import objstore, schema
 from jobs import watermarks as wm
@@ -178,19 +180,26 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     sid = sweep_id(s, e, hosts)
     first = s - timedelta(seconds=a.window.length_s) + US  # the first window ending after s
     parts: list[HostFeatures] = []
+    staged = wm.StagedSweep(lake, sid)
+    scratch = staged.dir / "host-features"  # (not in the staged lake: never published)
     if has_data(lake, first, e, hosts):  # nothing to score: skip the (history) read
-        # map: each host's features alone (raw rows of one host at a time); the cohort
-        # reference and the detectors then judge the compact features of all of them
-        parts = per_host.map(host_features, [HostChunk(str(lake), h, first, e, a.history, a.window) for h in hosts])
+        # map: each host's features alone (raw rows of one host at a time), written to a
+        # file of its own and its judged windows to the staged features table; the steps
+        # then read batches of hosts from those files: no process holds the fleet's windows
+        scratch.mkdir()
+        parts = per_host.map(host_features, [HostChunk(str(lake), h, first, e, a.history, a.window,
+                                                       scratch=str(scratch), stage=str(staged.root)) for h in hosts])
         loaded = joined(parts)
+        staged.files += [f for p in parts for f in p.staged]
     else:
         loaded = Loaded({}, None)
     known = first_times(lake, hosts, history_known)
     found: list[Corrupt] = []
     prior = _read_open_findings(lake_p, marks, hosts, s, found)
-    staged = wm.StagedSweep(lake, sid)
     out = sweep_step(loaded, cfg, kb, since=first, until=e, hosts=hosts, history_known=known, horizon=e,
                      prior=prior, engine=engine, scratch=staged.dir)
+    shutil.rmtree(scratch, ignore_errors=True)
+    windows = sum(p.windows for p in parts)
     corrupt = [*out.corrupt, *found]
     incidents, open_since = out.incidents, out.open_since
     incidents = _changed_incidents(lake_p, marks, hosts, incidents, corrupt)
@@ -199,13 +208,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         # open incidents too: a proposal is due as soon as the fault has persisted
         remediations = new_remediation_rows(
             lake_p, queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e), corrupt)
-    if out.features.height:
-        # each host's own columns (not the fleet's union): the next chunks read them back
-        # as that host's history exactly as host_features computed them
-        for p in parts:
-            mine = out.features.filter(pl.col(HOST) == p.host)
-            if mine.height:
-                staged.write("features", with_time(mine.select(*KEYS, *p.chunk_columns)))
+    if out.scores.height:  # (the features are staged: host_features wrote each host's own columns)
         staged.write("scores", with_time(out.scores))
     if out.findings.height:
         staged.write("findings", with_time(out.findings))
@@ -215,7 +218,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         staged.write("remediations", remediations)
     wm.checkpoint("before_seal")
     new = {h: wm.HostMark(e, open_since.get(h)) for h in hosts}
-    summary = ChunkSummary(sid, s, e, list(hosts), out.features.height, out.findings.height, incidents.height,
+    summary = ChunkSummary(sid, s, e, list(hosts), windows, out.findings.height, incidents.height,
                            remediations.height)
     staged.seal(new, {"start": s.isoformat(), "end": e.isoformat(), "windows": summary.windows,
                       "findings": summary.findings, "incidents": summary.incidents})

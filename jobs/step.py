@@ -37,24 +37,32 @@ import polars as pl
 import pyarrow as pa
 from threadpoolctl import threadpool_limits
 
+from analytics.catalog import lookup
 from analytics.evaluation import DetectHook
-from analytics.features import compute_features
+from analytics.features import compute_features, concat_features, feature_columns
 from analytics.pipeline import (
+    BEHAVIOUR_FAMILIES,
     AnalysisResult,
     AnalyticsConfig,
+    CohortReference,
     Reference,
     analyze,
+    behaviour_profiles,
+    cluster_cohorts,
+    cohort_references,
+    cohort_sample,
     fit,
     frame_cohorts,
+    hardware_cohorts,
     score,
 )
 from ingest import schema
 from jobs.config import SweepConfig
 from jobs.engine import Engine
 from jobs.grid import US, floor_grid, steps
-from jobs.telemetry import Corrupt, Loaded, first_times
+from jobs.telemetry import Corrupt, HostFiles, Loaded, first_times
 from knowledge_base import INCIDENT_SCHEMA, build_incidents
-from knowledge_base.detector import MATCH_COLUMNS, Detection, detect, empty_findings
+from knowledge_base.detector import MATCH_COLUMNS, Detection, data_starts, detect, empty_findings
 from knowledge_base.loader import KnowledgeBase
 from knowledge_base.matcher import MATCH_SCHEMA, MatchConfig
 
@@ -138,11 +146,13 @@ def _sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: d
     if result is not None:
         out = _judged(detect(result, loaded.facts, kb, cfg.detection, keep=keep, frame_start=frame_start,
                              history_known=history_known, signature=signature), loaded.corrupt)
-    elif not loaded.frames and (loaded.features is None or loaded.features.is_empty()):
+    elif not loaded.frames and loaded.files is None and (loaded.features is None or loaded.features.is_empty()):
         out = StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings(), loaded.corrupt)
     elif step is None or since is None or until is None:
         read = None if since is None else since - a.history
-        res = analyze(loaded.frames, a, host_facts=loaded.facts, score_since=since, features=loaded.features)
+        # (per chunk, not in steps: every host's windows at once)
+        res = analyze(loaded.frames, a, host_facts=loaded.facts, score_since=since,
+                      features=loaded.files.rows(None) if loaded.files is not None else loaded.features)
         out = _judged(detect(res, loaded.facts, kb, cfg.detection, keep=keep, frame_start=read,
                              history_known=history_known), loaded.corrupt)
     else:
@@ -198,20 +208,29 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
              engine: Engine | None, scratch: Path | None) -> StepResult:
     """The windows ending in ``(since + L - 1us, until]``, analysed step by step (module doc)."""
     a = cfg.analytics
-    feats = features_of(loaded, cfg)
-    if feats.is_empty():
+    feats: pl.DataFrame | None = None
+    src: pl.DataFrame | HostFiles
+    if loaded.files is not None:  # one file per host: this process reads their keys only
+        src = loaded.files
+        keys = src.keys()
+    else:
+        feats = features_of(loaded, cfg)
+        feats = src = keys = feats.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
+    if keys.is_empty():
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings(), loaded.corrupt)
-    feats = feats.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
     length = timedelta(seconds=a.window.length_s)
     bounds = list(steps(since + length - US, until, step))
     n = 1 if engine is None or a.refit is not None else max(1, min(engine.workers, len(bounds)))
     per = -(-len(bounds) // n)
     blocks = [bounds[i:i + per] for i in range(0, len(bounds), per)]
-    starts = _host_starts(feats)
+    starts = _host_starts(keys)
     keep = None if hosts is None else list(hosts)
     known = None if history_known is None else dict(history_known)
     if len(blocks) == 1 or engine is None:
-        done = run_steps(StepBlock(feats, loaded.facts, kb, cfg, bounds, keep, known, starts))
+        done = run_steps(StepBlock(src, loaded.facts, kb, cfg, bounds, keep, known, starts))
+    elif feats is None:  # (the hosts' files: every worker reads them)
+        done = [r for rs in engine.map(run_steps, [StepBlock(src, loaded.facts, kb, cfg, blk, keep, known, starts)
+                                                   for blk in blocks]) for r in rs]
     else:
         with tempfile.TemporaryDirectory(prefix="step-features-", dir=scratch) as d:
             shared = str(Path(d) / "features.arrow")
@@ -222,7 +241,8 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     reported = _keep(since, until, hosts)
     assert reported is not None  # (since and until are set)
     findings = _concat([o.findings for o in done])
-    return StepResult(feats.filter(reported), _concat([o.scores for o in done]),
+    # (from files, the windows were written where the caller wanted them: jobs.telemetry.HostChunk.stage)
+    return StepResult(feats.filter(reported) if feats is not None else pl.DataFrame(), _concat([o.scores for o in done]),
                       findings if findings.height else empty_findings(), loaded.corrupt,
                       sum(o.suppressed for o in done))
 
@@ -232,7 +252,7 @@ class StepBlock:
     """Contiguous analysis steps of a sweep and the windows they read (plain data: a
     block runs in a worker process as well as here)."""
 
-    features: pl.DataFrame | str  # the sweep's windows, or an Arrow IPC file of them
+    features: pl.DataFrame | str | HostFiles  # the sweep's windows, an Arrow IPC file of them, or a file per host
     facts: pl.DataFrame | None
     kb: KnowledgeBase
     cfg: SweepConfig
@@ -247,6 +267,7 @@ def run_steps(job: StepBlock) -> list[StepResult]:
     no features (the caller has them)."""
     a = job.cfg.analytics
     feats = _mapped(job.features) if isinstance(job.features, str) else job.features
+    every = feats.select(HOST, WS, WE) if isinstance(feats, pl.DataFrame) else feats.keys()
     length = timedelta(seconds=a.window.length_s)
     # the running medians of a step's windows reach back half of `smooth` (more at the
     # start of a host's data): the frame a step is scored on starts this far before it
@@ -254,24 +275,92 @@ def run_steps(job: StepBlock) -> list[StepResult]:
     epochs: dict[datetime, Reference] = {}
     with threadpool_limits(limits=1, user_api="blas"):  # (a worker process too: see sweep_step)
         # one step at a time: a step's frames are freed before the next one's are cut
-        outs = [_one_step(job, feats, b, b2, length, lead, epochs) for b, b2 in job.bounds]
+        outs = [_one_step(job, feats, every, b, b2, length, lead, epochs) for b, b2 in job.bounds]
     return outs
 
 
-def _one_step(job: StepBlock, feats: pl.DataFrame, b: datetime, b2: datetime, length: timedelta, lead: timedelta,
-              epochs: dict[datetime, Reference]) -> StepResult:
+def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFrame, b: datetime, b2: datetime,
+              length: timedelta, lead: timedelta, epochs: dict[datetime, Reference]) -> StepResult:
+    """One analysis step. Its hosts are judged in batches of ``batch_hosts``: a batch's
+    frame holds its hosts' windows of the step and its history, the windows the cohort
+    reference reads (the cohorts' sampled hosts, from ``lead`` before the step) and those
+    the matcher's cohort reference reads (its sampled hosts' history). The cohorts, their
+    samples and references, and the hosts' data runs (warm-up) are formed once per step
+    over every host, so a host's verdict does not depend on the batch it falls in."""
     a = job.cfg.analytics
     first = floor_grid(b - a.history, a.window.stride_s)
-    part = feats.filter((pl.col(WS) >= first) & (pl.col(WE) <= b2))
-    if part.is_empty():
+    in_step = (pl.col(WS) >= first) & (pl.col(WE) <= b2)
+    keys = every.filter(in_step)
+    if keys.is_empty():
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings())
     b_since = b - length + US
-    res = _analysed(feats, part, a, job.facts, b, b2, b_since, first, lead, job.starts, epochs)
-    # the signature matcher judges a window against the host's own past only
-    det = detect(res, job.facts, job.kb, job.cfg.detection, keep=_keep(b_since, b2, job.hosts),
-                 frame_start=first, history_known=job.history_known,
-                 match_config=MatchConfig(reference_before=b_since))
-    return StepResult(pl.DataFrame(), det.scores, det.findings, [], det.suppressed)
+    since = max(first, b_since - lead)  # the windows a step is scored on (running medians)
+    # first window start of each host in the history (its warm-up), as analyze sees it
+    first_us = (first - datetime(1970, 1, 1, tzinfo=UTC)) // US
+    first_of = {h: int(s[i]) for h, s in job.starts.items() if (i := int(np.searchsorted(s, first_us))) < s.size}
+    hosts = keys[HOST].unique(maintain_order=True).to_list()
+    n = job.cfg.batch_hosts
+    batches = [hosts[i:i + n] for i in range(0, len(hosts), n)]
+    match = MatchConfig(reference_before=b_since, cohort_sample=a.cohort_sample)
+
+    def judged(res: AnalysisResult, batch: Sequence[str] | None, runs: pl.DataFrame | None) -> StepResult:
+        # the signature matcher judges a window against the host's own past only
+        mine = job.hosts if batch is None else [h for h in batch if job.hosts is None or h in job.hosts]
+        det = detect(res, job.facts, job.kb, job.cfg.detection, keep=_keep(b_since, b2, mine), frame_start=first,
+                     history_known=job.history_known, match_config=match, runs=runs)
+        return StepResult(pl.DataFrame(), det.scores, det.findings, [], det.suppressed)
+
+    if len(batches) == 1:
+        part = _rows(feats, None, in_step)
+        return judged(_analysed(feats, part, a, b, b2, b_since, since, first_of, epochs,
+                                frame_cohorts(a, part, job.facts), None, hosts), None, None)
+    cohort_of, hardware = _step_cohorts(feats, in_step, batches, a, job.facts)
+    # the cohorts' references, from their sampled hosts' windows of the step
+    ready = keys.filter(pl.col(WS) >= b_since).join(
+        pl.DataFrame({HOST: list(first_of), "_first": list(first_of.values())},
+                     schema={HOST: pl.String(), "_first": pl.Int64()}), on=HOST, how="left")
+    warm_us = round(a.warmup.total_seconds() * 1e6)
+    with_ref = set(ready.filter(pl.col(WS).dt.epoch("us") >= pl.col("_first") + warm_us)[HOST].to_list())
+    sampled = {h for c in set(cohort_of.values())
+               for h in cohort_sample([m for m, lab in cohort_of.items() if lab == c and m in with_ref], a.cohort_sample)}
+    refs = cohort_references(_rows(feats, sorted(sampled), in_step & (pl.col(WS) >= since)),
+                             a, cohort_of, score_since=b_since, first_us=first_of) if sampled else {}
+    have = set(hosts)
+    matched = {h for c in set(hardware.values())
+               for h in cohort_sample([m for m, lab in hardware.items() if lab == c and m in have], a.cohort_sample)}
+    runs = data_starts(keys, frame_start=first, history_known=job.history_known,
+                       restart_gap_s=job.cfg.detection.restart_gap_s, slack=timedelta(seconds=2 * a.window.length_s))
+    outs = []
+    for batch in batches:
+        whole = sorted(set(batch) | matched)
+        short = sorted(sampled - set(whole))
+        part = concat_features([_rows(feats, whole, in_step), _rows(feats, short, in_step & (pl.col(WS) >= since))])
+        outs.append(judged(_analysed(feats, part, a, b, b2, b_since, since, first_of, epochs, cohort_of, refs, batch),
+                           batch, runs))
+    return StepResult(pl.DataFrame(), _concat([o.scores for o in outs]),
+                      _concat([o.findings for o in outs]) if any(o.findings.height for o in outs) else empty_findings(),
+                      [], sum(o.suppressed for o in outs))
+
+
+def _step_cohorts(feats: pl.DataFrame | HostFiles, in_step: pl.Expr, batches: Sequence[Sequence[str]], a: AnalyticsConfig,
+                  facts: pl.DataFrame | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(host -> cohort as :func:`analytics.pipeline.frame_cohorts` forms it, host ->
+    hardware cohort) of the step's hosts, from the hosts' hardware and behaviour profiles
+    computed batch by batch on the columns they read."""
+    cols = [c for c in (feature_columns(feats) if isinstance(feats, pl.DataFrame) else feats.columns)
+            if lookup(c).family in BEHAVIOUR_FAMILIES or (lookup(c).family.startswith("gpu.") and "@" in c)]
+    hardware: dict[str, str] = {}
+    profiles = []
+    for batch in batches:
+        part = _rows(feats, batch, in_step, cols)
+        hardware.update(hardware_cohorts(part, facts))
+        profiles.append(behaviour_profiles(part))
+    n_hosts = sum(len(b) for b in batches)
+    if "cohort" not in a.references or n_hosts < a.min_cohort:
+        return {}, hardware
+    if a.cohort_by == "hardware":
+        return dict(hardware), hardware
+    return cluster_cohorts(hardware, pl.concat(profiles, how="diagonal_relaxed"), a.cohort_tolerance), hardware
 
 
 def _mapped(path: str) -> pl.DataFrame:
@@ -284,26 +373,42 @@ def _mapped(path: str) -> pl.DataFrame:
     return out
 
 
+def _rows(feats: pl.DataFrame | HostFiles, hosts: Sequence[str] | None, where: pl.Expr,
+          columns: Sequence[str] | None = None) -> pl.DataFrame:
+    """The windows of ``hosts`` (None: all) matching ``where`` (``columns``: only these
+    feature columns), from a frame or from the hosts' files."""
+    if isinstance(feats, HostFiles):
+        return feats.rows(hosts, where, columns)
+    if columns is not None:
+        feats = feats.select(HOST, WS, WE, *[c for c in columns if c in feats.columns])
+    return feats.filter(where if hosts is None else where & pl.col(HOST).is_in(list(hosts)))
+
+
 def _host_starts(feats: pl.DataFrame) -> dict[str, np.ndarray]:
     """host -> its window starts (µs since the epoch), sorted."""
     ws = feats.select(HOST, pl.col(WS).dt.epoch("us").alias("_us")).sort(HOST, "_us")
     return {str(h): g["_us"].to_numpy() for (h,), g in ws.group_by([HOST], maintain_order=True)}
 
 
-def _analysed(feats: pl.DataFrame, part: pl.DataFrame, a: AnalyticsConfig, facts: pl.DataFrame | None,
-              b: datetime, b2: datetime, b_since: datetime, first: datetime, lead: timedelta,
-              starts: Mapping[str, np.ndarray], epochs: dict[datetime, Reference]) -> AnalysisResult:
-    """The analysis of one step ``[b, b2)`` (its windows start at or after ``b_since``; the
-    history starts at ``first``): fit once, score many. A host's own reference (``self``)
+def _analysed(feats: pl.DataFrame | HostFiles, part: pl.DataFrame, a: AnalyticsConfig, b: datetime, b2: datetime,
+              b_since: datetime, since: datetime, first_of: Mapping[str, int], epochs: dict[datetime, Reference],
+              cohort_of: Mapping[str, str], cohort_refs: Mapping[str, CohortReference] | None,
+              hosts: Sequence[str]) -> AnalysisResult:
+    """The analysis of the windows of ``hosts`` in one step ``[b, b2)`` (they start at or
+    after ``b_since``; ``part`` holds the step's windows with their history and is scored
+    from ``since`` on; ``first_of``: host -> its first window start, the warm-up): fit
+    once, score many. A host's own reference (``self``)
     is that of the refit epoch ``e`` (``b`` floored to ``analytics.refit`` on the clock),
     fitted on its windows of ``[e + refit - history, e)`` (the part of the history that
     every step of the epoch has loaded) and reused by every step of the epoch; a
     host with less than its warm-up (at least ``min_windows``) of windows there (a new
     host, a fleet's first epoch) is judged against ``[b - history, b2)`` instead, refitted
     every step as when ``refit`` is off. The cohort reference stays contemporaneous (the
-    peers' windows of the step, :func:`analytics.pipeline.score`). All of it depends on the
+    peers' windows of the step, :func:`analytics.pipeline.score`; ``cohort_refs``: formed
+    for the step when ``part`` holds a batch of its hosts). All of it depends on the
     clock only, not on how a sweep cuts time."""
-    step_hosts = part.filter(pl.col(WS) >= b_since)[HOST].unique().to_list()
+    mine = set(hosts)
+    step_hosts = [h for h in part.filter(pl.col(WS) >= b_since)[HOST].unique().to_list() if h in mine]
     refs: dict[str, Reference] = {}
     if "self" in a.references:
         if a.refit is not None and a.refit < a.history:  # (else no history is loaded by every step of an epoch)
@@ -316,12 +421,9 @@ def _analysed(feats: pl.DataFrame, part: pl.DataFrame, a: AnalyticsConfig, facts
             whole = len(cold) == part[HOST].n_unique()  # (every host: no copy of the history)
             now = fit(part if whole else part.filter(pl.col(HOST).is_in(cold)), a)
             refs.update({h: now for h in cold})
-    # first window start of each host in the history (its warm-up), as analyze sees it
-    first_us = (first - datetime(1970, 1, 1, tzinfo=UTC)) // US
-    first_of = {h: int(s[i]) for h, s in starts.items() if (i := int(np.searchsorted(s, first_us))) < s.size}
-    frame = part.filter(pl.col(WS) >= max(first, b_since - lead))
-    res = score(frame, a, refs, score_since=b_since, first_us=first_of, cohort_of=frame_cohorts(a, part, facts),
-                host_facts=facts)
+    frame = part.filter(pl.col(WS) >= since)
+    res = score(frame, a, refs, score_since=b_since, first_us=first_of, cohort_of=cohort_of, host_facts=None,
+                cohort_refs=cohort_refs, judge=mine if cohort_refs is not None else None)
     # downstream (warm-up runs, the matcher's references) reads the whole history
     return replace(res, features=part)
 
@@ -332,7 +434,7 @@ _FITS: OrderedDict[tuple[Any, ...], Reference] = OrderedDict()
 _FITS_KEPT = 2
 
 
-def _epoch_reference(feats: pl.DataFrame, start: datetime, e: datetime, a: AnalyticsConfig,
+def _epoch_reference(feats: pl.DataFrame | HostFiles, start: datetime, e: datetime, a: AnalyticsConfig,
                      done: dict[datetime, Reference]) -> Reference:
     """The hosts' own references fitted on their windows of ``[start, e)``: from ``done``
     (this sweep's), else from :data:`_FITS` when a sweep of this process fitted the same
@@ -340,7 +442,7 @@ def _epoch_reference(feats: pl.DataFrame, start: datetime, e: datetime, a: Analy
     sweep loading from another time may differ in the last bits), else fitted."""
     if e in done:
         return done[e]
-    ref = feats.filter((pl.col(WS) >= start) & (pl.col(WE) <= e))
+    ref = _rows(feats, None, (pl.col(WS) >= start) & (pl.col(WE) <= e))
     counts = ref.group_by(HOST).len().sort(HOST).rows()
     cols = [c for c in ref.columns if c not in (HOST, WS, WE)]
     sums = ref.select(pl.col(cols).cast(pl.Float64).sum()).row(0) if ref.height else ()

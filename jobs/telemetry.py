@@ -7,12 +7,15 @@ the lake or read back from InfluxDB; or, for the scheduler's chunks, one host's 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 
 from analytics.features import (
     KEYS,
@@ -105,6 +108,43 @@ class Loaded:
     #: the wide features of the interval, already computed (then ``frames`` is empty):
     #: :func:`host_features` per host, joined by :func:`analytics.features.concat_features`
     features: pl.DataFrame | None = None
+    #: or the same features as one file per host (the scheduler's chunks)
+    files: HostFiles | None = None
+
+
+@dataclass(frozen=True)
+class HostFiles:
+    """A sweep's features as one Arrow IPC file per host (:func:`host_features` with a
+    scratch directory). :meth:`rows` reads some hosts' windows memory-mapped (a copy of
+    the rows asked for; the maps are released after), so a process holds a batch of
+    hosts' windows, not the fleet's. Plain data: sent to worker processes as is."""
+
+    paths: Mapping[str, str]  # host -> its file, hosts sorted
+    columns: tuple[str, ...]  # the fleet's feature columns
+
+    def rows(self, hosts: Sequence[str] | None, where: pl.Expr | None = None,
+             columns: Sequence[str] | None = None) -> pl.DataFrame:
+        """The windows of ``hosts`` (None: all) matching ``where``, as the rows of the
+        fleet's joined frame (:func:`analytics.features.concat_features`); ``columns``:
+        only these feature columns."""
+        want = sorted(self.paths) if hosts is None else sorted(h for h in set(hosts) if h in self.paths)
+        parts = []
+        for h in want:
+            with pa.memory_map(self.paths[h]) as src:
+                table = pa.ipc.open_file(src).read_all()
+                if columns is not None:
+                    table = table.select([c for c in (*KEYS, *columns) if c in table.schema.names])
+                df = pl.from_arrow(table, rechunk=False)
+                assert isinstance(df, pl.DataFrame)
+                # (rows the filter keeps may still be the map's pages: the map lives as long as
+                # the returned frame, and goes with it)
+                parts.append(df.filter(where) if where is not None else df)
+        cols = self.columns if columns is None else [c for c in self.columns if c in set(columns)]
+        return concat_features(parts, columns=cols)
+
+    def keys(self) -> pl.DataFrame:
+        """host, window_start, window_end of every window."""
+        return self.rows(None, columns=[])
 
 
 def load_lake(lake: str | os.PathLike[str], start: datetime, end: datetime,
@@ -160,6 +200,12 @@ class HostChunk:
     #: exactly once); False computes it from raw telemetry (a by-hand sweep: that table
     #: may hold a repeated sweep's copy, or nothing)
     stored_history: bool = True
+    #: a directory: the features go there as an Arrow IPC file (``HostFeatures.path``),
+    #: not back to the caller, who then never holds the fleet's features
+    scratch: str | None = None
+    #: a (staging) lake root: the judged windows' features (the host's own columns) are
+    #: written to its ``features`` table (``HostFeatures.staged``)
+    stage: str | None = None
 
 
 @dataclass
@@ -171,6 +217,10 @@ class HostFeatures:
     chunk_columns: list[str] = field(default_factory=list)  # the host's own columns in the chunk (what is written)
     reused: int = 0  # history windows read from the features table
     refeaturised: int = 0  # history windows computed from raw telemetry (the features table lacked them)
+    path: str | None = None  # the features' Arrow IPC file (HostChunk.scratch); ``features`` is then empty
+    columns: list[str] = field(default_factory=list)  # its feature columns (history included)
+    staged: list[str] = field(default_factory=list)  # files written under HostChunk.stage
+    windows: int = 0  # judged windows (starting at or after ``first``, ending at or before ``end``)
 
 
 def _raw(lake: str, host: str, start: datetime, end: datetime, found: list[Corrupt]) -> dict[str, pl.LazyFrame]:
@@ -253,18 +303,34 @@ def host_features(job: HostChunk) -> HostFeatures:
     n_fresh = sum(f.height for f in fresh) + (chunk.filter(pl.col(WINDOW_START) < job.first).height
                                                if lo < job.first and chunk.height else 0)
     feats = concat_features([p for p in (*fresh, hist, chunk) if p.height])
-    return HostFeatures(h, feats, facts, merge_corrupt([], sorted(found, key=lambda e: e.path)),
-                        [c for c in chunk.columns if c not in KEYS], hist.height, n_fresh)
+    own = [c for c in chunk.columns if c not in KEYS]
+    out = HostFeatures(h, feats, facts, merge_corrupt([], sorted(found, key=lambda e: e.path)), own, hist.height,
+                       n_fresh, columns=[c for c in feats.columns if c not in KEYS])
+    judged = feats.filter((pl.col(WINDOW_START) >= job.first) & (pl.col("window_end") <= job.end))
+    out.windows = judged.height
+    if job.stage is not None and judged.height:
+        root = Path(job.stage)
+        out.staged = [str(p.relative_to(root)) for p in lake_mod.write_table(
+            root, "features", judged.select(pl.col(WINDOW_START).alias(schema.TIME), *KEYS, *own))]
+    if job.scratch is not None and feats.height:
+        out.path = str(Path(job.scratch) / f"{hashlib.sha1(h.encode()).hexdigest()[:16]}.arrow")
+        feats.write_ipc(out.path)  # uncompressed: read back memory-mapped
+        out.features = feats.clear()
+    return out
 
 
 def joined(parts: Sequence[HostFeatures]) -> Loaded:
     """The hosts' features (:func:`host_features`) as one :class:`Loaded` for the sweep
-    step: features joined (:func:`concat_features`), facts and skipped files merged. The
-    parts' feature frames are emptied: the joined frame is the one copy kept."""
+    step: features joined (:func:`concat_features`), or their files listed when they went
+    to files, facts and skipped files merged. The parts' feature frames are emptied: the
+    joined frame is the one copy kept."""
     facts = [p.facts for p in parts if p.facts is not None and p.facts.height]
+    files = {p.host: p.path for p in sorted(parts, key=lambda p: p.host) if p.path is not None}
     loaded = Loaded({}, pl.concat(facts, how="diagonal_relaxed") if facts else None,
                     merge_corrupt([], [c for p in parts for c in p.corrupt]),
-                    concat_features([p.features for p in parts if p.features.height]))
+                    None if files else concat_features([p.features for p in parts if p.features.height]))
+    if files:
+        loaded.files = HostFiles(files, tuple(sorted({c for p in parts for c in p.columns})))
     for p in parts:
         p.features = p.features.clear()
     return loaded

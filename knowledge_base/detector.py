@@ -234,7 +234,8 @@ def empty_findings() -> pl.DataFrame:
 def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: KnowledgeBase,
            config: DetectionConfig | None = None, *, keep: pl.Expr | None = None,
            frame_start: datetime | None = None, history_known: Mapping[str, datetime] | None = None,
-           match_config: MatchConfig | None = None, signature: pl.DataFrame | None = None) -> Detection:
+           match_config: MatchConfig | None = None, signature: pl.DataFrame | None = None,
+           runs: pl.DataFrame | None = None) -> Detection:
     """The final verdict over ``result`` (see the module doc). ``keep`` selects the windows
     to report (e.g. a chunk's windows, or those after the history; default: all); every window of
     ``result.features`` (history included) serves as matching reference. ``frame_start``
@@ -242,7 +243,9 @@ def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: Knowledg
     frame); ``history_known``: host -> its first telemetry time (the lake's), for hosts
     whose data starts before the frame. ``signature``: the signature detector's matches
     when already computed over these windows (see :func:`signature_matches`). The window
-    length, ``min_cohort`` and the cohorts are those analytics used (``result``)."""
+    length, ``min_cohort`` and the cohorts are those analytics used (``result``).
+    ``runs``: the data runs (:func:`data_starts`) of every host of the cohorts, when
+    ``result.features`` holds a batch of them (the warm-up of peers outside the batch)."""
     cfg = config or DetectionConfig()
     feats_all = result.features
     if feats_all.is_empty():
@@ -256,9 +259,9 @@ def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: Knowledg
 
     # warm-up: statistical flags of a host's first seconds of data are dropped, unless its
     # cohort (peers with history) judged the window
-    starts = data_starts(feats_all, frame_start=frame_start, history_known=history_known,
-                         restart_gap_s=cfg.restart_gap_s,
-                         slack=timedelta(seconds=2 * result.window.length_s))
+    starts = runs if runs is not None else data_starts(
+        feats_all, frame_start=frame_start, history_known=history_known, restart_gap_s=cfg.restart_gap_s,
+        slack=timedelta(seconds=2 * result.window.length_s))
     warm = in_warmup(stat, starts, cfg.warmup_s).to_numpy() if stat.height else np.zeros(0, bool)
     if warm.any():
         warm &= ~_cohort_covers(stat, warm, starts, result.cohorts, cfg.warmup_s, result.config.min_cohort)

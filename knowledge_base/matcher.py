@@ -50,7 +50,7 @@ import polars as pl
 from analytics.attribution import SHARE_COLUMNS
 from analytics.catalog import lookup, split_feature
 from analytics.detectors import RobustStandardizer
-from analytics.pipeline import rows_by_host
+from analytics.pipeline import cohort_sample, rows_by_host
 from knowledge_base.facts import FactsIndex, HostFacts, _compare
 from knowledge_base.loader import Entry, KnowledgeBase, Signal, load_kb
 
@@ -89,6 +89,7 @@ class MatchConfig:
     """Matcher knobs (the defaults are what the targets were measured with)."""
 
     min_cohort: int = 3
+    cohort_sample: int = 16  # peers drawn from at most this many hosts of a cohort (analytics.pipeline.cohort_sample)
     top_n: int = 3
     attribution_weight: float = 0.25
     excludes_penalty: float = 0.3
@@ -101,6 +102,8 @@ class MatchConfig:
     def __post_init__(self) -> None:
         if self.min_cohort < 2:
             raise ValueError(f"match.min_cohort must be >= 2, not {self.min_cohort!r}")
+        if self.cohort_sample < 1:
+            raise ValueError(f"match.cohort_sample must be >= 1, not {self.cohort_sample!r}")
         if self.top_n < 1:
             raise ValueError(f"match.top_n must be >= 1, not {self.top_n!r}")
         for k in ("attribution_weight", "excludes_penalty"):
@@ -192,7 +195,8 @@ class _Frame:
     starts: np.ndarray  # window starts, µs since the epoch
     cohort_of: dict[str, list[str]]
     rows_of: dict[str, np.ndarray]  # host -> its rows, ascending
-    cohort_rows: dict[str, np.ndarray]  # host -> the rows of its cohort's hosts (itself included), ascending
+    cohort_rows: dict[str, np.ndarray]  # host -> the rows of its cohort's sampled hosts, ascending
+    sampled: set[str]  # the hosts of the cohorts' samples (the others share their cohort's reference)
     fitted: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def ref(self, key: tuple[Any, ...], rows: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
@@ -215,8 +219,8 @@ def release_references() -> None:
     _LAST_FRAME.clear()
 
 
-def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[str]) -> _Frame:
-    key = (features.height, tuple(cols), id(host_facts), None if host_facts is None else host_facts.height)
+def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[str], sample: int) -> _Frame:
+    key = (features.height, tuple(cols), id(host_facts), None if host_facts is None else host_facts.height, sample)
     if _LAST_FRAME and _LAST_FRAME[0].features is features and _LAST_FRAME[0].key == key:
         return _LAST_FRAME[0]
     _LAST_FRAME.clear()  # (its matrix is freed before the next one is built)
@@ -234,12 +238,15 @@ def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[s
         groups.setdefault(label, []).append(h)
     rows_of = rows_by_host(feats)
     cohort_rows: dict[str, np.ndarray] = {}
+    sampled: set[str] = set()
     for members in groups.values():
-        rows = np.sort(np.concatenate([rows_of[m] for m in members if m in rows_of] or [np.zeros(0, np.intp)]))
+        chosen = cohort_sample([m for m in members if m in rows_of], sample)
+        rows = np.sort(np.concatenate([rows_of[m] for m in chosen] or [np.zeros(0, np.intp)]))
         cohort_rows.update({h: rows for h in members})
+        sampled.update(chosen)
     fr = _Frame(features, key, feats, X, np.array([lookup(c).floor for c in cols], dtype=np.float64),
                 feats[WS].dt.epoch("us").to_numpy(), {h: members for members in groups.values() for h in members},
-                rows_of, cohort_rows)
+                rows_of, cohort_rows, sampled)
     _LAST_FRAME[:] = [fr]
     return fr
 
@@ -251,7 +258,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     out = _Refs.empty(cols, n)
     if not p or not n:
         return out
-    fr = _frame(features, host_facts, cols)
+    fr = _frame(features, host_facts, cols, cfg.cohort_sample)
     feats, X, starts = fr.feats, fr.X, fr.starts
     before = cfg.reference_before
     if before is not None and before.tzinfo is None:
@@ -280,9 +287,13 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
             out.c_self[target], out.s_self[target] = c, s
         members = fr.cohort_of.get(h, [])
         if len(members) >= cfg.min_cohort:
-            peers = np.setdiff1d(fr.cohort_rows[h], fr.rows_of.get(h, none), assume_unique=True)
+            if h in fr.sampled:  # the other sampled hosts
+                peers = np.setdiff1d(fr.cohort_rows[h], fr.rows_of.get(h, none), assume_unique=True)
+                key: tuple[str, ...] = ("cohort", h)
+            else:  # the whole sample: one reference for every host outside it (members[0] names the cohort)
+                peers, key = fr.cohort_rows[h], ("sample", members[0])
             if peers.size:
-                c, s = fr.ref(("cohort", h), peers, limit)
+                c, s = fr.ref(key, peers, limit)
                 out.c_coh[target], out.s_coh[target] = c, s
     for fact in sorted(watched):
         _pre_change(out, findings, fr, host_facts, fact, cfg)

@@ -59,7 +59,7 @@ _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Ca
     ("analytics", "stride_s"): [(lambda c: c.analytics.window.stride_s, _SAME)],
     ("analytics", "detectors"): [(lambda c: c.analytics.detectors, tuple)],
     **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _SAME)] for k in (
-        "combine", "vote_k", "reference", "top_k", "threshold_k", "min_windows", "min_cohort", "cohort_by",
+        "combine", "vote_k", "reference", "top_k", "threshold_k", "min_windows", "min_cohort", "cohort_sample", "cohort_by",
         "cohort_tolerance", "one_sided", "activity_weight", "min_run", "threshold_rule")},
     **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _td)] for k in ("history", "smooth", "refit")},
     # one warm-up: the analytics' and the knowledge-base detector's
@@ -69,7 +69,8 @@ _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Ca
     **{("scheduler", k): [(lambda c, k=k: getattr(c.sweep, k), _td)] for k in (
         "chunk", "lag", "max_incident", "compact_every")},
     **{("scheduler", k): [(lambda c, k=k: getattr(c.sweep, k), _SAME)] for k in (
-        "incident_gap_s", "queue_remediations", "kb_path", "engine", "min_incident_s", "min_unmatched_s")},
+        "incident_gap_s", "queue_remediations", "kb_path", "engine", "min_incident_s", "min_unmatched_s",
+        "batch_hosts")},
     ("scheduler", "retention"): [(lambda c: dict(c.sweep.retention), lambda v: {t: _td(d) for t, d in v.items()})],
     ("scheduler", "signature_detector"): [(lambda c: c.detection.signature, _SAME)],
     ("scheduler", "signature_min_confidence"): [(lambda c: c.detection.min_confidence, _SAME)],
@@ -111,6 +112,8 @@ def test_sample_with_every_commented_key_enabled_arrives_in_the_tree(
         ("[scheduler]\nchunck = '1h'\n", r"\[scheduler\]: unknown key\(s\) chunck"),
         ("[scheduler]\nengine = 'threads'\n", r"\[scheduler\] engine: unknown engine 'threads'; expected serial"),
         ("[analytics]\nvote_k = 9\n", r"\[analytics\] vote_k must be between"),
+        ("[analytics]\ncohort_sample = 0\n", r"\[analytics\] cohort_sample must be a positive integer, not 0"),
+        ("[scheduler]\nbatch_hosts = 0\n", r"\[scheduler\] batch_hosts must be a positive integer, not 0"),
         ("[remediation]\ntimeout_s = -1\n", r"\[remediation\] timeout_s: expected a positive number"),
         ("[remediation]\nqueue = 5\n", r"\[remediation\] queue: expected a file path"),
         ("[influx]\nurl = 'ftp://x'\n", r"\[influx\] url: expected http"),

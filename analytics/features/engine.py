@@ -280,14 +280,18 @@ def _windows(bk: pl.DataFrame, host_runs: tuple[np.ndarray, list[str]], plan: Pl
     return devs, pl.DataFrame(out)
 
 
-def concat_features(parts: Sequence[pl.DataFrame]) -> pl.DataFrame:
+def concat_features(parts: Sequence[pl.DataFrame], columns: Sequence[str] | None = None) -> pl.DataFrame:
     """Wide feature frames of disjoint hosts (each computed alone, or read back from the lake)
     as :func:`compute_features` gives them for all at once: rows by host then window, columns
-    sorted; a column another host lacks is null there (0: zero-fill families, own cores)."""
+    sorted; a column another host lacks is null there (0: zero-fill families, own cores).
+    ``columns``: the feature columns of the whole fleet when ``parts`` are some of its hosts
+    (the result is then those hosts' rows of the fleet's frame)."""
     parts = [p for p in parts if p.width]
     if not parts:
         return pl.DataFrame(schema=_KEYS_SCHEMA)
     df = parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal_relaxed")
+    if columns is not None:
+        df = df.with_columns(pl.lit(None, pl.Float64).alias(c) for c in columns if c not in df.columns)
     rest = sorted(c for c in df.columns if c not in KEYS)
     zero = [c for c in rest if c == OWN_CORES or split_feature(c)[0] in plans.ZERO_FILL]
     if zero:

@@ -1,0 +1,146 @@
+"""The cohort reference drawn from a bounded sample of the cohort: which hosts, and that a
+host's verdict does not depend on the hosts outside the sample (fleet size), in the
+analytics and in the signature matcher."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import numpy as np
+import polars as pl
+from polars.testing import assert_frame_equal
+
+from analytics.pipeline import AnalyticsConfig, analyze, cohort_sample
+from jobs.config import SweepConfig
+from jobs.step import sweep_step
+from jobs.telemetry import Loaded
+from knowledge_base import load_kb
+from knowledge_base.detector import DetectionConfig
+from knowledge_base.matcher import MatchConfig, match_findings
+from tests.test_features import load_synth
+
+HOSTS = list("abcdef")
+
+
+def test_cohort_sample_is_bounded_stable_and_in_name_order() -> None:
+    assert cohort_sample(["x", "b", "a"], 3) == ["a", "b", "x"]
+    members = [f"gpu-{i:03d}" for i in range(40)]
+    chosen = cohort_sample(members, 16)
+    assert len(chosen) == 16 and set(chosen) < set(members) and chosen == sorted(chosen)
+    shuffled = members[:]
+    random.Random(1).shuffle(shuffled)
+    assert cohort_sample(shuffled, 16) == chosen
+    # a host joining the fleet either enters the sample (displacing one) or changes nothing
+    for new in (f"gpu-{i:03d}" for i in range(40, 60)):
+        after = set(cohort_sample([*members, new], 16))
+        assert after == set(chosen) or (new in after and len(after - set(chosen)) == 1)
+    # not the first names: a sample of 16 out of 40 that were the 16 first is unlikely by chance
+    assert chosen != members[:16]
+
+
+def fleet(hosts: list[str], far: str, seconds: int = 240) -> tuple[dict[str, pl.LazyFrame], pl.DataFrame]:
+    """Identical synthetic 8-GPU hosts; host ``far``'s mlx5_0 interrupts serviced on the far
+    NUMA node from the start (invisible to its own history, only its peers show it)."""
+    synth = load_synth()
+    frames: dict[str, list[pl.DataFrame]] = {}
+    for i, h in enumerate(hosts):
+        for k, v in synth.synth_frames(host=h, seconds=seconds, seed=i).items():
+            frames.setdefault(k, []).append(v)
+    out = {k: pl.concat(v) for k, v in frames.items()}
+    flip = (pl.col("host") == far) & pl.col("device").str.starts_with("mlx5_0-")
+    out["interrupts"] = out["interrupts"].with_columns(
+        pl.when(flip).then(pl.when(pl.col("node") == "0").then(pl.lit("1")).otherwise(pl.lit("0")))
+        .otherwise(pl.col("node")).alias("node"))
+    facts = out.pop("host_facts")
+    return {k: v.lazy() for k, v in out.items()}, facts
+
+
+def _cohort_scores(res, host: str) -> pl.DataFrame:
+    return res.scores.filter((pl.col("host") == host) & (pl.col("reference") == "cohort")).sort(
+        "window_start", "detector")
+
+
+def test_hosts_outside_the_sample_are_judged_against_it_and_change_no_verdict() -> None:
+    cfg = AnalyticsConfig(warmup=timedelta(0), cohort_by="hardware", cohort_sample=3)
+    sample = cohort_sample(HOSTS, 3)
+    outside = [h for h in HOSTS if h not in sample]
+    far = outside[0]  # the faulty host is outside the sample: judged against the sample's fit
+    frames, facts = fleet(HOSTS, far)
+    res = analyze(frames, cfg, host_facts=facts)
+    assert res.cohorts and len(set(res.cohorts.values())) == 1
+    flagged = _cohort_scores(res, far).filter(pl.col("detector") == "combined")["flagged"]
+    assert flagged.mean() > 0.9
+    others = res.scores.filter((pl.col("host") != far) & (pl.col("reference") == "cohort")
+                               & (pl.col("detector") == "combined"))
+    assert others["flagged"].mean() < 0.05
+    # the hosts outside the sample share one reference (hence one threshold per detector)
+    thr = res.scores.filter(pl.col("host").is_in(outside) & (pl.col("reference") == "cohort")
+                            & (pl.col("detector") == "zscore"))["threshold"]
+    assert thr.n_unique() == 1
+    # a healthy host outside the sample leaves the fleet: nobody else's verdict moves
+    gone = outside[1]
+    keep = [h for h in HOSTS if h != gone]
+    res2 = analyze({k: v.filter(pl.col("host") != gone) for k, v in frames.items()}, cfg,
+                   host_facts=facts.filter(pl.col("host") != gone))
+    for h in keep:
+        assert_frame_equal(_cohort_scores(res, h), _cohort_scores(res2, h), check_exact=True)
+    # without the bound (every host a peer) the same departure moves the others' scores
+    full = AnalyticsConfig(warmup=timedelta(0), cohort_by="hardware", cohort_sample=16)
+    a, b = analyze(frames, full, host_facts=facts), analyze(
+        {k: v.filter(pl.col("host") != gone) for k, v in frames.items()}, full,
+        host_facts=facts.filter(pl.col("host") != gone))
+    assert not _cohort_scores(a, sample[0])["score"].equals(_cohort_scores(b, sample[0])["score"])
+
+
+def test_matcher_cohort_reference_ignores_hosts_outside_the_sample() -> None:
+    sample = cohort_sample(HOSTS, 3)
+    far = [h for h in HOSTS if h not in sample][0]
+    gone = [h for h in HOSTS if h not in sample][1]
+    frames, facts = fleet(HOSTS, far)
+    res = analyze(frames, AnalyticsConfig(warmup=timedelta(0), cohort_by="hardware"), host_facts=facts)
+    findings = res.findings.filter(pl.col("host") == far)
+    assert findings.height
+    cfg = MatchConfig(cohort_sample=3)
+    m1 = match_findings(findings, res.features, facts, config=cfg)
+    m2 = match_findings(findings, res.features.filter(pl.col("host") != gone),
+                        facts.filter(pl.col("host") != gone), config=cfg)
+    assert_frame_equal(m1, m2, check_exact=True)
+    # the bound is what makes it so: with every host a peer, the departure moves the confidences
+    m3 = match_findings(findings, res.features, facts, config=MatchConfig())
+    m4 = match_findings(findings, res.features.filter(pl.col("host") != gone),
+                        facts.filter(pl.col("host") != gone), config=MatchConfig())
+    assert not np.array_equal(m3["confidence"].to_numpy(), m4["confidence"].to_numpy())
+
+
+def test_a_step_judged_in_batches_of_hosts_gives_the_verdict_of_one_frame() -> None:
+    """The scheduler's analysis step holds a batch of hosts at a time (bounded memory);
+    cohorts, samples, cohort references and warm-up runs are formed over every host, so
+    the scores, findings (matches included) and incidents equal those of one frame."""
+    synth = load_synth()
+    sample = cohort_sample(HOSTS, 3)
+    frames, facts = fleet(HOSTS, [h for h in HOSTS if h not in sample][0], seconds=300)
+    a = AnalyticsConfig(warmup=timedelta(0), cohort_sample=3)
+    kb = load_kb()
+    out = {}
+    for n in (len(HOSTS), 2, 1):
+        cfg = SweepConfig(analytics=a, batch_hosts=n, detection=DetectionConfig(warmup_s=0.0))
+        out[n] = sweep_step(Loaded(frames, facts), cfg, kb, since=synth.T0, until=synth.T0 + timedelta(minutes=5),
+                            horizon=None)
+    one = out[len(HOSTS)]
+    assert one.findings.height and one.findings["entry_id"].drop_nulls().len()  # a fault found and named
+    for n in (2, 1):
+        for name in ("scores", "findings", "incidents"):
+            x, y = getattr(one, name), getattr(out[n], name)
+            keys = [c for c in ("host", "window_start", "detector", "reference", "incident_id") if c in x.columns]
+            assert_frame_equal(x.sort(keys), y.sort(keys), check_exact=True)
+
+
+def test_a_host_known_from_its_facts_only_does_not_break_the_cohorts() -> None:
+    """Facts name a host with no window in the frame (its agent stopped): the others are
+    still clustered (this raised an IndexError)."""
+    frames, facts = fleet(list("abcd"), "a", seconds=120)
+    res = analyze({k: v.filter(pl.col("host") != "d") for k, v in frames.items()},
+                  AnalyticsConfig(warmup=timedelta(0)), host_facts=facts)
+    assert set(res.cohorts) == {"a", "b", "c"} and len(set(res.cohorts.values())) == 1
+    assert res.findings.filter(pl.col("host") == "a").height  # and the faulty host is still judged
