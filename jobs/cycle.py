@@ -207,7 +207,8 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     if cfg.queue_remediations and incidents.height:
         # open incidents too: a proposal is due as soon as the fault has persisted
         remediations = new_remediation_rows(
-            lake_p, queue_remediations(lake, incidents, loaded.facts, kb, queue_path, now=e), corrupt)
+            lake_p, queue_remediations(lake, incidents, loaded.files.facts_of(incidents[HOST].unique().to_list())
+                                       if loaded.files is not None else loaded.facts, kb, queue_path, now=e), corrupt)
     if out.scores.height:  # (the features are staged: host_features wrote each host's own columns)
         staged.write("scores", with_time(out.scores))
     if out.findings.height:

@@ -26,7 +26,7 @@ import logging
 import os
 import tempfile
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -151,9 +151,10 @@ def _sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: d
     elif step is None or since is None or until is None:
         read = None if since is None else since - a.history
         # (per chunk, not in steps: every host's windows at once)
-        res = analyze(loaded.frames, a, host_facts=loaded.facts, score_since=since,
+        facts = loaded.files.facts_of(None) if loaded.files is not None else loaded.facts
+        res = analyze(loaded.frames, a, host_facts=facts, score_since=since,
                       features=loaded.files.rows(None) if loaded.files is not None else loaded.features)
-        out = _judged(detect(res, loaded.facts, kb, cfg.detection, keep=keep, frame_start=read,
+        out = _judged(detect(res, facts, kb, cfg.detection, keep=keep, frame_start=read,
                              history_known=history_known), loaded.corrupt)
     else:
         out = _stepped(loaded, cfg, kb, since, until, hosts, step, history_known, engine, scratch)
@@ -303,18 +304,27 @@ def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFra
     batches = [hosts[i:i + n] for i in range(0, len(hosts), n)]
     match = MatchConfig(reference_before=b_since, cohort_sample=a.cohort_sample)
 
-    def judged(res: AnalysisResult, batch: Sequence[str] | None, runs: pl.DataFrame | None) -> StepResult:
+    def facts_of(some: Sequence[str]) -> pl.DataFrame | None:
+        # the facts of the frame's hosts only (a host known from its facts alone is no
+        # peer; and the facts of a fleet are large)
+        if isinstance(feats, HostFiles):
+            return feats.facts_of(some)
+        return None if job.facts is None else job.facts.filter(pl.col(HOST).is_in(list(some)))
+
+    def judged(res: AnalysisResult, batch: Sequence[str] | None, runs: pl.DataFrame | None,
+               facts: pl.DataFrame | None) -> StepResult:
         # the signature matcher judges a window against the host's own past only
         mine = job.hosts if batch is None else [h for h in batch if job.hosts is None or h in job.hosts]
-        det = detect(res, job.facts, job.kb, job.cfg.detection, keep=_keep(b_since, b2, mine), frame_start=first,
+        det = detect(res, facts, job.kb, job.cfg.detection, keep=_keep(b_since, b2, mine), frame_start=first,
                      history_known=job.history_known, match_config=match, runs=runs)
         return StepResult(pl.DataFrame(), det.scores, det.findings, [], det.suppressed)
 
     if len(batches) == 1:
         part = _rows(feats, None, in_step)
+        facts = facts_of(hosts)
         return judged(_analysed(feats, part, a, b, b2, b_since, since, first_of, epochs,
-                                frame_cohorts(a, part, job.facts), None, hosts), None, None)
-    cohort_of, hardware = _step_cohorts(feats, in_step, batches, a, job.facts)
+                                frame_cohorts(a, part, facts), None, hosts), None, None, facts)
+    cohort_of, hardware = _step_cohorts(feats, in_step, batches, a, facts_of)
     # the cohorts' references, from their sampled hosts' windows of the step
     ready = keys.filter(pl.col(WS) >= b_since).join(
         pl.DataFrame({HOST: list(first_of), "_first": list(first_of.values())},
@@ -336,14 +346,14 @@ def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFra
         short = sorted(sampled - set(whole))
         part = concat_features([_rows(feats, whole, in_step), _rows(feats, short, in_step & (pl.col(WS) >= since))])
         outs.append(judged(_analysed(feats, part, a, b, b2, b_since, since, first_of, epochs, cohort_of, refs, batch),
-                           batch, runs))
+                           batch, runs, facts_of([*whole, *short])))
     return StepResult(pl.DataFrame(), _concat([o.scores for o in outs]),
                       _concat([o.findings for o in outs]) if any(o.findings.height for o in outs) else empty_findings(),
                       [], sum(o.suppressed for o in outs))
 
 
 def _step_cohorts(feats: pl.DataFrame | HostFiles, in_step: pl.Expr, batches: Sequence[Sequence[str]], a: AnalyticsConfig,
-                  facts: pl.DataFrame | None) -> tuple[dict[str, str], dict[str, str]]:
+                  facts_of: Callable[[Sequence[str]], pl.DataFrame | None]) -> tuple[dict[str, str], dict[str, str]]:
     """(host -> cohort as :func:`analytics.pipeline.frame_cohorts` forms it, host ->
     hardware cohort) of the step's hosts, from the hosts' hardware and behaviour profiles
     computed batch by batch on the columns they read."""
@@ -353,7 +363,7 @@ def _step_cohorts(feats: pl.DataFrame | HostFiles, in_step: pl.Expr, batches: Se
     profiles = []
     for batch in batches:
         part = _rows(feats, batch, in_step, cols)
-        hardware.update(hardware_cohorts(part, facts))
+        hardware.update(hardware_cohorts(part, facts_of(batch)))
         profiles.append(behaviour_profiles(part))
     n_hosts = sum(len(b) for b in batches)
     if "cohort" not in a.references or n_hosts < a.min_cohort:

@@ -121,6 +121,13 @@ class HostFiles:
 
     paths: Mapping[str, str]  # host -> its file, hosts sorted
     columns: tuple[str, ...]  # the fleet's feature columns
+    facts: Mapping[str, str] = field(default_factory=dict)  # host -> its host_facts file
+
+    def facts_of(self, hosts: Sequence[str] | None) -> pl.DataFrame | None:
+        """The host_facts rows of ``hosts`` (None: all); None when they have none."""
+        want = sorted(self.facts) if hosts is None else sorted(h for h in set(hosts) if h in self.facts)
+        parts = [pl.read_ipc(self.facts[h]) for h in want]
+        return pl.concat(parts, how="diagonal_relaxed") if parts else None
 
     def rows(self, hosts: Sequence[str] | None, where: pl.Expr | None = None,
              columns: Sequence[str] | None = None) -> pl.DataFrame:
@@ -218,6 +225,7 @@ class HostFeatures:
     reused: int = 0  # history windows read from the features table
     refeaturised: int = 0  # history windows computed from raw telemetry (the features table lacked them)
     path: str | None = None  # the features' Arrow IPC file (HostChunk.scratch); ``features`` is then empty
+    facts_path: str | None = None  # and the facts' (``facts`` is then None)
     columns: list[str] = field(default_factory=list)  # its feature columns (history included)
     staged: list[str] = field(default_factory=list)  # files written under HostChunk.stage
     windows: int = 0  # judged windows (starting at or after ``first``, ending at or before ``end``)
@@ -313,9 +321,14 @@ def host_features(job: HostChunk) -> HostFeatures:
         out.staged = [str(p.relative_to(root)) for p in lake_mod.write_table(
             root, "features", judged.select(pl.col(WINDOW_START).alias(schema.TIME), *KEYS, *own))]
     if job.scratch is not None and feats.height:
-        out.path = str(Path(job.scratch) / f"{hashlib.sha1(h.encode()).hexdigest()[:16]}.arrow")
+        name = hashlib.sha1(h.encode()).hexdigest()[:16]
+        out.path = str(Path(job.scratch) / f"{name}.arrow")
         feats.write_ipc(out.path)  # uncompressed: read back memory-mapped
         out.features = feats.clear()
+        if facts is not None and facts.height:
+            out.facts_path = str(Path(job.scratch) / f"{name}.facts.arrow")
+            facts.write_ipc(out.facts_path)
+            out.facts = None
     return out
 
 
@@ -326,11 +339,12 @@ def joined(parts: Sequence[HostFeatures]) -> Loaded:
     joined frame is the one copy kept."""
     facts = [p.facts for p in parts if p.facts is not None and p.facts.height]
     files = {p.host: p.path for p in sorted(parts, key=lambda p: p.host) if p.path is not None}
+    fact_files = {p.host: p.facts_path for p in parts if p.facts_path is not None}
     loaded = Loaded({}, pl.concat(facts, how="diagonal_relaxed") if facts else None,
                     merge_corrupt([], [c for p in parts for c in p.corrupt]),
                     None if files else concat_features([p.features for p in parts if p.features.height]))
     if files:
-        loaded.files = HostFiles(files, tuple(sorted({c for p in parts for c in p.columns})))
+        loaded.files = HostFiles(files, tuple(sorted({c for p in parts for c in p.columns})), fact_files)
     for p in parts:
         p.features = p.features.clear()
     return loaded
