@@ -26,7 +26,7 @@ import logging
 import os
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -74,7 +74,7 @@ TS = schema.TIME_DTYPE
 
 @dataclass
 class StepResult:
-    features: pl.DataFrame  # the reported windows
+    features: pl.DataFrame  # the reported windows (empty from ``Loaded.files``: the scheduler staged them)
     scores: pl.DataFrame  # with one detector="kb" row per window when the signature detector is on
     findings: pl.DataFrame  # knowledge_base.detector.FINDINGS_OUT_SCHEMA (the MATCH_COLUMNS included)
     corrupt: list[Corrupt] = field(default_factory=list)  # files skipped, one entry each
@@ -105,7 +105,9 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
     ``until`` (None: no bound) of ``hosts`` (None: all); see the module doc.
 
     ``loaded`` must start at or before ``since - history`` (its ``frames``, or its
-    precomputed ``features``, are analysed, its ``facts`` serve the detectors and matcher). ``history_known``: host -> its first
+    precomputed ``features`` or their ``files``, are analysed, its ``facts`` serve the
+    detectors and matcher). An analysis step judges its hosts in batches of
+    ``cfg.batch_hosts`` (:func:`_one_step`). ``history_known``: host -> its first
     telemetry time in the lake (warm-up of hosts whose start is not loaded).
 
     ``result``: the analysis of these windows, already done (the evaluation analyses once
@@ -269,6 +271,7 @@ def run_steps(job: StepBlock) -> list[StepResult]:
     a = job.cfg.analytics
     feats = _mapped(job.features) if isinstance(job.features, str) else job.features
     every = feats.select(HOST, WS, WE) if isinstance(feats, pl.DataFrame) else feats.keys()
+    facts = feats.facts_of(None) if isinstance(feats, HostFiles) else job.facts
     length = timedelta(seconds=a.window.length_s)
     # the running medians of a step's windows reach back half of `smooth` (more at the
     # start of a host's data): the frame a step is scored on starts this far before it
@@ -276,12 +279,13 @@ def run_steps(job: StepBlock) -> list[StepResult]:
     epochs: dict[datetime, Reference] = {}
     with threadpool_limits(limits=1, user_api="blas"):  # (a worker process too: see sweep_step)
         # one step at a time: a step's frames are freed before the next one's are cut
-        outs = [_one_step(job, feats, every, b, b2, length, lead, epochs) for b, b2 in job.bounds]
+        outs = [_one_step(job, feats, every, facts, b, b2, length, lead, epochs) for b, b2 in job.bounds]
     return outs
 
 
-def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFrame, b: datetime, b2: datetime,
-              length: timedelta, lead: timedelta, epochs: dict[datetime, Reference]) -> StepResult:
+def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFrame, facts: pl.DataFrame | None,
+              b: datetime, b2: datetime, length: timedelta, lead: timedelta,
+              epochs: dict[datetime, Reference]) -> StepResult:
     """One analysis step. Its hosts are judged in batches of ``batch_hosts``: a batch's
     frame holds its hosts' windows of the step and its history, the windows the cohort
     reference reads (the cohorts' sampled hosts, from ``lead`` before the step) and those
@@ -304,16 +308,9 @@ def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFra
     batches = [hosts[i:i + n] for i in range(0, len(hosts), n)]
     match = MatchConfig(reference_before=b_since, cohort_sample=a.cohort_sample)
 
-    def facts_of(some: Sequence[str]) -> pl.DataFrame | None:
-        # the facts of the frame's hosts only (a host known from its facts alone is no
-        # peer; and the facts of a fleet are large)
-        if isinstance(feats, HostFiles):
-            return feats.facts_of(some)
-        return None if job.facts is None else job.facts.filter(pl.col(HOST).is_in(list(some)))
-
-    def judged(res: AnalysisResult, batch: Sequence[str] | None, runs: pl.DataFrame | None,
-               facts: pl.DataFrame | None) -> StepResult:
-        # the signature matcher judges a window against the host's own past only
+    def judged(res: AnalysisResult, batch: Sequence[str] | None, runs: pl.DataFrame | None) -> StepResult:
+        # the signature matcher judges a window against the host's own past only (the
+        # block's one facts frame: the matcher's facts index is built once per frame object)
         mine = job.hosts if batch is None else [h for h in batch if job.hosts is None or h in job.hosts]
         det = detect(res, facts, job.kb, job.cfg.detection, keep=_keep(b_since, b2, mine), frame_start=first,
                      history_known=job.history_known, match_config=match, runs=runs)
@@ -321,10 +318,9 @@ def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFra
 
     if len(batches) == 1:
         part = _rows(feats, None, in_step)
-        facts = facts_of(hosts)
         return judged(_analysed(feats, part, a, b, b2, b_since, since, first_of, epochs,
-                                frame_cohorts(a, part, facts), None, hosts), None, None, facts)
-    cohort_of, hardware = _step_cohorts(feats, in_step, batches, a, facts_of)
+                                frame_cohorts(a, part, facts), None, hosts), None, None)
+    cohort_of, hardware = _step_cohorts(feats, in_step, batches, a, facts)
     # the cohorts' references, from their sampled hosts' windows of the step
     ready = keys.filter(pl.col(WS) >= b_since).join(
         pl.DataFrame({HOST: list(first_of), "_first": list(first_of.values())},
@@ -346,14 +342,14 @@ def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFra
         short = sorted(sampled - set(whole))
         part = concat_features([_rows(feats, whole, in_step), _rows(feats, short, in_step & (pl.col(WS) >= since))])
         outs.append(judged(_analysed(feats, part, a, b, b2, b_since, since, first_of, epochs, cohort_of, refs, batch),
-                           batch, runs, facts_of([*whole, *short])))
+                           batch, runs))
     return StepResult(pl.DataFrame(), _concat([o.scores for o in outs]),
                       _concat([o.findings for o in outs]) if any(o.findings.height for o in outs) else empty_findings(),
                       [], sum(o.suppressed for o in outs))
 
 
 def _step_cohorts(feats: pl.DataFrame | HostFiles, in_step: pl.Expr, batches: Sequence[Sequence[str]], a: AnalyticsConfig,
-                  facts_of: Callable[[Sequence[str]], pl.DataFrame | None]) -> tuple[dict[str, str], dict[str, str]]:
+                  facts: pl.DataFrame | None) -> tuple[dict[str, str], dict[str, str]]:
     """(host -> cohort as :func:`analytics.pipeline.frame_cohorts` forms it, host ->
     hardware cohort) of the step's hosts, from the hosts' hardware and behaviour profiles
     computed batch by batch on the columns they read."""
@@ -363,7 +359,7 @@ def _step_cohorts(feats: pl.DataFrame | HostFiles, in_step: pl.Expr, batches: Se
     profiles = []
     for batch in batches:
         part = _rows(feats, batch, in_step, cols)
-        hardware.update(hardware_cohorts(part, facts_of(batch)))
+        hardware.update(hardware_cohorts(part, facts))
         profiles.append(behaviour_profiles(part))
     n_hosts = sum(len(b) for b in batches)
     if "cohort" not in a.references or n_hosts < a.min_cohort:

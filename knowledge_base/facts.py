@@ -219,6 +219,7 @@ class FactsIndex:
         (of the same height), else a new one (then kept)."""
         last = cls._last
         if host_facts is not None and last is not None and last[0] is host_facts and last[1] == host_facts.height:
+            last[2]._trim()
             return last[2]
         index = cls(host_facts)
         cls._last = None if host_facts is None else (host_facts, host_facts.height, index)
@@ -234,6 +235,19 @@ class FactsIndex:
         if key not in self._cache:
             self._cache[key] = HostFacts.from_frame(self._by_host.get(host), host, snap, with_before=False)
         return self._cache[key]
+
+    def _trim(self) -> None:
+        """Keep each host's latest snapshot only, between two matchings on this index: a
+        sweep's steps walk forward in time, and the snapshots of every host of a fleet for
+        every step would otherwise stay in memory for the whole sweep."""
+        latest: dict[str, tuple[str, Any]] = {}
+        for h, snap in self._cache:
+            if h not in latest or (snap is not None and (latest[h][1] is None or snap > latest[h][1])):
+                latest[h] = (h, snap)
+        keep = set(latest.values())
+        self._cache = {k: v for k, v in self._cache.items() if k in keep}
+        alive = {id(v) for v in self._cache.values()}
+        self._pre = {k: v for k, v in self._pre.items() if k[1] in alive}
 
     def preconditions(self, entry: Entry, facts: HostFacts) -> tuple[bool, list[str]]:
         """:func:`preconditions_hold`, remembered per (entry, snapshot of this index)."""

@@ -193,3 +193,24 @@ def test_matcher_memo_follows_the_frame(rec: dict[str, pl.DataFrame], matches: p
     assert got.equals(fresh)
     assert not fresh.equals(matches)  # the other frame does change the verdicts
     assert match_findings(rec["findings"], feats, facts, kb).equals(matches)
+
+
+def test_facts_index_keeps_each_hosts_latest_snapshot_between_matchings(rec, matches) -> None:
+    """The index of one facts frame is reused by every matching of a sweep (its steps walk
+    forward in time); between two matchings it keeps each host's latest snapshot only, so
+    a fleet's snapshots do not pile up, and the verdicts stay those of a fresh index."""
+    from knowledge_base.facts import FactsIndex
+
+    kb = load_kb()
+    FactsIndex._last = None
+    facts = rec["host_facts"]
+    first = match_findings(rec["findings"], rec["features"], facts, kb)
+    assert FactsIndex._last is not None
+    built = len(FactsIndex._last[2]._cache)
+    index = FactsIndex.of(facts)  # (the same frame: the kept index, trimmed)
+    hosts = {h for h, _ in index._cache}
+    assert built > len(index._cache) == len(hosts) >= 1  # (a host had two snapshots)
+    alive = {id(v) for v in index._cache.values()}
+    assert all(k[1] in alive for k in index._pre)
+    assert match_findings(rec["findings"], rec["features"], facts, kb).equals(first)
+    assert first.equals(matches)
