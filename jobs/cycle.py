@@ -198,7 +198,6 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     prior = _read_open_findings(lake_p, marks, hosts, s, found)
     out = sweep_step(loaded, cfg, kb, since=first, until=e, hosts=hosts, history_known=known, horizon=e,
                      prior=prior, engine=engine, scratch=staged.dir)
-    shutil.rmtree(scratch, ignore_errors=True)
     windows = sum(p.windows for p in parts)
     corrupt = [*out.corrupt, *found]
     incidents, open_since = out.incidents, out.open_since
@@ -217,6 +216,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         staged.write("incidents", incidents.select(pl.col("start").alias(schema.TIME), pl.all()))
     if remediations.height:
         staged.write("remediations", remediations)
+    shutil.rmtree(scratch, ignore_errors=True)  # (the proposals read the hosts' facts files)
     wm.checkpoint("before_seal")
     new = {h: wm.HostMark(e, open_since.get(h)) for h in hosts}
     summary = ChunkSummary(sid, s, e, list(hosts), windows, out.findings.height, incidents.height,

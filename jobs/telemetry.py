@@ -115,9 +115,9 @@ class Loaded:
 @dataclass(frozen=True)
 class HostFiles:
     """A sweep's features as one Arrow IPC file per host (:func:`host_features` with a
-    scratch directory). :meth:`rows` reads some hosts' windows memory-mapped (a copy of
-    the rows asked for; the maps are released after), so a process holds a batch of
-    hosts' windows, not the fleet's. Plain data: sent to worker processes as is."""
+    scratch directory), and their host facts. :meth:`rows` reads some hosts' windows
+    memory-mapped (the maps live as long as the frame returned), so a process holds a
+    batch of hosts' windows, not the fleet's. Plain data: sent to worker processes as is."""
 
     paths: Mapping[str, str]  # host -> its file, hosts sorted
     columns: tuple[str, ...]  # the fleet's feature columns

@@ -7,6 +7,7 @@ telemetry of ``[first - history, end)`` loaded at once and featurised together."
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,15 @@ def test_blocks_of_steps_on_a_pool_read_one_shared_file_and_give_the_same_verdic
     assert list(scratch.iterdir()) == []
     for t in ("features", "scores", "findings", "incidents"):
         assert_frame_equal(getattr(pooled, t), getattr(here, t))
+
+
+def test_proposals_read_the_facts_of_the_hosts_files(template: Path, tmp_path: Path) -> None:
+    """A matched incident's remediation proposal fills its parameters from the host's facts,
+    which the scheduler's chunk keeps in the hosts' files until the proposals are made."""
+    root = tmp_path / "lake"
+    shutil.copytree(template, root)
+    cfg = replace(_cfg(), queue_remediations=True)
+    summary = run_cycle(root, cfg, now=T0 + timedelta(minutes=MINUTES), queue_path=tmp_path / "queue.json")
+    assert summary is not None and summary.incidents > 0
+    assert sum(c.remediations for c in summary.chunks) > 0
+    assert not list((root / "_state").rglob("host-features"))  # the scratch files are gone
