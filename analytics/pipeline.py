@@ -50,7 +50,7 @@ import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -808,10 +808,15 @@ class _Matrix:
         is unlike everything after it, yet benign (its windows are scored, but never
         flagged: `combined` and findings stay quiet). ``first_us``: host -> its first
         window start (µs) when the frame does not begin with it (default: the frame's)."""
-        first = np.zeros(self.starts_us.size, dtype=np.int64)
-        for h, rows in self.host_rows.items():
-            first[rows] = first_us[h] if first_us is not None and h in first_us else self.starts_us[rows].min()
-        return np.asarray(self.starts_us >= first + round(config.warmup.total_seconds() * 1e6))
+        return _out_of_warmup(self.starts_us, self.host_rows, config, first_us)
+
+
+def _out_of_warmup(starts_us: np.ndarray, host_rows: Mapping[str, np.ndarray], config: AnalyticsConfig,
+                   first_us: Mapping[str, int] | None) -> np.ndarray:
+    first = np.zeros(starts_us.size, dtype=np.int64)
+    for h, rows in host_rows.items():
+        first[rows] = first_us[h] if first_us is not None and h in first_us else starts_us[rows].min()
+    return np.asarray(starts_us >= first + round(config.warmup.total_seconds() * 1e6))
 
 
 def _self_blocks(config: AnalyticsConfig, m: _Matrix, scored: np.ndarray, warm: np.ndarray,
@@ -948,9 +953,42 @@ def _sample_fit(config: AnalyticsConfig, m: _Matrix, rows: Sequence[np.ndarray],
 
 def frame_cohorts(config: AnalyticsConfig, feats: pl.DataFrame, host_facts: pl.DataFrame | None) -> dict[str, str]:
     """host -> cohort when the frame has a cohort reference (else empty)."""
-    if "cohort" not in config.references or feats[HOST].n_unique() < config.min_cohort:
-        return {}
-    return cohorts(feats, host_facts, by=config.cohort_by, tolerance=config.cohort_tolerance)
+    return batched_cohorts(config, [feats], host_facts, feats[HOST].n_unique())[0]
+
+
+def batched_cohorts(config: AnalyticsConfig, parts: Iterable[pl.DataFrame], host_facts: pl.DataFrame | None,
+                    n_hosts: int) -> tuple[dict[str, str], dict[str, str]]:
+    """(host -> cohort as :func:`frame_cohorts` forms it, host -> hardware cohort) of the
+    ``n_hosts`` hosts of ``parts``: frames of disjoint hosts (a fleet read a batch at a time;
+    the behaviour and GPU columns suffice), each reduced to per-host profiles as it comes."""
+    profiled = "cohort" in config.references and n_hosts >= config.min_cohort and config.cohort_by == "behaviour"
+    hardware: dict[str, str] = {}
+    profiles = []
+    for part in parts:
+        hardware.update(hardware_cohorts(part, host_facts))
+        if profiled:
+            profiles.append(behaviour_profiles(part))
+    if "cohort" not in config.references or n_hosts < config.min_cohort:
+        return {}, hardware
+    if not profiled:
+        return dict(hardware), hardware
+    return cluster_cohorts(hardware, pl.concat(profiles, how="diagonal_relaxed"), config.cohort_tolerance), hardware
+
+
+def cohort_samples(keys: pl.DataFrame, config: AnalyticsConfig, cohort_of: Mapping[str, str], *,
+                   score_since: datetime, first_us: Mapping[str, int] | None = None) -> set[str]:
+    """The hosts of every cohort's sample as :func:`score` chooses them on a frame with the
+    windows ``keys`` (host, window_start): members with windows scored from ``score_since``
+    on and out of warm-up (:func:`cohort_sample`), in cohorts of at least ``min_cohort``."""
+    rows = rows_by_host(keys)
+    starts = keys[WINDOW_START].dt.epoch("us").to_numpy()
+    judged = (keys[WINDOW_START] >= score_since).to_numpy() & _out_of_warmup(starts, rows, config, first_us)
+    ready = {h for h, r in rows.items() if judged[r].any()}
+    groups: dict[str, list[str]] = {}
+    for h, c in cohort_of.items():
+        groups.setdefault(c, []).append(h)
+    return {h for members in groups.values() if len(members) >= config.min_cohort
+            for h in cohort_sample([m for m in members if m in ready], config.cohort_sample)}
 
 
 # ------------------------------------------------------------ fit once, score many

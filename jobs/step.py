@@ -47,13 +47,12 @@ from analytics.pipeline import (
     CohortReference,
     Reference,
     analyze,
-    behaviour_profiles,
-    cluster_cohorts,
+    batched_cohorts,
     cohort_references,
     cohort_sample,
+    cohort_samples,
     fit,
     frame_cohorts,
-    hardware_cohorts,
     score,
 )
 from ingest import schema
@@ -320,15 +319,13 @@ def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFra
         part = _rows(feats, None, in_step)
         return judged(_analysed(feats, part, a, b, b2, b_since, since, first_of, epochs,
                                 frame_cohorts(a, part, facts), None, hosts), None, None)
-    cohort_of, hardware = _step_cohorts(feats, in_step, batches, a, facts)
+    # cohorts from per-host profiles, a batch at a time, on the columns they read
+    cols = [c for c in (feature_columns(feats) if isinstance(feats, pl.DataFrame) else feats.columns)
+            if lookup(c).family in BEHAVIOUR_FAMILIES or (lookup(c).family.startswith("gpu.") and "@" in c)]
+    cohort_of, hardware = batched_cohorts(a, (_rows(feats, batch, in_step, cols) for batch in batches), facts,
+                                          len(hosts))
     # the cohorts' references, from their sampled hosts' windows of the step
-    ready = keys.filter(pl.col(WS) >= b_since).join(
-        pl.DataFrame({HOST: list(first_of), "_first": list(first_of.values())},
-                     schema={HOST: pl.String(), "_first": pl.Int64()}), on=HOST, how="left")
-    warm_us = round(a.warmup.total_seconds() * 1e6)
-    with_ref = set(ready.filter(pl.col(WS).dt.epoch("us") >= pl.col("_first") + warm_us)[HOST].to_list())
-    sampled = {h for c in set(cohort_of.values())
-               for h in cohort_sample([m for m, lab in cohort_of.items() if lab == c and m in with_ref], a.cohort_sample)}
+    sampled = cohort_samples(keys.filter(pl.col(WS) >= since), a, cohort_of, score_since=b_since, first_us=first_of)
     refs = cohort_references(_rows(feats, sorted(sampled), in_step & (pl.col(WS) >= since)),
                              a, cohort_of, score_since=b_since, first_us=first_of) if sampled else {}
     have = set(hosts)
@@ -346,27 +343,6 @@ def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFra
     return StepResult(pl.DataFrame(), _concat([o.scores for o in outs]),
                       _concat([o.findings for o in outs]) if any(o.findings.height for o in outs) else empty_findings(),
                       [], sum(o.suppressed for o in outs))
-
-
-def _step_cohorts(feats: pl.DataFrame | HostFiles, in_step: pl.Expr, batches: Sequence[Sequence[str]], a: AnalyticsConfig,
-                  facts: pl.DataFrame | None) -> tuple[dict[str, str], dict[str, str]]:
-    """(host -> cohort as :func:`analytics.pipeline.frame_cohorts` forms it, host ->
-    hardware cohort) of the step's hosts, from the hosts' hardware and behaviour profiles
-    computed batch by batch on the columns they read."""
-    cols = [c for c in (feature_columns(feats) if isinstance(feats, pl.DataFrame) else feats.columns)
-            if lookup(c).family in BEHAVIOUR_FAMILIES or (lookup(c).family.startswith("gpu.") and "@" in c)]
-    hardware: dict[str, str] = {}
-    profiles = []
-    for batch in batches:
-        part = _rows(feats, batch, in_step, cols)
-        hardware.update(hardware_cohorts(part, facts))
-        profiles.append(behaviour_profiles(part))
-    n_hosts = sum(len(b) for b in batches)
-    if "cohort" not in a.references or n_hosts < a.min_cohort:
-        return {}, hardware
-    if a.cohort_by == "hardware":
-        return dict(hardware), hardware
-    return cluster_cohorts(hardware, pl.concat(profiles, how="diagonal_relaxed"), a.cohort_tolerance), hardware
 
 
 def _mapped(path: str) -> pl.DataFrame:
