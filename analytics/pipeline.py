@@ -836,17 +836,48 @@ def _self_blocks(config: AnalyticsConfig, m: _Matrix, scored: np.ndarray, warm: 
     return blocks
 
 
-def cohort_sample(members: Sequence[str], size: int) -> list[str]:
+def _hash_rank(h: str) -> tuple[bytes, str]:
+    return hashlib.blake2b(h.encode(), digest_size=8).digest(), h
+
+
+def cohort_sample(members: Sequence[str], size: int, strata: Mapping[str, str] | None = None) -> list[str]:
     """The hosts of a cohort its reference is drawn from: all of them when there are at
     most ``size``, else the ``size`` whose names hash lowest (blake2b); sorted by name (the
     peers' rows are concatenated in this order, whatever order the cohorts came in). A
     host's verdict then depends on a bounded set of peers whatever the fleet size (the peer
     spread, a maximum over peers, would otherwise grow with the fleet), one reference
     serves every host outside the sample, and the choice is stable from step to step and
-    sweep to sweep (a hash, not the first names, which often share a rack)."""
+    sweep to sweep (a hash, not the first names, which often share a rack).
+
+    ``strata``: host -> a finer group inside the cohort (the behaviour cohorts of a
+    hardware cohort, which the signature matcher's references span): the sample keeps
+    each group's share of the cohort (largest remainder), its lowest hashes within each.
+    A hash-only sample of a cohort mixing two workloads half and half can draw mostly one,
+    and its median is then that workload's, not the cohort's (a 256-host fleet: every
+    serving host's first window matched THP loss against a sample of mostly training hosts)."""
     if len(members) <= size:
         return sorted(members)
-    return sorted(sorted(members, key=lambda h: (hashlib.blake2b(h.encode(), digest_size=8).digest(), h))[:size])
+    ranked = sorted(members, key=_hash_rank)
+    groups: dict[str, list[str]] = {}
+    for h in ranked:
+        groups.setdefault("" if strata is None else strata.get(h, ""), []).append(h)
+    if len(groups) == 1:
+        return sorted(ranked[:size])
+    exact = {k: size * len(v) / len(members) for k, v in groups.items()}
+    take = {k: int(x) for k, x in exact.items()}
+    for k in sorted(groups, key=lambda k: (take[k] - exact[k], k))[:size - sum(take.values())]:
+        take[k] += 1
+    return sorted(h for k, v in groups.items() for h in v[:take[k]])
+
+
+def matcher_sample(hardware: Mapping[str, str], strata: Mapping[str, str], size: int) -> set[str]:
+    """The hosts the signature matcher's cohort references are drawn from: each hardware
+    cohort's :func:`cohort_sample` (of ``hardware``'s hosts: those with windows) kept in
+    the shares of its behaviour cohorts (``strata``, analytics' cohorts)."""
+    groups: dict[str, list[str]] = {}
+    for h, label in hardware.items():
+        groups.setdefault(label, []).append(h)
+    return {h for members in groups.values() for h in cohort_sample(members, size, strata)}
 
 
 @dataclass(frozen=True)

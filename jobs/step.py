@@ -49,10 +49,10 @@ from analytics.pipeline import (
     analyze,
     batched_cohorts,
     cohort_references,
-    cohort_sample,
     cohort_samples,
     fit,
     frame_cohorts,
+    matcher_sample,
     score,
 )
 from ingest import schema
@@ -329,8 +329,8 @@ def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFra
     refs = cohort_references(_rows(feats, sorted(sampled), in_step & (pl.col(WS) >= since)),
                              a, cohort_of, score_since=b_since, first_us=first_of) if sampled else {}
     have = set(hosts)
-    matched = {h for c in set(hardware.values())
-               for h in cohort_sample([m for m, lab in hardware.items() if lab == c and m in have], a.cohort_sample)}
+    matched = matcher_sample({h: lab for h, lab in hardware.items() if h in have}, cohort_of, a.cohort_sample)
+    match = replace(match, sampled=frozenset(matched))
     runs = data_starts(keys, frame_start=first, history_known=job.history_known,
                        restart_gap_s=job.cfg.detection.restart_gap_s, slack=timedelta(seconds=2 * a.window.length_s))
     outs = []

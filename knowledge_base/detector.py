@@ -38,13 +38,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
 
-from analytics.pipeline import FINDINGS_SCHEMA, SCORES_SCHEMA, AnalysisResult
+from analytics.pipeline import (
+    FINDINGS_SCHEMA,
+    SCORES_SCHEMA,
+    AnalysisResult,
+    hardware_cohorts,
+    matcher_sample,
+)
 from knowledge_base.loader import KnowledgeBase
 from knowledge_base.matcher import MATCH_SCHEMA, MatchConfig, match_findings, release_references
 
@@ -245,11 +251,17 @@ def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: Knowledg
     when already computed over these windows (see :func:`signature_matches`). The window
     length, ``min_cohort`` and the cohorts are those analytics used (``result``).
     ``runs``: the data runs (:func:`data_starts`) of every host of the cohorts, when
-    ``result.features`` holds a batch of them (the warm-up of peers outside the batch)."""
+    ``result.features`` holds a batch of them (the warm-up of peers outside the batch;
+    ``match_config.sampled`` is then the matcher's sample of the whole fleet)."""
     cfg = config or DetectionConfig()
     feats_all = result.features
     if feats_all.is_empty():
         return Detection(feats_all, result.scores, empty_findings(), pl.DataFrame(schema=MATCH_SCHEMA))
+    if result.cohorts and (match_config is None or match_config.sampled is None):
+        # the matcher's (hardware) cohort samples keep the shares of analytics' cohorts
+        mc = match_config or MatchConfig()
+        match_config = replace(mc, sampled=frozenset(matcher_sample(hardware_cohorts(feats_all, host_facts),
+                                                                    result.cohorts, mc.cohort_sample)))
     feats = feats_all if keep is None else feats_all.filter(keep)
     scores = result.scores.join(feats.select(HOST, pl.col(WS).cast(TS)), on=[HOST, WS], how="semi") \
         if result.scores.height else result.scores

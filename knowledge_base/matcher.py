@@ -98,6 +98,10 @@ class MatchConfig:
     # the host's own reference: only its windows starting before this time (the sweep: the
     # past of the analysis step); fewer than min_pre_windows of them: no own reference
     reference_before: datetime | None = None
+    # the hosts the cohort references are drawn from, chosen over the whole fleet of the
+    # step (analytics.pipeline.matcher_sample; a batch of it is matched at a time); None:
+    # each cohort's cohort_sample of the hosts in the features frame
+    sampled: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.min_cohort < 2:
@@ -219,8 +223,10 @@ def release_references() -> None:
     _LAST_FRAME.clear()
 
 
-def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[str], sample: int) -> _Frame:
-    key = (features.height, tuple(cols), id(host_facts), None if host_facts is None else host_facts.height, sample)
+def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[str], sample: int,
+           given: frozenset[str] | None) -> _Frame:
+    key = (features.height, tuple(cols), id(host_facts), None if host_facts is None else host_facts.height, sample,
+           given)
     if _LAST_FRAME and _LAST_FRAME[0].features is features and _LAST_FRAME[0].key == key:
         return _LAST_FRAME[0]
     _LAST_FRAME.clear()  # (its matrix is freed before the next one is built)
@@ -240,7 +246,8 @@ def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[s
     cohort_rows: dict[str, np.ndarray] = {}
     sampled: set[str] = set()
     for members in groups.values():
-        chosen = cohort_sample([m for m in members if m in rows_of], sample)
+        present = [m for m in members if m in rows_of]
+        chosen = cohort_sample(present, sample) if given is None else [m for m in present if m in given]
         rows = np.sort(np.concatenate([rows_of[m] for m in chosen] or [np.zeros(0, np.intp)]))
         cohort_rows.update({h: rows for h in members})
         sampled.update(chosen)
@@ -258,7 +265,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     out = _Refs.empty(cols, n)
     if not p or not n:
         return out
-    fr = _frame(features, host_facts, cols, cfg.cohort_sample)
+    fr = _frame(features, host_facts, cols, cfg.cohort_sample, cfg.sampled)
     feats, X, starts = fr.feats, fr.X, fr.starts
     before = cfg.reference_before
     if before is not None and before.tzinfo is None:

@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 from polars.testing import assert_frame_equal
 
-from analytics.pipeline import AnalyticsConfig, analyze, cohort_sample
+from analytics.pipeline import AnalyticsConfig, analyze, cohort_sample, matcher_sample
 from jobs.config import SweepConfig
 from jobs.step import sweep_step
 from jobs.telemetry import Loaded
@@ -37,6 +37,31 @@ def test_cohort_sample_is_bounded_stable_and_in_name_order() -> None:
         assert after == set(chosen) or (new in after and len(after - set(chosen)) == 1)
     # not the first names: a sample of 16 out of 40 that were the 16 first is unlikely by chance
     assert chosen != members[:16]
+
+
+def test_a_sample_keeps_the_shares_of_the_behaviour_cohorts_inside_a_hardware_cohort() -> None:
+    # 96 serving and 32 training hosts of one GPU model: the matcher's sample of 16 holds
+    # 12 and 4 (a hash alone draws what it draws), the lowest hashes of each
+    serving = [f"gpu-{i:03d}" for i in range(96)]
+    training = [f"gpu-{i:03d}" for i in range(96, 128)]
+    strata = {**{h: "8xH100/serving" for h in serving}, **{h: "8xH100/training" for h in training}}
+    chosen = cohort_sample([*serving, *training], 16, strata)
+    assert len(chosen) == 16 and chosen == sorted(chosen)
+    assert len(set(chosen) & set(serving)) == 12 and len(set(chosen) & set(training)) == 4
+    assert set(chosen) & set(serving) == set(cohort_sample(serving, 12))
+    assert set(chosen) & set(training) == set(cohort_sample(training, 4))
+    # uneven shares: largest remainder (16 x 5/40 = 2, 16 x 7/40 = 2.8, 16 x 28/40 = 11.2)
+    groups = {"a": 5, "b": 7, "c": 28}
+    members = [f"{g}-{i}" for g, n in groups.items() for i in range(n)]
+    got = cohort_sample(members, 16, {m: m[0] for m in members})
+    assert {g: sum(m[0] == g for m in got) for g in groups} == {"a": 2, "b": 3, "c": 11}
+    # a cohort within its bound, or one stratum: exactly the unstratified sample
+    assert cohort_sample(serving[:10], 16, strata) == sorted(serving[:10])
+    assert cohort_sample(serving, 16, strata) == cohort_sample(serving, 16)
+    # per hardware cohort: another GPU model is sampled on its own
+    other = [f"a100-{i}" for i in range(20)]
+    hardware = {**dict.fromkeys([*serving, *training], "8xH100"), **dict.fromkeys(other, "8xA100")}
+    assert matcher_sample(hardware, strata, 16) == set(chosen) | set(cohort_sample(other, 16))
 
 
 def fleet(hosts: list[str], far: str, seconds: int = 240) -> tuple[dict[str, pl.LazyFrame], pl.DataFrame]:
