@@ -853,8 +853,10 @@ def cohort_sample(members: Sequence[str], size: int, strata: Mapping[str, str] |
     hardware cohort, which the signature matcher's references span): the sample keeps
     each group's share of the cohort (largest remainder), its lowest hashes within each.
     A hash-only sample of a cohort mixing two workloads half and half can draw mostly one,
-    and its median is then that workload's, not the cohort's (a 256-host fleet: every
-    serving host's first window matched THP loss against a sample of mostly training hosts)."""
+    and its median is then that workload's, not the cohort's (a 256-host simulated fleet drew
+    5 serving hosts of 16; a 24-host one with a sample of 4: 12 first-window THP matches
+    hash-only, 2 stratified). Only as good as the strata: in a fleet's first minute the
+    behaviour cohorts do not yet tell the workloads apart."""
     if len(members) <= size:
         return sorted(members)
     ranked = sorted(members, key=_hash_rank)
