@@ -215,15 +215,15 @@ def final_incidents(rows: pl.DataFrame, last_horizon: datetime | None) -> tuple[
     Call it after the sweep has passed the data's end (every segment closed): an incident
     whose latest row is still open then was dropped without a closing row (its segment
     became another incident id, e.g. another entry won or it turned unmatched), and is not
-    counted twice."""
+    counted twice; nor is one whose latest row says it was ``superseded``."""
     if rows.is_empty():
         return rows, 0
     from knowledge_base import latest_incidents
 
-    last = latest_incidents(rows)
-    if last_horizon is None:
-        return last, 0
-    stale = (pl.col("state") == "open") & (pl.col("updated") < last_horizon)
+    last = latest_incidents(rows, superseded=True)
+    stale = pl.col("state") == "superseded"
+    if last_horizon is not None:
+        stale = stale | ((pl.col("state") == "open") & (pl.col("updated") < last_horizon))
     return last.filter(~stale), last.filter(stale).height
 
 

@@ -78,7 +78,7 @@ from jobs.telemetry import (
     merge_corrupt,
 )
 from jobs.writeback import WriteBack
-from knowledge_base import latest_incidents, load_kb
+from knowledge_base import INCIDENT_SCHEMA, latest_incidents, load_kb
 from knowledge_base.detector import empty_findings
 from knowledge_base.loader import KnowledgeBase
 
@@ -147,10 +147,12 @@ def _read_open_findings(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Seq
 
 
 def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequence[str],
-                       incidents: pl.DataFrame, corrupt: list[Corrupt]) -> pl.DataFrame:
+                       incidents: pl.DataFrame, corrupt: list[Corrupt], horizon: datetime) -> pl.DataFrame:
     """``incidents`` without the rows that repeat the latest stored row of the same incident
-    (an open incident no window joined since the last sweep): the table gets a row per change."""
-    if incidents.is_empty() or "incidents" not in lake_mod.tables(lake):
+    (an open incident no window joined since the last sweep): the table gets a row per change.
+    A stored open incident of a carried segment that the step no longer raises (its windows
+    joined an earlier incident) gets a ``superseded`` row, so it does not stay open."""
+    if "incidents" not in lake_mod.tables(lake):
         return incidents
     parts = []
     for h in hosts:
@@ -160,9 +162,18 @@ def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequ
     have = pl.concat([p for p in parts if p.height], how="diagonal_relaxed") if any(p.height for p in parts) else None
     if have is None:
         return incidents
+    latest = latest_incidents(have)
+    gone = latest.filter(pl.col("state") == "open").join(incidents.select("incident_id"), on="incident_id",
+                                                         how="anti")
     key = ["incident_id", "state", "end", "n_windows"]
-    last = latest_incidents(have).select(*key)
-    return incidents.join(last.with_columns(pl.col("end").cast(TS)), on=key, how="anti", nulls_equal=True)
+    out = incidents.join(latest.select(*key).with_columns(pl.col("end").cast(TS)), on=key, how="anti",
+                         nulls_equal=True)
+    if gone.height:
+        gone = gone.select([c for c in INCIDENT_SCHEMA if c in gone.columns]).with_columns(
+            pl.lit("superseded").alias("state"), pl.lit(horizon).cast(TS).alias("updated"))
+        out = (pl.concat([out, gone], how="diagonal_relaxed").select(list(INCIDENT_SCHEMA))
+               .cast(pl.Schema(INCIDENT_SCHEMA)))
+    return out
 
 
 def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],
@@ -201,12 +212,13 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     windows = sum(p.windows for p in parts)
     corrupt = [*out.corrupt, *found]
     incidents, open_since = out.incidents, out.open_since
-    incidents = _changed_incidents(lake_p, marks, hosts, incidents, corrupt)
+    incidents = _changed_incidents(lake_p, marks, hosts, incidents, corrupt, e)
     remediations = pl.DataFrame()
-    if cfg.queue_remediations and incidents.height:
+    raised = incidents.filter(pl.col("state") != "superseded")
+    if cfg.queue_remediations and raised.height:
         # open incidents too: a proposal is due as soon as the fault has persisted
         remediations = new_remediation_rows(
-            lake_p, queue_remediations(lake, incidents, loaded.files.facts_of(incidents[HOST].unique().to_list())
+            lake_p, queue_remediations(lake, raised, loaded.files.facts_of(raised[HOST].unique().to_list())
                                        if loaded.files is not None else loaded.facts, kb, queue_path, now=e), corrupt)
     if out.scores.height:  # (the features are staged: host_features wrote each host's own columns)
         staged.write("scores", with_time(out.scores))
@@ -219,7 +231,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     shutil.rmtree(scratch, ignore_errors=True)  # (the proposals read the hosts' facts files)
     wm.checkpoint("before_seal")
     new = {h: wm.HostMark(e, open_since.get(h)) for h in hosts}
-    summary = ChunkSummary(sid, s, e, list(hosts), windows, out.findings.height, incidents.height,
+    summary = ChunkSummary(sid, s, e, list(hosts), windows, out.findings.height, raised.height,
                            remediations.height)
     staged.seal(new, {"start": s.isoformat(), "end": e.isoformat(), "windows": summary.windows,
                       "findings": summary.findings, "incidents": summary.incidents})

@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -859,6 +859,10 @@ def _cli(cfg: DrillConfig, *args: str) -> list[str]:
     return [sys.executable, "-m", "jobs.cli", *(["--config", cfg.config_file] if cfg.config_file else []), *args]
 
 
+#: a key of the drill's first sightings: an incident id, or (incident id, entry id)
+Seen = str | tuple[str, str | None]
+
+
 class IncidentWatch:
     """When each incident first became visible in the lake, polled while the drill waits: a
     file's mtime would not do, compaction rewrites incident files minutes later."""
@@ -866,7 +870,8 @@ class IncidentWatch:
     def __init__(self, lake: Path, host: str) -> None:
         self.lake, self.host = lake, host
         self.files: set[Path] = set()
-        self.first_seen: dict[str, datetime] = {}
+        # incident id, and (incident id, entry): an open incident's entry can change
+        self.first_seen: dict[Seen, datetime] = {}
 
     def poll(self) -> None:
         from ingest import lake as lake_mod
@@ -880,12 +885,13 @@ class IncidentWatch:
             if f in self.files:
                 continue
             try:
-                ids = pl.read_parquet(f, columns=["incident_id"], hive_partitioning=False)["incident_id"]
+                rows = pl.read_parquet(f, columns=["incident_id", "entry_id"], hive_partitioning=False)
             except (OSError, pl.exceptions.PolarsError):
                 continue  # merged away between the listing and the read: its rows are in the new file
             self.files.add(f)
-            for i in ids.to_list():
+            for i, e in rows.iter_rows():
                 self.first_seen.setdefault(i, now)
+                self.first_seen.setdefault((i, e), now)
 
     def hold(self, seconds: float, sleep: Callable[[float], None], step: float = 2.0) -> None:
         """Sleep ``seconds``, polling every ``step``."""
@@ -1026,30 +1032,36 @@ SCORECARD_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def read_incidents(lake: Path, host: str, first_seen: dict[str, datetime] | None = None) -> pl.DataFrame:
-    """The host's incidents with ``visible_at``: when each was first seen in the lake (from
-    ``first_seen``, the drill's polling), else the mtime of the file holding it."""
+def read_incidents(lake: Path, host: str, first_seen: Mapping[Seen, datetime] | None = None) -> pl.DataFrame:
+    """The host's incidents as they stand (each one's latest row; superseded ones left out)
+    with ``visible_at``: when the incident was first seen carrying the entry it ends with
+    (from ``first_seen``, the drill's polling: ``(id, entry)``, else the id), else the mtime
+    of the first file holding such a row. An open incident's entry can change (the memory
+    hog's CPU windows come first, memory pressure joins them)."""
     from ingest import lake as lake_mod
+    from knowledge_base import latest_incidents
 
     cols = ["incident_id", "start", "end", "status", "entry_id"]
     ts = pl.Datetime("us", "UTC")
     frames = []
     if "incidents" in lake_mod.tables(lake):
         for f in lake_mod.files(lake, "incidents", hosts=[host]):
-            df = pl.read_parquet(f, columns=cols, hive_partitioning=False)
+            have = set(pl.read_parquet_schema(f))
+            df = pl.read_parquet(f, columns=[c for c in (*cols, "state", "updated") if c in have],
+                                 hive_partitioning=False)
             mtime = datetime.fromtimestamp(f.stat().st_mtime, UTC)
             frames.append(df.with_columns(pl.lit(mtime).cast(ts).alias("visible_at")))
     if not frames:
         return pl.DataFrame(schema={"incident_id": pl.String(), "start": ts, "end": ts, "status": pl.String(),
                                     "entry_id": pl.String(), "visible_at": ts})
-    df = pl.concat(frames, how="vertical_relaxed")
+    df = pl.concat(frames, how="diagonal_relaxed")
     if first_seen:
-        seen = pl.DataFrame({"incident_id": list(first_seen), "_seen": list(first_seen.values())},
-                            schema={"incident_id": pl.String(), "_seen": ts})
-        df = (df.join(seen, on="incident_id", how="left")
-              .with_columns(pl.coalesce("_seen", "visible_at").alias("visible_at")).drop("_seen"))
-    # a re-swept or compacted incident keeps its first appearance
-    return df.sort("visible_at").unique("incident_id", keep="first", maintain_order=True).sort("start")
+        seen = [first_seen.get((i, e), first_seen.get(i)) for i, e in df.select("incident_id", "entry_id").iter_rows()]
+        df = df.with_columns(pl.coalesce(pl.Series("_seen", seen, dtype=ts), "visible_at").alias("visible_at"))
+    # a re-swept or compacted incident keeps its first appearance under each entry
+    first = df.group_by("incident_id", "entry_id").agg(pl.col("visible_at").min())
+    last = latest_incidents(df.drop("visible_at")).select(cols)
+    return last.join(first, on=["incident_id", "entry_id"], how="left", nulls_equal=True).sort("start")
 
 
 def _proposals(lake: Path, incident_ids: Sequence[str]) -> dict[str, list[str]]:
@@ -1067,7 +1079,7 @@ def _proposals(lake: Path, incident_ids: Sequence[str]) -> dict[str, list[str]]:
 
 
 def scorecard(lake: Path, host: str, run_id: str, started: datetime, windows: Sequence[FaultWindow], *,
-              healthy_end: datetime, first_seen: dict[str, datetime] | None = None) -> pl.DataFrame:
+              healthy_end: datetime, first_seen: Mapping[Seen, datetime] | None = None) -> pl.DataFrame:
     """One row per fault (plus ``healthy``): incidents overlapping the fault window, the entry they
     matched, latency from onset, remediation proposed, false incidents in the recovery minutes."""
     inc = read_incidents(lake, host, first_seen)

@@ -5,9 +5,11 @@ Windows whose best candidate matched entry E on host H form runs (a gap of at mo
 run). **One cause, one incident**: overlapping runs of one host are one **matched**
 incident unless their entries are separate causes (:func:`separate_causes`: both read host
 facts, different ones; or their subsystems are disjoint and neither reads a fact, or the
-symptom began over a minute before the fact-reading entry). The incident
+symptom began over a minute before the fact-reading entry; and never when one entry
+declares the other's subsystems as its ``consequences``). The incident
 carries its best-ranked entry — a host fact that held (a ``fact`` signal, e.g.
-``thp.enabled == 'never'``) outranks symptoms only; then mean confidence x the share of the
+``thp.enabled == 'never'``) outranks symptoms only; then a cause outranks the symptoms it
+explains; then mean confidence x the share of the
 incident's windows the entry matched — and lists the others in ``alternatives`` with the
 evidence that ranked them lower. ``confidence`` = the mean confidence of the chosen entry
 over its windows, ``match_share`` = its windows / all windows of the span. Windows outside
@@ -21,8 +23,9 @@ it), so re-running a sweep over the same data gives the same ids (the remediatio
 
 The lake's ``incidents`` table is append-only: a sweep writes a row with ``state = 'open'``
 while an incident may still grow (updated each sweep, same id) and one with ``state =
-'closed'`` once no later window can join it; ``updated`` is the data time (the sweep's
-horizon) of the row. Readers take each incident's latest row (:func:`latest_incidents`).
+'closed'`` once no later window can join it, or ``'superseded'`` when a later sweep no
+longer raises an open incident under its id (its windows joined an earlier one);
+``updated`` is the data time (the sweep's horizon) of the row. Readers take each incident's latest row (:func:`latest_incidents`).
 """
 
 from __future__ import annotations
@@ -59,19 +62,22 @@ INCIDENT_SCHEMA: dict[str, pl.DataType] = {
     "state": pl.String(),  # open (may still grow) | closed
     "updated": TS,  # data time of this row (the sweep's horizon; a post-mortem: the incident's end)
 }
-STATES = ("open", "closed")
+#: ``superseded``: an open incident that a later sweep no longer raises under its id (its
+#: windows joined another incident: a cause took in its consequences); readers drop it
+STATES = ("open", "closed", "superseded")
 
 
-def latest_incidents(df: pl.DataFrame) -> pl.DataFrame:
+def latest_incidents(df: pl.DataFrame, *, superseded: bool = False) -> pl.DataFrame:
     """Each incident's latest row of an ``incidents`` table (its rows ordered by ``updated``,
-    a closed row after an open one of the same time). Rows written before incidents had a
+    a closed row after an open one of the same time); incidents whose latest row is
+    ``superseded`` are left out unless ``superseded``. Rows written before incidents had a
     state (no ``state``/``updated`` columns, or nulls) count as closed at their end."""
     if df.is_empty() or "incident_id" not in df.columns:
         return df
-    return latest_incidents_lazy(df.lazy()).collect()
+    return latest_incidents_lazy(df.lazy(), superseded=superseded).collect()
 
 
-def latest_incidents_lazy(lf: pl.LazyFrame) -> pl.LazyFrame:
+def latest_incidents_lazy(lf: pl.LazyFrame, *, superseded: bool = False) -> pl.LazyFrame:
     """:func:`latest_incidents` for a lazy scan (a SQL view over the table)."""
     cols = lf.collect_schema().names()
     if "incident_id" not in cols:
@@ -81,8 +87,9 @@ def latest_incidents_lazy(lf: pl.LazyFrame) -> pl.LazyFrame:
     if "updated" not in cols:
         lf = lf.with_columns(pl.col("end").cast(TS).alias("updated"))
     lf = lf.with_columns(pl.col("state").fill_null("closed"))
-    return (lf.with_columns(_k1=pl.col("updated").fill_null(pl.col("end")), _k2=pl.col("state") == "closed")
-            .sort("_k1", "_k2").unique("incident_id", keep="last", maintain_order=True).drop("_k1", "_k2"))
+    out = (lf.with_columns(_k1=pl.col("updated").fill_null(pl.col("end")), _k2=pl.col("state") == "closed")
+           .sort("_k1", "_k2").unique("incident_id", keep="last", maintain_order=True).drop("_k1", "_k2"))
+    return out if superseded else out.filter(pl.col("state") != "superseded")
 
 
 def incident_id(host: str, start: Any, entry_id: str = "") -> str:
@@ -148,10 +155,14 @@ def separate_causes(first: Entry | None, later: Entry | None, lead_s: float = 0.
 
     Otherwise one cause: a symptom-only entry after a fact-reading one is read as its
     consequence whatever its subsystem (THP off raises page-fault CPU time and memory
-    traffic; the fact is the stronger evidence), and entries sharing a subsystem are
+    traffic; the fact is the stronger evidence), a symptom-only entry whose subsystems are
+    all among another's declared ``consequences`` likewise (:func:`explains`: memory
+    pressure's reclaim and page zeroing take CPU), and entries sharing a subsystem are
     competing readings of the same evidence. Depends on entry definitions and the order of
     first windows only, so later windows cannot regroup an open incident."""
     if first is None or later is None or first.id == later.id:
+        return False
+    if explains(first, later, lead_s) or explains(later, first, -lead_s):
         return False
     fa, fb = _fact_keys(first)[0], _fact_keys(later)[0]
     if fa and fb:
@@ -160,6 +171,19 @@ def separate_causes(first: Entry | None, later: Entry | None, lead_s: float = 0.
     if not fa and not fb:
         return disjoint
     return disjoint and not fa and lead_s > CONSEQUENCE_LAG_S
+
+
+def explains(cause: Entry | None, effect: Entry | None, lead_s: float = 0.0) -> bool:
+    """Whether ``cause`` accounts for an overlapping match of ``effect`` that began ``lead_s``
+    seconds after it (negative: before it): ``effect`` reads no host fact, every subsystem
+    of it is among ``cause``'s ``consequences``, and it began at most
+    :data:`CONSEQUENCE_LAG_S` before ``cause`` (the consumer's first seconds: a memory hog
+    zeroing the pages it takes shows as CPU time before MemAvailable is low)."""
+    if cause is None or effect is None or cause.id == effect.id or not cause.consequences:
+        return False
+    if _fact_keys(effect)[0] or lead_s < -CONSEQUENCE_LAG_S:
+        return False
+    return set(effect.subsystems) <= set(cause.consequences)
 
 
 @dataclass
@@ -193,11 +217,14 @@ class _Run:
     def confidence(self) -> float:
         return float(self.rows["confidence"].mean() or 0.0)  # type: ignore[arg-type]
 
-    def rank_key(self, n: int) -> tuple[int, float, str]:
-        """Best first when sorted: a fact that held outranks symptoms only; then the mean
-        confidence x the share of the incident's windows the entry matched; then entry id."""
-        return (-int(self.fact_windows > 0), -round(self.confidence() * self.rows.height / max(n, 1), 9),
-                self.entry_id)
+    def rank_key(self, n: int, group: list[_Run] | None = None) -> tuple[int, int, float, str]:
+        """Best first when sorted: a fact that held outranks symptoms only; then an entry that
+        explains another of the ``group`` (:func:`explains`) outranks what it explains; then
+        the mean confidence x the share of the incident's windows the entry matched; then
+        entry id."""
+        cause = any(explains(self.entry, o.entry, (o.start - self.start).total_seconds()) for o in group or ())
+        return (-int(self.fact_windows > 0), -int(cause),
+                -round(self.confidence() * self.rows.height / max(n, 1), 9), self.entry_id)
 
     def basis(self, n: int) -> str:
         """The evidence that sets this reading apart from the others of its incident."""
@@ -213,24 +240,47 @@ class _Run:
 def _group_runs(runs: list[_Run], max_gap_s: float) -> list[list[_Run]]:
     """Runs of one host grouped into causes, in order of their first window: a run joins the
     earliest group that it overlaps (within ``max_gap_s``) and holds no separate cause of it
-    (:func:`separate_causes`), else founds a new group. Groups never merge and a run's group
-    depends only on earlier runs, so the windows a later sweep adds cannot regroup an open
-    incident (its id, from its founder, stays)."""
+    (:func:`separate_causes`), else founds a new group. A run's group depends only on earlier
+    runs, so the windows a later sweep adds cannot regroup an open incident (its id, from its
+    founder, stays), with one exception: a run of a cause (:func:`explains`) takes in the
+    later groups that hold only its consequences, the earlier founder naming the merged
+    incident (the taken group's id is superseded)."""
     gap = timedelta(seconds=max_gap_s)
     groups: list[list[_Run]] = []
     ends: list[Any] = []
     for r in sorted(runs, key=lambda r: (r.start, r.entry_id)):
         for g, members in enumerate(groups):
-            lead = [(r.start - m.start).total_seconds() for m in members]
+            # a member explained by another (a consequence) does not speak for the group
+            leaders = [m for m in members
+                       if not any(explains(c.entry, m.entry, (m.start - c.start).total_seconds()) for c in members)]
             if r.start <= ends[g] + gap and not any(
-                    separate_causes(m.entry, r.entry, d) for m, d in zip(members, lead, strict=True)):
+                    separate_causes(m.entry, r.entry, (r.start - m.start).total_seconds()) for m in leaders):
                 members.append(r)
                 ends[g] = max(ends[g], r.end)
+                # a cause joining takes in the later groups made only of its consequences
+                # (storage windows of a memory hog that began between its CPU windows and
+                # its MemAvailable ones); the earliest founder still names the incident
+                for h in range(len(groups) - 1, g, -1):
+                    if groups[h][0].start <= r.end + gap and all(
+                            explains(r.entry, o.entry, (o.start - r.start).total_seconds()) for o in groups[h]):
+                        members.extend(groups.pop(h))
+                        ends[g] = max(ends[g], ends.pop(h))
+                members.sort(key=lambda m: (m.start, m.entry_id))
                 break
         else:
             groups.append([r])
             ends.append(r.end)
     return groups
+
+
+def _by_entry(group: list[_Run]) -> list[_Run]:
+    """The runs of a group with one run per entry (its runs' windows together), founder first."""
+    out: dict[str, list[_Run]] = {}
+    for r in group:
+        out.setdefault(r.entry_id, []).append(r)
+    return [rs[0] if len(rs) == 1 else _Run.of(rs[0].host, rs[0].entry_id, rs[0].entry,
+                                                 pl.concat([x.rows for x in rs]).sort(WS))
+            for rs in out.values()]
 
 
 def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: KnowledgeBase | None = None,
@@ -272,7 +322,8 @@ def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: Knowledge
             # every finding of the host inside the span belongs to the incident
             rows = f.filter((pl.col(HOST) == host) & (pl.col(WS) >= start) & (pl.col(WE) <= end))
             n = rows.height
-            ranked = sorted(group, key=lambda r: r.rank_key(n))
+            group = _by_entry(group)
+            ranked = sorted(group, key=lambda r: r.rank_key(n, group))
             chosen, others = ranked[0], ranked[1:]
             mine, entry = chosen.rows, chosen.entry
             devs = sorted({d for ds in mine["devices"].to_list() if ds for d in ds})

@@ -10,6 +10,7 @@ docs/knowledge_base.md; in short::
     explanation = "..."                  # for an operator: what it is, why it costs throughput
     impact = "..."                       # typical throughput cost
     subsystems = ["gpu"]                 # expected subsystem profile (the fingerprint's main shares)
+    consequences = ["cpu"]               # optional: subsystems whose symptoms this cause also produces
     references = ["..."]
 
     [[preconditions]]                    # on host facts; all must hold
@@ -186,6 +187,10 @@ class Entry:
     references: tuple[str, ...] = ()
     min_confidence: float = 0.5
     path: str = ""
+    #: subsystems whose symptoms this cause produces besides its own (memory pressure:
+    #: reclaim and page zeroing take CPU, a squeezed page cache re-reads from disk): a
+    #: symptom-only match there overlapping this entry's is read as its consequence
+    consequences: tuple[str, ...] = ()
 
     @property
     def required(self) -> tuple[Signal, ...]:
@@ -544,7 +549,8 @@ def parse_entry(data: Mapping[str, Any], path: str) -> Entry:
     """Validate one entry's parsed TOML; errors name ``path`` and the field."""
     ctx = _Ctx(path)
     _keys(ctx, "", data, ("id", "title", "label_type", "explanation", "impact", "subsystems", "signals",
-                          "preconditions", "remediation", "verification", "audit", "references", "min_confidence"),
+                          "preconditions", "remediation", "verification", "audit", "references", "min_confidence",
+                          "consequences"),
           ("id", "title", "explanation", "impact", "subsystems", "signals"))
     eid = _str(ctx, "id", data["id"])
     if not ID_RE.fullmatch(eid):
@@ -557,6 +563,9 @@ def parse_entry(data: Mapping[str, Any], path: str) -> Entry:
         raise ctx.err("subsystems", "must name at least one subsystem")
     for i, s in enumerate(subs):
         _choice(ctx, f"subsystems[{i}]", s, SUBSYSTEMS)
+    cons = _list(ctx, "consequences", data.get("consequences", []))
+    for i, s in enumerate(cons):
+        _choice(ctx, f"consequences[{i}]", s, SUBSYSTEMS)
     signals = tuple(_signal(ctx, f"signals[{i}]", s) for i, s in enumerate(_list(ctx, "signals", data["signals"])))
     if not any(s.role == "required" for s in signals):
         raise ctx.err("signals", "at least one signal must have role = 'required'")
@@ -574,7 +583,8 @@ def parse_entry(data: Mapping[str, Any], path: str) -> Entry:
     min_conf = _num(ctx, "min_confidence", data.get("min_confidence", 0.5), lo=0.0, hi=1.0)
     label = _str(ctx, "label_type", data.get("label_type", eid))
     return Entry(eid, _str(ctx, "title", data["title"]), label, _str(ctx, "explanation", data["explanation"]),
-                 _str(ctx, "impact", data["impact"]), tuple(subs), signals, pre, rem, ver, aud, refs, min_conf, path)
+                 _str(ctx, "impact", data["impact"]), tuple(subs), signals, pre, rem, ver, aud, refs, min_conf, path,
+                 tuple(str(c) for c in cons))
 
 
 def load_entry(path: str | Path) -> Entry:

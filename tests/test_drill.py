@@ -587,6 +587,35 @@ def test_latency_counts_from_when_an_incident_first_appeared_not_from_its_compac
     assert first.height == 2 and max(first["visible_at"].to_list()) <= seen
 
 
+def test_the_scorecard_reads_an_incident_as_it_ends_and_when_it_first_showed_that(tmp_path: Path) -> None:
+    """An open incident's entry can change (the memory hog's CPU windows come first, memory
+    pressure joins them) and an open incident can be superseded: the scorecard names the
+    entry of the latest row, timed from the first row carrying it; a superseded one is gone."""
+    t0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+
+    def at(s: float) -> datetime:
+        return t0 + timedelta(seconds=s)
+
+    rows = [("inc-hog", 55, 70, "cpu_noisy_neighbour", "open", 70), ("inc-io", 62, 70, "storage_contention", "open", 70),
+            ("inc-hog", 55, 118, "memory_pressure", "open", 130), ("inc-io", 62, 70, "storage_contention",
+                                                                    "superseded", 130),
+            ("inc-hog", 55, 125, "memory_pressure", "closed", 190)]
+    for r in rows:  # one sweep, one file each
+        lake_mod.write_table(tmp_path, "incidents", pl.DataFrame({
+            "time": [at(r[1])], "host": ["h"], "incident_id": [r[0]], "start": [at(r[1])], "end": [at(r[2])],
+            "status": ["matched"], "entry_id": [r[3]], "state": [r[4]], "updated": [at(r[5])]}))
+    seen: dict[d.Seen, datetime] = {"inc-hog": at(80), ("inc-hog", "cpu_noisy_neighbour"): at(80),
+                                    "inc-io": at(80), ("inc-io", "storage_contention"): at(80),
+                                    ("inc-hog", "memory_pressure"): at(140)}
+    inc = d.read_incidents(tmp_path, "h", seen)
+    assert inc.select("incident_id", "entry_id", "end", "visible_at").rows() == [
+        ("inc-hog", "memory_pressure", at(125), at(140))]
+    w = d.FaultWindow("memory", "memory_pressure", "hog", at(60), at(120), at(180))
+    card = d.scorecard(tmp_path, "h", "0123abcd", t0, [w], healthy_end=at(60), first_seen=seen)
+    mem = card.row(1, named=True)
+    assert mem["matched_entry"] == "memory_pressure" and mem["incidents"] == 1 and mem["latency_s"] == 80.0
+
+
 def test_scorecard_rows_from_incidents_and_the_queue(tmp_path: Path) -> None:
     """Detection, match, latency (of the matched entry's incidents, not of an unrelated one
     already under way at the onset), remediation from the real queue, false incidents."""

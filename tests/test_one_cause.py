@@ -6,6 +6,7 @@ one host overlap only for separate causes (knowledge_base.incidents)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,8 +15,8 @@ import pytest
 
 from jobs.writeback import influx_frame
 from knowledge_base import INCIDENT_SCHEMA, build_incidents, incident_id, latest_incidents, load_kb
-from knowledge_base.incidents import CONSEQUENCE_LAG_S, separate_causes
-from knowledge_base.loader import Entry, KnowledgeBase, parse_entry
+from knowledge_base.incidents import CONSEQUENCE_LAG_S, explains, separate_causes
+from knowledge_base.loader import Entry, KBError, KnowledgeBase, parse_entry
 from knowledge_base.matcher import MATCH_SCHEMA
 from tests.servers import InfluxdServer
 
@@ -177,6 +178,72 @@ def test_a_neighbour_running_before_thp_went_off_stays_its_own_incident() -> Non
     wins += [(s, "thp_coverage_loss", 0.7, THP_FACT_HELD) for s in range(121, 300, 2)]
     inc = build_incidents(*_frames({"h1": wins}), KB)
     assert inc.sort("start")["entry_id"].to_list() == ["cpu_noisy_neighbour", "thp_coverage_loss"]
+
+
+def memory_hog_story() -> dict[str, list[tuple[int, str | None, float, str]]]:
+    """The real drill's memory fault (docs/drill.md): the hog zeroing the pages it takes shows
+    as CPU time 30 s before MemAvailable is low; inside the fault a squeezed page cache shows
+    as storage; freeing 20 GiB at the end takes CPU for ~20 s after memory recovered."""
+    wins: list[tuple[int, str | None, float, str]] = [(s, "cpu_noisy_neighbour", 0.8, "x") for s in range(0, 30)]
+    for s in range(30, 90):
+        wins.append((s, "storage_contention" if s % 5 == 0 else "memory_pressure", 0.7, "x"))
+    wins += [(s, "cpu_noisy_neighbour", 0.8, "x") for s in range(90, 110)]
+    return {"h1": wins}
+
+
+def test_a_cause_and_the_symptoms_it_declares_as_consequences_are_one_incident() -> None:
+    inc = build_incidents(*_frames(memory_hog_story()), KB)
+    [r] = inc.iter_rows(named=True)
+    # memory pressure explains the CPU and storage windows: it is chosen although the
+    # CPU neighbour matched windows at a higher confidence
+    assert r["entry_id"] == "memory_pressure" and r["n_windows"] == 110
+    assert [a.split(":")[0] for a in r["alternatives"]] == ["cpu_noisy_neighbour", "storage_contention"]
+    # the incident is named by its founder: the CPU windows of the hog's start
+    assert r["incident_id"] == incident_id("h1", T0, "cpu_noisy_neighbour")
+    # as the scheduler builds them (one segment, runs not cut by gaps): the same incident
+    [seg] = build_incidents(*_frames(memory_hog_story()), KB, max_gap_s=1e9).iter_rows(named=True)
+    assert (seg["entry_id"], seg["n_windows"], seg["incident_id"]) == ("memory_pressure", 110, r["incident_id"])
+    # without the declaration the same windows are three incidents (the drill's before)
+    mem = KB.by_id["memory_pressure"]
+    plain = KnowledgeBase(tuple(replace(e, consequences=()) if e.id == mem.id else e for e in KB.entries))
+    got = build_incidents(*_frames(memory_hog_story()), plain, max_gap_s=1e9)
+    assert sorted(got["entry_id"].to_list()) == ["cpu_noisy_neighbour", "memory_pressure", "storage_contention"]
+
+
+def test_the_hogs_incident_keeps_its_id_when_the_cause_joins() -> None:
+    """Swept as it grows: CPU windows only at first, then memory pressure joins the same
+    incident (same id, the founder's) and takes it over."""
+    matches, findings = _frames(memory_hog_story())
+    ids, entries = set(), []
+    for upto in (30, 60, 110):
+        keep = pl.col("window_start") < T0 + timedelta(seconds=upto)
+        [r] = build_incidents(matches.filter(keep), findings.filter(keep), KB, max_gap_s=1e9).iter_rows(named=True)
+        ids.add(r["incident_id"])
+        entries.append(r["entry_id"])
+    assert ids == {incident_id("h1", T0, "cpu_noisy_neighbour")}
+    assert entries == ["cpu_noisy_neighbour", "memory_pressure", "memory_pressure"]
+
+
+def test_explains_rule() -> None:
+    e = KB.by_id
+    mem, cpu, sto = e["memory_pressure"], e["cpu_noisy_neighbour"], e["storage_contention"]
+    assert set(mem.consequences) == {"cpu", "storage"}
+    assert explains(mem, cpu, 300.0) and explains(mem, sto, 0.0)
+    # a CPU symptom up to the lag before the memory reading is the consumer's start ...
+    assert explains(mem, cpu, -CONSEQUENCE_LAG_S) and not separate_causes(cpu, mem, CONSEQUENCE_LAG_S)
+    # ... one that began earlier was there before: a separate cause
+    assert not explains(mem, cpu, -CONSEQUENCE_LAG_S - 1) and separate_causes(cpu, mem, CONSEQUENCE_LAG_S + 1)
+    assert not explains(cpu, mem) and not explains(mem, e["gpu_power_throttle"])
+    assert not explains(mem, THP)  # a fact-reading entry is its own cause
+    assert separate_causes(mem, e["gpu_power_throttle"], 10.0)
+
+
+def test_consequences_name_subsystems() -> None:
+    doc = {"id": "x_cause", "title": "t", "explanation": "x", "impact": "x", "subsystems": ["memory"],
+           "consequences": ["cpu", "disk"], "signals": [{"feature": "mem.available_share", "direction": "down",
+                                                         "role": "required"}]}
+    with pytest.raises(KBError, match=r"consequences\[1\]"):
+        parse_entry(doc, "<x_cause>")
 
 
 def test_runs_far_apart_stay_separate_incidents() -> None:

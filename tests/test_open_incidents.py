@@ -140,6 +140,40 @@ def test_latest_incidents_takes_each_incidents_last_row() -> None:
     assert got.select("incident_id", "state", "n_windows").rows() == [("a", "closed", 5), ("b", "closed", 2)]
 
 
+def test_an_open_incident_no_longer_raised_is_superseded_not_left_open(tmp_path: Path) -> None:
+    """A stored open incident of a host's carried segment that the next step does not raise
+    (its windows joined an earlier incident) gets a ``superseded`` row; readers drop it."""
+    from jobs.cycle import _changed_incidents
+    from jobs.watermarks import HostMark
+    from knowledge_base import INCIDENT_SCHEMA, build_incidents
+    from tests.test_one_cause import KB, T0, _frames, memory_hog_story
+
+    m, f = _frames(memory_hog_story())
+    upto = pl.col("window_start") < T0 + timedelta(seconds=31)  # CPU windows, then storage's first
+    early = build_incidents(m.filter(upto), f.filter(upto), KB, max_gap_s=1e9)
+    assert sorted(early["entry_id"].to_list()) == ["cpu_noisy_neighbour", "storage_contention"]
+    h1 = early["start"].min()
+    stored = early.with_columns(pl.lit("open").alias("state"), pl.col("end").alias("updated"))
+    lake.write_table(tmp_path, "incidents", stored.select(pl.col("start").alias("time"), pl.all()))
+    later = build_incidents(m, f, KB, max_gap_s=1e9).with_columns(pl.lit("open").alias("state"))
+    assert later["entry_id"].to_list() == ["memory_pressure"]  # the hog's one incident took storage in
+    horizon = h1 + timedelta(minutes=3)
+    rows = _changed_incidents(tmp_path, {"h1": HostMark(horizon, h1)}, ["h1"], later.cast(INCIDENT_SCHEMA), [],
+                              horizon)
+    got = dict(rows.select("incident_id", "state").iter_rows())
+    storage_id = early.filter(pl.col("entry_id") == "storage_contention")["incident_id"][0]
+    assert got == {later["incident_id"][0]: "open", storage_id: "superseded"}
+    assert rows.filter(pl.col("state") == "superseded")["updated"].to_list() == [horizon]
+    lake.write_table(tmp_path, "incidents", rows.select(pl.col("start").alias("time"), pl.all()))
+    everything = lake.read(tmp_path, "incidents")
+    assert latest_incidents(everything)["entry_id"].to_list() == ["memory_pressure"]
+    assert latest_incidents(everything, superseded=True).height == 2
+    # the next step writes nothing more for it
+    again = _changed_incidents(tmp_path, {"h1": HostMark(horizon, h1)}, ["h1"], later.cast(INCIDENT_SCHEMA), [],
+                               horizon + timedelta(minutes=1))
+    assert again.is_empty()
+
+
 def test_sweep_config_min_incident_s() -> None:
     assert SweepConfig.from_mapping({"min_incident_s": "2m"}).min_incident_s == 120.0
     assert SweepConfig.from_mapping({"min_incident_s": 30}).min_incident_s == 30.0
