@@ -73,17 +73,6 @@ def cfs_smooth(demand: np.ndarray, quota: np.ndarray) -> tuple[np.ndarray, np.nd
     return p, np.maximum(over, 0.0)
 
 
-#: The job's CFS quota in cores: above its mean demand but not far (half of the default
-#: 32-CPU host). Set for the job, not the host: it stays 16 cores on larger hosts
-#: (cpus_per_node), where the job's demand is the same.
-JOB_QUOTA_CORES = 16.0
-
-
-def healthy_quota(host: HostSpec) -> float:
-    """The job's CFS quota (:data:`JOB_QUOTA_CORES`)."""
-    return JOB_QUOTA_CORES
-
-
 @dataclass
 class State:
     """Physical state over the fast ticks of one chunk (G = GPUs, N = NICs, D = disks)."""
@@ -159,7 +148,7 @@ def derive(host: HostSpec, tr: Trace, eff: Effects, rng: np.random.Generator, ba
     s_io = s_io * (1 + 0.1 * eff.irq_far_disk.max(axis=0))
     cpu_work_slow = s_cpu * (1 + 0.3 * thp) * (1 + 0.4 * nb) * (1 + 0.5 * mp)
     # CPU demand of the workload and the cgroup quota
-    quota = healthy_quota(host) * (1 - 0.85 * eff.quota_cut)
+    quota = tr.quota * (1 - 0.85 * eff.quota_cut)
     proxy = 0.25 * eff.misplace.sum(axis=0)
     demand = tr.cpu_spin + tr.cpu_work * cpu_work_slow + proxy
     if host.smooth_throttle:
