@@ -68,7 +68,7 @@ _FAMILIES: list[FeatureFamily] = [
     _fam("cpu.busy_share", "cpu", "fraction", "both", 0.02, "1 - (idle+iowait) / all ticks"),
     _fam("cpu.freq_mhz", "cpu", "MHz", "down", 50.0, "mean current CPU frequency (governor in powersave shows here)"),
     # ------------------------------------------------------------------ cpu (host-wide)
-    _fam("cpu.ctxt_rate", "cpu", "1/s", "up", 1000.0, "context switches per second"),
+    _fam("cpu.ctxt_rate", "cpu", "1/s", "both", 1000.0, "context switches per second (an event rate: activity, not evidence)"),
     _fam("cpu.fork_rate", "cpu", "1/s", "up", 5.0, "processes created per second"),
     _fam("cpu.procs_running", "cpu", "tasks", "up", 1.0, "mean runnable tasks"),
     _fam("cpu.procs_blocked", "cpu", "tasks", "up", 1.0, "mean tasks blocked on I/O"),
