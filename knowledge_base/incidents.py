@@ -59,7 +59,7 @@ INCIDENT_SCHEMA: dict[str, pl.DataType] = {
     "explanation": pl.String(),
     "top_factors": pl.List(FACTOR_DTYPE),
     **{c: pl.Float64() for c in SHARE_COLUMNS},
-    "state": pl.String(),  # open (may still grow) | closed
+    "state": pl.String(),  # open (may still grow) | closed | superseded (see STATES)
     "updated": TS,  # data time of this row (the sweep's horizon; a post-mortem: the incident's end)
 }
 #: ``superseded``: an open incident that a later sweep no longer raises under its id (its
@@ -261,7 +261,7 @@ def _group_runs(runs: list[_Run], max_gap_s: float) -> list[list[_Run]]:
                 # (storage windows of a memory hog that began between its CPU windows and
                 # its MemAvailable ones); the earliest founder still names the incident
                 for h in range(len(groups) - 1, g, -1):
-                    if groups[h][0].start <= r.end + gap and all(
+                    if groups[h][0].start <= ends[g] + gap and all(
                             explains(r.entry, o.entry, (o.start - r.start).total_seconds()) for o in groups[h]):
                         members.extend(groups.pop(h))
                         ends[g] = max(ends[g], ends.pop(h))

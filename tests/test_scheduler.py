@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import signal
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -347,3 +347,24 @@ def test_a_running_scheduler_warns_of_a_file_once_across_cycles(capsys: pytest.C
     assert err.splitlines() == [
         "unveil schedule: warning: corrupt file skipped: /lake/gpu/x.parquet (Parquet magic bytes not found)",
         "unveil schedule: warning: corrupt file skipped: /lake/net/y.parquet (Invalid thrift)"]
+
+
+def test_cycles_run_just_past_the_lag_of_each_step_boundary() -> None:
+    """A cycle every step, anchored on the data grid: its horizon (the last whole step before
+    now - lag) is the step that ended lag + margin seconds earlier, whatever second the
+    scheduler started at (started 11 s past a minute with a 15-s lag, cycles at second 11
+    saw each minute a cycle late)."""
+    from jobs.grid import floor_grid
+    from jobs.scheduler import CYCLE_MARGIN, cycle_anchor
+
+    step, t0 = timedelta(minutes=1), datetime(2026, 12, 4, 3, 9, 0, tzinfo=UTC)
+    for lag_s in (15, 90, 0):
+        lag = timedelta(seconds=lag_s)
+        for start_s in (0, 8, 11, 16, 17, 18, 59):
+            now = t0 + timedelta(seconds=start_s)
+            a = cycle_anchor(now, step, lag)
+            assert a <= now < a + step
+            assert (a - lag - CYCLE_MARGIN - t0) % step == timedelta(0)
+            cycle = a + 3 * step  # any later cycle
+            horizon = floor_grid(cycle - lag, 60)
+            assert cycle - horizon == lag + CYCLE_MARGIN  # the newest minute, as early as the lag allows
