@@ -24,6 +24,7 @@ from typing import Any
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from jobs.config import SweepConfig
@@ -140,11 +141,13 @@ class Scheduler:
             return 0
         now = datetime.now(UTC)
         self._engine = make_engine(self.cfg.engine)  # (a process pool starts at its first map)
-        # the first cycle at once, the others on the data grid (cycle_anchor)
+        # the first cycle at once, the others on the data grid (cycle_anchor): an interval
+        # job counts from its previous run, so the first is a job of its own
         anchor = cycle_anchor(now, self.cfg.analysis_step or timedelta(minutes=1), self.cfg.lag)
+        self._sched.add_job(self._sweep, DateTrigger(now, timezone=UTC), id="sweep-first", name="first sweep")
         self._sched.add_job(self._sweep, IntervalTrigger(seconds=self.every.total_seconds(), start_date=anchor,
                                                          timezone=UTC),
-                            id="sweep", name="sweep", next_run_time=now)
+                            id="sweep", name="sweep")
         if self.cfg.compact_every is not None:
             self._sched.add_job(self._maintain,
                                 IntervalTrigger(seconds=self.cfg.compact_every.total_seconds(), timezone=UTC),

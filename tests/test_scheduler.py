@@ -368,3 +368,25 @@ def test_cycles_run_just_past_the_lag_of_each_step_boundary() -> None:
             cycle = a + 3 * step  # any later cycle
             horizon = floor_grid(cycle - lag, 60)
             assert cycle - horizon == lag + CYCLE_MARGIN  # the newest minute, as early as the lag allows
+
+
+def test_the_first_cycle_runs_at_once_and_the_next_on_the_data_grid(tmp_path: Path) -> None:
+    """An interval job counts from its previous run: without a first job of its own the
+    cycles would stay at the second the scheduler started (the drill: 11 s past each minute)."""
+    from jobs.scheduler import CYCLE_MARGIN
+
+    lag = timedelta(seconds=15)
+    nxt: list[datetime] = []
+
+    def on_cycle(_: CycleSummary | None) -> None:
+        job = s._sched.get_job("sweep")
+        nxt.append(job.next_run_time)
+        s.stop()
+
+    s = Scheduler(tmp_path, SweepConfig(compact_every=None, lag=lag), every=timedelta(seconds=60), on_cycle=on_cycle)
+    t0 = datetime.now(UTC)
+    assert s.run(install_signals=False) == 0
+    assert s.cycles == 1  # the first, at once
+    assert t0 < nxt[0] <= t0 + timedelta(seconds=61)
+    after = nxt[0] - lag - CYCLE_MARGIN
+    assert (after.second, after.microsecond) == (0, 0)
