@@ -30,6 +30,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from jobs.config import SweepConfig
 from jobs.cycle import CycleSummary, maintain, run_cycle
 from jobs.engine import Engine, make_engine
+from jobs.grid import floor_grid
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,7 @@ def cycle_anchor(now: datetime, step: timedelta, lag: timedelta) -> datetime:
     minute with the drill's 15-s lag, each cycle's horizon was the minute before, and every
     incident appeared a cycle later than it could (the drill: 122 s from the onset, against
     64 s on another day)."""
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
-    phase = (lag + CYCLE_MARGIN) % step
-    base = epoch + ((now - epoch) // step) * step + phase
+    base = floor_grid(now, step.total_seconds()) + (lag + CYCLE_MARGIN) % step
     return base if base <= now else base - step
 
 

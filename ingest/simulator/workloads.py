@@ -69,7 +69,7 @@ class Trace:
     w_in: np.ndarray  # host CPU input path (dataloader, tokenizer, scheduler, launches)
     w_io: np.ndarray  # storage path (checkpoint, dataset reads, model load)
     smooth: int  # ticks over which throughput is averaged (a training step)
-    quota: float = 16.0  # the job's CFS quota in cores, as a healthy deployment provisions it
+    quota: float  # the job's CFS quota in cores, as a healthy deployment provisions it (Schedule.quota)
 
 
 #: The job's CFS quota in cores on a host of any size (the job's demand does not grow with
