@@ -208,10 +208,28 @@ class FactsIndex:
         self._pre: dict[tuple[int, int], tuple[Entry, HostFacts, tuple[bool, list[str]]]] = {}
         if host_facts is None or host_facts.is_empty() or "host" not in host_facts.columns:
             return
-        for (h,), df in host_facts.group_by(["host"], maintain_order=True):
-            self._by_host[str(h)] = df
-            if "time" in df.columns:
-                self._times[str(h)] = sorted(set(df["time"].drop_nulls().to_list()))
+        # each host's rows as a zero-copy slice of the frame, its hosts' rows made contiguous
+        # (the lake reads host by host: usually they are): a fleet's facts are one frame, not
+        # a copy per host (a sweep worker of 256 hosts held ~0.8 GB more with a group_by split)
+        df = host_facts
+        runs = df.select(pl.col("host").rle()).unnest("host")
+        if runs.height != df["host"].n_unique():
+            df = df.sort("host", maintain_order=True)
+            runs = df.select(pl.col("host").rle()).unnest("host")
+        offset = 0
+        for n, h in runs.iter_rows():
+            self._by_host[str(h)] = df.slice(offset, n)
+            offset += n
+
+    def _snapshots(self, host: str) -> list[Any]:
+        """The host's snapshot times, sorted (computed when first asked for)."""
+        times = self._times.get(host)
+        if times is None:
+            df = self._by_host.get(host)
+            times = [] if df is None or "time" not in df.columns else \
+                df["time"].drop_nulls().unique().sort().to_list()
+            self._times[host] = times
+        return times
 
     @classmethod
     def of(cls, host_facts: pl.DataFrame | None) -> FactsIndex:
@@ -226,7 +244,7 @@ class FactsIndex:
         return index
 
     def at(self, host: str, t: datetime | None = None) -> HostFacts:
-        times = self._times.get(host)
+        times = self._snapshots(host)
         snap = None
         if times and t is not None:
             i = bisect.bisect_right(times, t) - 1

@@ -214,3 +214,22 @@ def test_facts_index_keeps_each_hosts_latest_snapshot_between_matchings(rec, mat
     assert all(k[1] in alive for k in index._pre)
     assert match_findings(rec["findings"], rec["features"], facts, kb).equals(first)
     assert first.equals(matches)
+
+
+def test_facts_index_reads_hosts_whose_rows_are_interleaved(rec) -> None:
+    """The index slices each host's rows out of the frame without a copy per host; a frame
+    whose hosts' rows are not contiguous (a concat of snapshots taken fleet-wide) gives the
+    same facts of every host at every time as the host-ordered one."""
+    from knowledge_base.facts import FactsIndex, HostFacts
+
+    facts = rec["host_facts"]
+    assert facts["host"].n_unique() >= 2
+    shuffled = facts.sort("time", "host", maintain_order=True)  # hosts interleaved snapshot by snapshot
+    assert shuffled.select(pl.col("host").rle_id().max()).item() + 1 > facts["host"].n_unique()
+    a, b = FactsIndex(facts), FactsIndex(shuffled)
+    times = sorted(set(facts["time"].to_list()))
+    for h in facts["host"].unique().to_list():
+        assert a._snapshots(h) == b._snapshots(h) == sorted(set(facts.filter(pl.col("host") == h)["time"].to_list()))
+        for t in (times[0], times[len(times) // 2], times[-1]):
+            want = HostFacts.from_frame(facts, h, t, with_before=False).facts
+            assert a.at(h, t).facts == b.at(h, t).facts == want
