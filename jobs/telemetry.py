@@ -29,6 +29,7 @@ from ingest import lake as lake_mod
 from ingest import schema
 from ingest.influx import InfluxConfig, InfluxSource
 from jobs.grid import US, floor_grid, utc
+from knowledge_base.facts import changes_only
 
 #: downstream tables the jobs write (never read as telemetry)
 NOT_TELEMETRY = frozenset(SKIPPED | {"audit", "matches"})
@@ -312,6 +313,8 @@ def host_features(job: HostChunk) -> HostFeatures:
                                                if lo < job.first and chunk.height else 0)
     feats = concat_features([p for p in (*fresh, hist, chunk) if p.height])
     own = [c for c in chunk.columns if c not in KEYS]
+    if facts is not None:  # (the features took every snapshot; the step needs the changes only)
+        facts = changes_only(facts)
     out = HostFeatures(h, feats, facts, merge_corrupt([], sorted(found, key=lambda e: e.path)), own, hist.height,
                        n_fresh, columns=[c for c in feats.columns if c not in KEYS])
     judged = feats.filter((pl.col(WINDOW_START) >= job.first) & (pl.col("window_end") <= job.end))

@@ -150,6 +150,25 @@ class HostFacts:
         return str(v) if v is not None else None
 
 
+def changes_only(host_facts: pl.DataFrame) -> pl.DataFrame:
+    """The rows of ``host_facts`` where a fact (host, category, device, key) took a new
+    value or number, its first reading included, ordered by host and time. The agent
+    writes every fact at every snapshot (~540 facts a minute on an 8-GPU host), and almost
+    none change: the facts of a host at any time (:meth:`HostFacts.from_frame`, with their
+    previous values and history) and the times they changed are the same from these rows
+    as from every snapshot, at a fraction of the memory."""
+    need = {"host", "time", "category", "key"}
+    if host_facts.is_empty() or not need <= set(host_facts.columns):
+        return host_facts
+    keys = [c for c in ("host", "category", "device", "key") if c in host_facts.columns]
+    vals = [c for c in ("value", "value_num") if c in host_facts.columns]
+    df = host_facts.sort("host", "time", maintain_order=True, nulls_last=True)
+    new = pl.int_range(pl.len()).over(keys) == 0
+    for v in vals:
+        new = new | pl.col(v).ne_missing(pl.col(v).shift(1).over(keys))
+    return df.filter(new)
+
+
 def _before(df: pl.DataFrame, at: datetime | None) -> dict[tuple[str, str, str], tuple[str | None, float | None]]:
     """Per fact, the value before its latest change at or before ``at`` (None: the end)."""
     if "time" not in df.columns or df.height < 2:
