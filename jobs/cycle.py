@@ -208,7 +208,8 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     found: list[Corrupt] = []
     prior = _read_open_findings(lake_p, marks, hosts, s, found)
     out = sweep_step(loaded, cfg, kb, since=first, until=e, hosts=hosts, history_known=known, horizon=e,
-                     prior=prior, engine=engine, scratch=staged.dir)
+                     prior=prior, engine=engine, scratch=staged.dir, stage=staged.root)
+    staged.files += out.staged
     windows = sum(p.windows for p in parts)
     corrupt = [*out.corrupt, *found]
     incidents, open_since = out.incidents, out.open_since

@@ -55,6 +55,7 @@ from analytics.pipeline import (
     matcher_sample,
     score,
 )
+from ingest import lake as lake_mod
 from ingest import schema
 from jobs.config import SweepConfig
 from jobs.engine import Engine
@@ -81,6 +82,7 @@ class StepResult:
     signature: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=MATCH_SCHEMA))
     incidents: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=INCIDENT_SCHEMA))
     open_since: dict[str, datetime] = field(default_factory=dict)  # host -> start of its still-open segment
+    staged: list[str] = field(default_factory=list)  # scores files written under ``stage`` (relative to it)
 
     @property
     def matches(self) -> pl.DataFrame:
@@ -99,7 +101,7 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
                frame_start: datetime | None = None, signature: pl.DataFrame | None = None,
                incidents: bool = True, horizon: datetime | None = None,
                prior: pl.DataFrame | None = None, engine: Engine | None = None,
-               scratch: Path | None = None) -> StepResult:
+               scratch: Path | None = None, stage: Path | None = None) -> StepResult:
     """Judge the windows starting at or after ``since`` (None: all) and ending at or before
     ``until`` (None: no bound) of ``hosts`` (None: all); see the module doc.
 
@@ -124,8 +126,13 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
     and no ``analytics.refit`` (whose epochs span steps); None: here. The blocks read the
     features from one Arrow IPC file written to ``scratch`` (a directory every worker can
     read: the scheduler passes its staging directory in the lake; None: the system's temp
-    directory), memory-mapped, and send back scores and findings only: the parent holds one
-    copy of the features, not one per block and its pickle."""
+    directory), memory-mapped, and send back scores (unless ``stage``) and findings: the parent holds one
+    copy of the features, not one per block and its pickle.
+
+    ``stage``: a staged lake root (the scheduler's, jobs.watermarks.StagedSweep) where the
+    analysis steps write their scores themselves, returning the files in ``staged`` and no
+    score rows: a block's scores (~60 k rows per host-hour) are not pickled back and held
+    by the command (at 256 hosts × 30 min: 3.8 M rows, ~1 GiB at the end of the sweep)."""
     # one BLAS thread: a step's matrices are small (a few hundred features), and BLAS
     # threads spinning on them cost more CPU than they save (measured: Mahalanobis scoring
     # 8.7 -> 0.2 CPU-s in a 30-step sweep of 8 hosts on the loaded 2-core VM); sweeps run
@@ -133,14 +140,14 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
     with threadpool_limits(limits=1, user_api="blas"):
         return _sweep_step(loaded, cfg, kb, since=since, until=until, hosts=hosts, history_known=history_known,
                            result=result, frame_start=frame_start, signature=signature, incidents=incidents,
-                           horizon=horizon, prior=prior, engine=engine, scratch=scratch)
+                           horizon=horizon, prior=prior, engine=engine, scratch=scratch, stage=stage)
 
 
 def _sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: datetime | None,
                 until: datetime | None, hosts: Sequence[str] | None, history_known: Mapping[str, datetime] | None,
                 result: AnalysisResult | None, frame_start: datetime | None, signature: pl.DataFrame | None,
                 incidents: bool, horizon: datetime | None, prior: pl.DataFrame | None,
-                engine: Engine | None, scratch: Path | None) -> StepResult:
+                engine: Engine | None, scratch: Path | None, stage: Path | None) -> StepResult:
     a = cfg.analytics
     step = None if result is not None else cfg.analysis_step
     keep = _keep(since, until, hosts)
@@ -158,7 +165,7 @@ def _sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: d
         out = _judged(detect(res, facts, kb, cfg.detection, keep=keep, frame_start=read,
                              history_known=history_known), loaded.corrupt)
     else:
-        out = _stepped(loaded, cfg, kb, since, until, hosts, step, history_known, engine, scratch)
+        out = _stepped(loaded, cfg, kb, since, until, hosts, step, history_known, engine, scratch, stage)
     if incidents:
         findings = out.findings
         if prior is not None and prior.height:
@@ -207,7 +214,7 @@ def _judged(det: Detection, corrupt: list[Corrupt]) -> StepResult:
 
 def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetime, until: datetime,
              hosts: Sequence[str] | None, step: timedelta, history_known: Mapping[str, datetime] | None,
-             engine: Engine | None, scratch: Path | None) -> StepResult:
+             engine: Engine | None, scratch: Path | None, stage: Path | None) -> StepResult:
     """The windows ending in ``(since + L - 1us, until]``, analysed step by step (module doc)."""
     a = cfg.analytics
     feats: pl.DataFrame | None = None
@@ -228,17 +235,18 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     starts = _host_starts(keys)
     keep = None if hosts is None else list(hosts)
     known = None if history_known is None else dict(history_known)
+    to = None if stage is None else str(stage)
     if len(blocks) == 1 or engine is None:
-        done = run_steps(StepBlock(src, loaded.facts, kb, cfg, bounds, keep, known, starts))
+        done = run_steps(StepBlock(src, loaded.facts, kb, cfg, bounds, keep, known, starts, to))
     elif feats is None:  # (the hosts' files: every worker reads them)
-        done = [r for rs in engine.map(run_steps, [StepBlock(src, loaded.facts, kb, cfg, blk, keep, known, starts)
+        done = [r for rs in engine.map(run_steps, [StepBlock(src, loaded.facts, kb, cfg, blk, keep, known, starts, to)
                                                    for blk in blocks]) for r in rs]
     else:
         with tempfile.TemporaryDirectory(prefix="step-features-", dir=scratch) as d:
             shared = str(Path(d) / "features.arrow")
             feats.write_ipc(shared)
             done = [r for rs in engine.map(run_steps, [StepBlock(shared, loaded.facts, kb, cfg, blk, keep, known,
-                                                                 starts) for blk in blocks]) for r in rs]
+                                                                 starts, to) for blk in blocks]) for r in rs]
     # the reported windows: the steps' windows together (the blocks do not send them back)
     reported = _keep(since, until, hosts)
     assert reported is not None  # (since and until are set)
@@ -246,7 +254,7 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     # (from files, the windows were written where the caller wanted them: jobs.telemetry.HostChunk.stage)
     return StepResult(feats.filter(reported) if feats is not None else pl.DataFrame(), _concat([o.scores for o in done]),
                       findings if findings.height else empty_findings(), loaded.corrupt,
-                      sum(o.suppressed for o in done))
+                      sum(o.suppressed for o in done), staged=[f for o in done for f in o.staged])
 
 
 @dataclass
@@ -262,6 +270,7 @@ class StepBlock:
     hosts: list[str] | None
     history_known: dict[str, datetime] | None
     starts: dict[str, np.ndarray]  # host -> its window starts in the whole sweep (warm-up)
+    stage: str | None = None  # a staged lake root: the block writes its scores there (see sweep_step)
 
 
 def run_steps(job: StepBlock) -> list[StepResult]:
@@ -279,6 +288,14 @@ def run_steps(job: StepBlock) -> list[StepResult]:
     with threadpool_limits(limits=1, user_api="blas"):  # (a worker process too: see sweep_step)
         # one step at a time: a step's frames are freed before the next one's are cut
         outs = [_one_step(job, feats, every, facts, b, b2, length, lead, epochs) for b, b2 in job.bounds]
+    if job.stage is not None:  # one write per block: a file per host and hour, not per step
+        scores = _concat([o.scores for o in outs])
+        for o in outs:
+            o.scores = pl.DataFrame()
+        if scores.height and outs:
+            root = Path(job.stage)
+            outs[-1].staged = [str(Path(f).relative_to(root))
+                               for f in lake_mod.write_table(root, "scores", with_time(scores))]
     return outs
 
 

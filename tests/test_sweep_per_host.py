@@ -259,3 +259,29 @@ def test_proposals_read_the_facts_of_the_hosts_files(template: Path, tmp_path: P
     assert summary is not None and summary.incidents > 0
     assert sum(c.remediations for c in summary.chunks) > 0
     assert not list((root / "_state").rglob("host-features"))  # the scratch files are gone
+
+
+def test_blocks_on_a_pool_stage_their_own_scores(template: Path, tmp_path: Path) -> None:
+    """With a staged lake root (the scheduler's), each block of steps writes its scores
+    there and sends back the files, not the rows: the staged table holds exactly the scores
+    of the steps run here, and findings and incidents are unchanged."""
+    cfg, kb = _cfg(), load_kb()
+    first = T0 + timedelta(minutes=4) - timedelta(seconds=cfg.analytics.window.length_s) + US
+    end = T0 + timedelta(minutes=MINUTES)
+    loaded, _, _ = _per_host(template, cfg, first, end)
+    kw = {"since": first, "until": end, "hosts": HOSTS, "history_known": first_times(template, HOSTS),
+          "horizon": end}
+    here = sweep_step(loaded, cfg, kb, **kw)  # type: ignore[arg-type]
+    assert here.scores.height > 0
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    with make_engine("processes:2") as pool:
+        eng = _Recording(pool)
+        pooled = sweep_step(loaded, cfg, kb, engine=eng, scratch=tmp_path, stage=stage, **kw)  # type: ignore[arg-type]
+    assert len(eng.items) == 2 and pooled.scores.is_empty()
+    assert len(pooled.staged) >= 2 and all((stage / f).is_file() for f in pooled.staged)
+    staged = lake.read(stage, "scores").drop("time")
+    keys = staged.columns  # (every column: a total order)
+    assert_frame_equal(staged.sort(keys), here.scores.select(staged.columns).sort(keys), check_dtypes=False)
+    for t in ("findings", "incidents"):
+        assert_frame_equal(getattr(pooled, t), getattr(here, t))
