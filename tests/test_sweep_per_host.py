@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
@@ -33,6 +34,7 @@ from jobs.telemetry import (
     telemetry_tables,
 )
 from knowledge_base import load_kb
+from knowledge_base.loader import KnowledgeBase
 
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
 MINUTES = 10
@@ -223,17 +225,22 @@ class _Recording:
         return list(self.inner.map(fn, items))
 
 
+def _six_steps(template: Path) -> tuple[SweepConfig, KnowledgeBase, Loaded, dict[str, Any]]:
+    """The pool tests' sweep: six one-minute steps of the template's hosts, from their files."""
+    cfg = _cfg()
+    first = T0 + timedelta(minutes=4) - timedelta(seconds=cfg.analytics.window.length_s) + US
+    end = T0 + timedelta(minutes=MINUTES)
+    loaded, _, _ = _per_host(template, cfg, first, end)
+    return cfg, load_kb(), loaded, {"since": first, "until": end, "hosts": HOSTS,
+                                    "history_known": first_times(template, HOSTS), "horizon": end}
+
+
 def test_blocks_of_steps_on_a_pool_read_one_shared_file_and_give_the_same_verdicts(template: Path,
                                                                                    tmp_path: Path) -> None:
     """Six one-minute analysis steps in two blocks on a process pool: the blocks get the
     features as the path of one Arrow file in ``scratch`` (not a copy each), the file is gone
     afterwards, and features, scores, findings and incidents equal the steps run here."""
-    cfg, kb = _cfg(), load_kb()
-    first = T0 + timedelta(minutes=4) - timedelta(seconds=cfg.analytics.window.length_s) + US
-    end = T0 + timedelta(minutes=MINUTES)
-    loaded, _, _ = _per_host(template, cfg, first, end)
-    kw = {"since": first, "until": end, "hosts": HOSTS, "history_known": first_times(template, HOSTS),
-          "horizon": end}
+    cfg, kb, loaded, kw = _six_steps(template)
     here = sweep_step(loaded, cfg, kb, **kw)  # type: ignore[arg-type]
     assert here.findings.height > 0  # (the throttle on sim-01)
     scratch = tmp_path / "scratch"
@@ -265,12 +272,7 @@ def test_blocks_on_a_pool_stage_their_own_scores(template: Path, tmp_path: Path)
     """With a staged lake root (the scheduler's), each block of steps writes its scores
     there and sends back the files, not the rows: the staged table holds exactly the scores
     of the steps run here, and findings and incidents are unchanged."""
-    cfg, kb = _cfg(), load_kb()
-    first = T0 + timedelta(minutes=4) - timedelta(seconds=cfg.analytics.window.length_s) + US
-    end = T0 + timedelta(minutes=MINUTES)
-    loaded, _, _ = _per_host(template, cfg, first, end)
-    kw = {"since": first, "until": end, "hosts": HOSTS, "history_known": first_times(template, HOSTS),
-          "horizon": end}
+    cfg, kb, loaded, kw = _six_steps(template)
     here = sweep_step(loaded, cfg, kb, **kw)  # type: ignore[arg-type]
     assert here.scores.height > 0
     stage = tmp_path / "stage"
@@ -285,3 +287,24 @@ def test_blocks_on_a_pool_stage_their_own_scores(template: Path, tmp_path: Path)
     assert_frame_equal(staged.sort(keys), here.scores.select(staged.columns).sort(keys), check_dtypes=False)
     for t in ("findings", "incidents"):
         assert_frame_equal(getattr(pooled, t), getattr(here, t))
+
+
+def test_blocks_of_steps_balance_the_windows_they_read() -> None:
+    """Steps are cut into contiguous blocks of about equal work (the windows each step's
+    frame reads), not equal counts: over the start of the data every step reads more history
+    than the one before, and equal counts gave the last block most of the work."""
+    from jobs.step import balanced_blocks
+
+    bounds = list(range(30))
+    growing = np.arange(1, 31, dtype=float)  # each step reads one more minute of history
+    two = balanced_blocks(bounds, growing, 2)  # type: ignore[arg-type]
+    assert sum(two, []) == bounds and len(two) == 2
+    work = [growing[b].sum() for b in two]
+    assert max(work) / min(work) < 1.25  # (by count, 15 + 15 steps: 120 against 345)
+    assert len(two[0]) > len(two[1])
+    even = balanced_blocks(bounds, np.ones(30), 2)  # type: ignore[arg-type]
+    assert [len(b) for b in even] == [15, 15]
+    assert [len(b) for b in balanced_blocks(bounds[:3], np.ones(3), 5)] == [1, 1, 1]  # type: ignore[arg-type]
+    assert balanced_blocks(bounds, np.zeros(30), 1) == [bounds]  # type: ignore[arg-type]
+    skewed = balanced_blocks(bounds[:4], np.array([1.0, 1.0, 1.0, 100.0]), 2)  # type: ignore[arg-type]
+    assert skewed == [[0, 1, 2], [3]]
