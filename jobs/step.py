@@ -122,7 +122,7 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
     every incident is closed (a finished interval), else segments that may still grow
     are open (:func:`incidents_of`).
 
-    ``engine``: runs the analysis steps in contiguous blocks, one per worker (the steps are
+    ``engine``: runs the analysis steps in contiguous blocks, up to two per worker (the steps are
     independent: each reads its own history), when there are several steps and workers
     and no ``analytics.refit`` (whose epochs span steps); None: here. The blocks read the
     features from one Arrow IPC file written to ``scratch`` (a directory every worker can
