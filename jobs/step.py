@@ -239,14 +239,14 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     m = min(len(bounds), 2 * n) if n > 1 else 1
     per = -(-len(bounds) // m)
     blocks = [bounds[i:i + per] for i in range(0, len(bounds), per)]
-    windows = _step_windows(bounds, starts, a)
-    heavy = sorted(range(len(blocks)), key=lambda j: -int(windows[j * per:(j + 1) * per].sum()))
     keep = None if hosts is None else list(hosts)
     known = None if history_known is None else dict(history_known)
     to = None if stage is None else str(stage)
     if len(blocks) == 1 or engine is None:
         done = run_steps(StepBlock(src, loaded.facts, kb, cfg, bounds, keep, known, starts, to))
     else:
+        windows = _step_windows(bounds, starts, a)
+        heavy = sorted(range(len(blocks)), key=lambda j: -int(windows[j * per:(j + 1) * per].sum()))
         with contextlib.ExitStack() as stack:
             source: pl.DataFrame | str | HostFiles = src  # (the hosts' files: every worker reads them)
             if feats is not None:  # one Arrow file the workers map, not a pickled copy each
