@@ -40,7 +40,7 @@ from threadpoolctl import threadpool_limits
 
 from analytics.catalog import lookup
 from analytics.evaluation import DetectHook
-from analytics.features import compute_features, concat_features, feature_columns
+from analytics.features import compute_features, feature_columns
 from analytics.pipeline import (
     BEHAVIOUR_FAMILIES,
     AnalysisResult,
@@ -65,7 +65,7 @@ from jobs.telemetry import Corrupt, HostFiles, Loaded, first_times
 from knowledge_base import INCIDENT_SCHEMA, build_incidents
 from knowledge_base.detector import MATCH_COLUMNS, Detection, data_starts, detect, empty_findings
 from knowledge_base.loader import KnowledgeBase
-from knowledge_base.matcher import MATCH_SCHEMA, MatchConfig
+from knowledge_base.matcher import MATCH_SCHEMA, MatchConfig, cohort_peers, reference_columns
 
 log = logging.getLogger(__name__)
 
@@ -366,17 +366,26 @@ def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFra
     refs = cohort_references(_rows(feats, sorted(sampled), in_step & (pl.col(WS) >= since)),
                              a, cohort_of, score_since=b_since, first_us=first_of) if sampled else {}
     have = set(hosts)
-    matched = matcher_sample({h: lab for h, lab in hardware.items() if h in have}, cohort_of, a.cohort_sample)
-    match = replace(match, sampled=frozenset(matched))
+    hardware = {h: lab for h, lab in hardware.items() if h in have}
+    matched = matcher_sample(hardware, cohort_of, a.cohort_sample)
+    # the matcher's cohort references, from its sample's history, once for the step: a
+    # batch's frame then holds its own hosts (and the cohorts' recent windows), not the
+    # sample's history again (256 hosts: 16 of every batch's 48 hosts with history)
+    ref_cols = reference_columns(feats.columns, job.kb)
+    match = replace(match, sampled=frozenset(matched),
+                    peers=cohort_peers(_rows(feats, sorted(matched), in_step, ref_cols), hardware, job.kb))
     runs = data_starts(keys, frame_start=first, history_known=job.history_known,
                        restart_gap_s=job.cfg.detection.restart_gap_s, slack=timedelta(seconds=2 * a.window.length_s))
     outs = []
     for batch in batches:
-        whole = sorted(set(batch) | matched)
+        whole = sorted(batch)
         short = sorted(sampled - set(whole))
-        part = concat_features([_rows(feats, whole, in_step), _rows(feats, short, in_step & (pl.col(WS) >= since))])
-        outs.append(judged(_analysed(feats, part, a, b, b2, b_since, since, first_of, epochs, cohort_of, refs, batch),
-                           batch, runs))
+        part = _rows_by(feats, [(whole, in_step), (short, in_step & (pl.col(WS) >= since))])
+        res = _analysed(feats, part, a, b, b2, b_since, since, first_of, epochs, cohort_of, refs, batch)
+        # a batch's frame goes before the next one is read (a name keeps it until rebound)
+        del part
+        outs.append(judged(res, batch, runs))
+        del res
     return StepResult(pl.DataFrame(), _concat([o.scores for o in outs]),
                       _concat([o.findings for o in outs]) if any(o.findings.height for o in outs) else empty_findings(),
                       [], sum(o.suppressed for o in outs))
@@ -401,6 +410,15 @@ def _rows(feats: pl.DataFrame | HostFiles, hosts: Sequence[str] | None, where: p
     if columns is not None:
         feats = feats.select(HOST, WS, WE, *[c for c in columns if c in feats.columns])
     return feats.filter(where if hosts is None else where & pl.col(HOST).is_in(list(hosts)))
+
+
+def _rows_by(feats: pl.DataFrame | HostFiles, groups: Sequence[tuple[Sequence[str], pl.Expr]]) -> pl.DataFrame:
+    """The windows of each group's hosts (groups disjoint) matching its condition, in host
+    order (one frame, not a concatenation to sort)."""
+    if isinstance(feats, HostFiles):
+        return feats.rows_by(groups)
+    keep = [pl.col(HOST).is_in(list(h)) & w for h, w in groups if h]
+    return feats.filter(pl.any_horizontal(keep)) if keep else feats.clear()
 
 
 def _host_starts(feats: pl.DataFrame) -> dict[str, np.ndarray]:

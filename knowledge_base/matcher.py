@@ -39,7 +39,7 @@ same inputs give identical output (no randomness; ties broken by entry id).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -102,6 +102,9 @@ class MatchConfig:
     # step (analytics.pipeline.matcher_sample; a batch of it is matched at a time); None:
     # each cohort's cohort_sample of the hosts in the features frame
     sampled: frozenset[str] | None = None
+    # the step's cohort references formed once over those hosts (:func:`cohort_peers`):
+    # then the features frame holds the batch's hosts only, not the sample's history too
+    peers: CohortPeers | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.min_cohort < 2:
@@ -213,6 +216,69 @@ class _Frame:
         return got
 
 
+@dataclass
+class CohortPeers:
+    """The matcher's cohort references of one analysis step, read once from the windows of
+    the fleet's matcher sample (:attr:`MatchConfig.sampled`) and shared by the step's
+    batches of hosts (:func:`cohort_peers`): the references a batch's frame would give
+    when it also held the sample's windows (the same rows, in the same order), fitted on
+    first use and kept for the step."""
+
+    cols: tuple[str, ...]
+    X: np.ndarray  # the sampled hosts' windows, row-major
+    floors: np.ndarray
+    cohort_of: dict[str, list[str]]  # host -> the hosts of its hardware cohort (the fleet's)
+    rows_of: dict[str, np.ndarray]  # sampled host -> its rows of X
+    cohort_rows: dict[str, np.ndarray]  # host -> the rows of its cohort's sampled hosts
+    sampled: set[str]
+    fitted: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def ref(self, key: tuple[Any, ...], rows: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        got = self.fitted.get((*key, limit))
+        if got is None:
+            got = _fit_ref(self.X[_thin(rows, limit)], self.floors)
+            self.fitted[(*key, limit)] = got
+        return got
+
+
+def signature_families(kb: KnowledgeBase) -> frozenset[str]:
+    """The feature families the knowledge base's signatures read (the references' columns)."""
+    return frozenset(f for e in kb for s in e.signals if s.fact is None
+                     for f in (s.family, s.gate.feature if s.gate else s.family))
+
+
+def reference_columns(columns: Sequence[str], kb: KnowledgeBase) -> list[str]:
+    """The columns of a features frame that the matcher's references read."""
+    families = signature_families(kb)
+    return [c for c in columns if c not in (HOST, WS, WE) and split_feature(c)[0] in families]
+
+
+def cohort_peers(sample: pl.DataFrame, hardware: Mapping[str, str], kb: KnowledgeBase) -> CohortPeers:
+    """The matcher's cohort references of an analysis step (:class:`CohortPeers`):
+    ``sample``, the windows of the matcher's sample (every step's history of it, the
+    fleet's feature columns or at least :func:`reference_columns` of them);
+    ``hardware``: host -> hardware cohort of every host of the step."""
+    cols = reference_columns(sample.columns, kb)
+    sel = sample.sort(HOST, WS).select(HOST, *cols)
+    X = np.empty((sel.height, len(cols)))
+    for r in range(0, sel.height, _ROW_BLOCK):
+        X[r:r + _ROW_BLOCK] = sel.select(cols).slice(r, _ROW_BLOCK).to_numpy(order="c")
+    X[~np.isfinite(X)] = np.nan
+    rows_of = rows_by_host(sel)
+    groups: dict[str, list[str]] = {}
+    for h, label in sorted(hardware.items()):
+        groups.setdefault(label, []).append(h)
+    cohort_rows: dict[str, np.ndarray] = {}
+    sampled: set[str] = set()
+    for members in groups.values():
+        chosen = [m for m in members if m in rows_of]
+        rows = np.sort(np.concatenate([rows_of[m] for m in chosen] or [np.zeros(0, np.intp)]))
+        cohort_rows.update({h: rows for h in members})
+        sampled.update(chosen)
+    return CohortPeers(tuple(cols), X, np.array([lookup(c).floor for c in cols], dtype=np.float64),
+                       {h: members for members in groups.values() for h in members}, rows_of, cohort_rows, sampled)
+
+
 _LAST_FRAME: list[_Frame] = []
 _ROW_BLOCK = 8192
 
@@ -265,6 +331,9 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     out = _Refs.empty(cols, n)
     if not p or not n:
         return out
+    if cfg.peers is not None and cfg.peers.cols != tuple(cols):
+        raise ValueError("match: the step's cohort references (MatchConfig.peers) were read with other feature "
+                         f"columns than the frame's ({len(cfg.peers.cols)} against {len(cols)})")
     fr = _frame(features, host_facts, cols, cfg.cohort_sample, cfg.sampled)
     feats, X, starts = fr.feats, fr.X, fr.starts
     before = cfg.reference_before
@@ -292,15 +361,16 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
         if own.size:
             c, s = fr.ref(("self", h, before_us if cfg.reference_before is not None else None), own, limit)
             out.c_self[target], out.s_self[target] = c, s
-        members = fr.cohort_of.get(h, [])
+        pr: _Frame | CohortPeers = fr if cfg.peers is None else cfg.peers
+        members = pr.cohort_of.get(h, [])
         if len(members) >= cfg.min_cohort:
-            if h in fr.sampled:  # the other sampled hosts
-                peers = np.setdiff1d(fr.cohort_rows[h], fr.rows_of.get(h, none), assume_unique=True)
+            if h in pr.sampled:  # the other sampled hosts
+                peers = np.setdiff1d(pr.cohort_rows[h], pr.rows_of.get(h, none), assume_unique=True)
                 key: tuple[str, ...] = ("cohort", h)
             else:  # the whole sample: one reference for every host outside it (members[0] names the cohort)
-                peers, key = fr.cohort_rows[h], ("sample", members[0])
+                peers, key = pr.cohort_rows[h], ("sample", members[0])
             if peers.size:
-                c, s = fr.ref(key, peers, limit)
+                c, s = pr.ref(key, peers, limit)
                 out.c_coh[target], out.s_coh[target] = c, s
     for fact in sorted(watched):
         _pre_change(out, findings, fr, host_facts, fact, cfg)
@@ -656,8 +726,7 @@ def match_findings(
     if findings is None or findings.is_empty():
         return pl.DataFrame(schema=MATCH_SCHEMA)
     findings = findings.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS)).sort(HOST, WS)
-    families = frozenset(f for e in kb for s in e.signals if s.fact is None
-                         for f in (s.family, s.gate.feature if s.gate else s.family))
+    families = signature_families(kb)
     watched = frozenset(s.fact for e in kb for s in e.signals if s.fact is not None)
     refs = (_references(findings, features, host_facts, families, cfg, watched) if features is not None
             else _references_from_factors(findings, families))

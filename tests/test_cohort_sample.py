@@ -5,10 +5,12 @@ analytics and in the signature matcher."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
 import polars as pl
+import pytest
 from polars.testing import assert_frame_equal
 
 from analytics.pipeline import AnalyticsConfig, analyze, cohort_sample, matcher_sample
@@ -17,7 +19,13 @@ from jobs.step import sweep_step
 from jobs.telemetry import Loaded
 from knowledge_base import load_kb
 from knowledge_base.detector import DetectionConfig
-from knowledge_base.matcher import MatchConfig, match_findings
+from knowledge_base.matcher import (
+    MatchConfig,
+    cohort_peers,
+    hardware_cohorts,
+    match_findings,
+    reference_columns,
+)
 from tests.test_features import load_synth
 
 HOSTS = list("abcdef")
@@ -169,3 +177,37 @@ def test_a_host_known_from_its_facts_only_does_not_break_the_cohorts() -> None:
                   AnalyticsConfig(warmup=timedelta(0)), host_facts=facts)
     assert set(res.cohorts) == {"a", "b", "c"} and len(set(res.cohorts.values())) == 1
     assert res.findings.filter(pl.col("host") == "a").height  # and the faulty host is still judged
+
+
+def test_the_matchers_cohort_references_read_once_for_a_step_match_as_the_batch_frame_holding_the_sample() -> None:
+    """A sweep step reads the matcher sample's history once (``cohort_peers``) instead of in
+    every batch's frame: a batch matched against its own windows and the step's peers gets
+    the matches a frame holding the batch and the sample gives, for a sampled host and for one
+    outside the sample."""
+    sample = cohort_sample(HOSTS, 3)
+    outside = [h for h in HOSTS if h not in sample]
+    frames, facts = fleet(HOSTS, outside[0])
+    res = analyze(frames, AnalyticsConfig(warmup=timedelta(0), cohort_by="hardware"), host_facts=facts)
+    kb = load_kb()
+    feats = res.features
+    batch = [outside[0], sample[0]]  # the faulty host (outside the sample) and a sampled one
+    # every window of the batch, as the signature detector matches them
+    findings = feats.filter(pl.col("host").is_in(batch)).select("host", "window_start", "window_end")
+    hardware = hardware_cohorts(feats, facts)
+    cfg = MatchConfig(cohort_sample=3, sampled=frozenset(sample))
+    with_sample = match_findings(findings, feats.filter(pl.col("host").is_in([*batch, *sample])), facts, kb, cfg)
+    peers = cohort_peers(feats.filter(pl.col("host").is_in(sample)).select(
+        "host", "window_start", "window_end", *reference_columns(feats.columns, kb)), hardware, kb)
+    alone = feats.filter(pl.col("host").is_in(batch))
+    got = match_findings(findings, alone, facts, kb, replace(cfg, peers=peers))
+    assert with_sample.filter(pl.col("host") == outside[0])["matched"].any()
+    assert with_sample.filter(pl.col("host") == sample[0]).height
+    assert_frame_equal(with_sample, got, check_exact=True)
+    # without them the batch's frame has no peers outside the batch: other confidences
+    bare = match_findings(findings, alone, facts, kb, cfg)
+    assert not np.array_equal(bare["confidence"].to_numpy(), got["confidence"].to_numpy())
+    # peers read with other columns than the frame's are refused, not silently misaligned
+    narrow = cohort_peers(feats.filter(pl.col("host").is_in(sample)).select(
+        "host", "window_start", "window_end", *reference_columns(feats.columns, kb)[1:]), hardware, kb)
+    with pytest.raises(ValueError, match="other feature columns"):
+        match_findings(findings, alone, facts, kb, replace(cfg, peers=narrow))

@@ -289,3 +289,36 @@ def test_blocks_on_a_pool_stage_their_own_scores(template: Path, tmp_path: Path)
     for t in ("findings", "incidents"):
         assert_frame_equal(getattr(pooled, t), getattr(here, t))
 
+
+
+def test_host_files_hand_back_a_short_part_as_a_copy_and_the_history_as_the_map(template: Path,
+                                                                              tmp_path: Path) -> None:
+    """A step reads its batch's history from the hosts' files memory-mapped (no copy), but
+    the last minutes of its peers' windows as a copy: a few rows of every column fault in
+    nearly the whole file, which would stay mapped as long as the frame lives. Either way
+    the rows are those of the file, in host then window order, several groups in one frame."""
+    from jobs.step import WS
+    from jobs.telemetry import joined
+
+    cfg = _cfg()
+    a = cfg.analytics
+    first, end = T0 + timedelta(minutes=4), T0 + timedelta(minutes=MINUTES)
+    parts = [host_features(HostChunk(str(template), h, first, end, a.history, a.window, stored_history=False,
+                                     scratch=str(tmp_path))) for h in HOSTS]
+    files = joined(parts).files
+    assert files is not None
+
+    def mapped() -> set[str]:
+        return {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                if line.split()[-1] in set(files.paths.values())}
+
+    everything = files.rows(None)
+    late = pl.col(WS) >= end - timedelta(minutes=1)
+    assert mapped() == set(files.paths.values())  # the history: the maps themselves
+    short = files.rows(HOSTS[1:], late)
+    del everything
+    assert mapped() == set()  # the short part holds no map
+    assert_frame_equal(short, files.rows(None).filter(pl.col("host").is_in(HOSTS[1:]) & late))
+    both = files.rows_by([(HOSTS[:1], None), (HOSTS[1:], late)])
+    assert both["host"].to_list() == sorted(both["host"].to_list())
+    assert_frame_equal(both, pl.concat([files.rows(HOSTS[:1]), short]))
