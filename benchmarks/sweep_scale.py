@@ -16,6 +16,15 @@ lines are not additive; "other" is the total minus the top-level stages).
 
     .venv/bin/python benchmarks/sweep_scale.py --hosts 8 16 --duration 30m [--profile] [--json F]
     .venv/bin/python benchmarks/sweep_scale.py --engine processes:1   # then processes:2: the speed-up
+    .venv/bin/python benchmarks/sweep_scale.py --hosts 64 --duration 90m --live 30   # the live steady state
+
+``--live M`` times the live scheduler instead: the first ``duration - M`` of the data is
+swept as a catch-up, then the last M minutes one cycle per simulated minute in one process
+on one engine (what ``unveil schedule`` does each minute, without its timer), so every
+step reads its full history (``[analytics] history``, 1 h by default), as on a host that
+has run for an hour. It prints the CPU-s per host-hour of those cycles (the process and its
+pool's workers, psutil) and each cycle's wall time against its one-minute cadence: a
+worker keeps up with a fleet while its cycles stay under a minute.
 
 ``--engine SPEC`` is passed to the sweep (``unveil schedule --engine``; default: the command's,
 a process pool of every core). The fleets are simulated on a process pool of every core
@@ -186,6 +195,82 @@ def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Pat
         return pt
 
 
+#: the live scheduler in one process (what ``unveil schedule`` does each minute, without
+#: APScheduler's timer): catch up to ``start``, then one cycle per simulated minute on one
+#: engine; CPU of this process and its pool's workers (psutil), per phase
+LIVE_CHILD = r"""
+import json, sys, time
+from datetime import datetime, timedelta
+import psutil
+from jobs.config import SweepConfig
+from jobs.cycle import run_cycle
+from jobs.engine import make_engine, parse_spec
+lake, start, minutes = sys.argv[1], datetime.fromisoformat(sys.argv[2]), int(sys.argv[3])
+sc = SweepConfig(**({"engine": parse_spec(sys.argv[4], "--engine")} if len(sys.argv) > 4 else {}))
+me = psutil.Process()
+def cpu():
+    t = sum(me.cpu_times()[:4])  # (user, system, and the reaped children's)
+    for p in me.children(recursive=True):
+        try:
+            t += sum(p.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return t
+with make_engine(sc.engine) as engine:
+    c0 = cpu()
+    run_cycle(lake, sc, until=start, engine=engine)
+    c1 = cpu()
+    walls, found = [], 0
+    for k in range(1, minutes + 1):
+        t = time.perf_counter()
+        s = run_cycle(lake, sc, until=start + timedelta(minutes=k), engine=engine)
+        walls.append(time.perf_counter() - t)
+        found += s.incidents if s is not None else 0
+    c2 = cpu()
+print(json.dumps({"catchup_cpu_s": c1 - c0, "live_cpu_s": c2 - c1, "walls": walls}))
+"""
+
+
+@dataclass
+class LivePoint:
+    hosts: int
+    minutes: int  # one-minute cycles timed
+    history_min: float  # data before the first timed cycle
+    catchup_cpu_s: float
+    live_cpu_s: float
+    cycle_wall_s: list[float]
+    peak_rss_mb: float
+    findings: int = 0
+    incidents: int = 0
+
+    @property
+    def cpu_per_host_hour(self) -> float:
+        return self.live_cpu_s / (self.hosts * self.minutes / 60)
+
+
+def measure_live(hosts: int, duration: timedelta, minutes: int, seed: int, keep: Path | None,
+                 engine: str | None = None) -> LivePoint:
+    """The steady state of ``unveil schedule``: the last ``minutes`` of the data swept one
+    cycle per minute after a catch-up over the rest (so each step reads its full history)."""
+    with tempfile.TemporaryDirectory(prefix="sweep-live-", dir=keep) as d:
+        lake = Path(d) / "lake"
+        simulate_fleet(lake, hosts, duration, seed)
+        start = T0 + duration - timedelta(minutes=minutes)
+        cmd = [sys.executable, "-c", LIVE_CHILD, str(lake), start.isoformat(), str(minutes), *([engine] if engine else [])]
+        with open(Path(d) / "stderr", "w+b") as err:
+            p = subprocess.Popen(cmd, cwd=d, env=_env(), stdout=subprocess.PIPE, stderr=err)
+            assert p.stdout is not None
+            out = p.stdout.read()
+            _, status, ru = os.wait4(p.pid, 0)  # (peak RSS of the largest of it and its workers)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            if p.returncode != 0:
+                err.seek(0)
+                raise RuntimeError(f"live sweep exited {p.returncode}:\n{err.read().decode(errors='replace')[-4000:]}")
+        got = json.loads(out.decode().strip().splitlines()[-1])
+        return LivePoint(hosts, minutes, duration.total_seconds() / 60 - minutes, got["catchup_cpu_s"],
+                         got["live_cpu_s"], got["walls"], ru.ru_maxrss / 1024, **verdicts(lake))
+
+
 def render(points: list[Point]) -> str:
     lines = ["| hosts | host-hours | CPU-s | CPU-s per host-hour | wall s | peak RSS MiB | CPU/h-h vs first | RSS vs first "
              "| findings | incidents |",
@@ -215,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default=None, metavar="SPEC",
                     help="the sweep's engine (unveil schedule --engine): serial, processes[:N], ray[:N], "
                     "ray://HOST:PORT (default: the command's)")
+    ap.add_argument("--live", type=int, default=0, metavar="MINUTES",
+                    help="instead: the steady state of the live scheduler, the last MINUTES of the data swept "
+                    "one cycle per minute after a catch-up over the rest (CPU-s per host-hour of those "
+                    "cycles, each cycle's wall time against its one-minute cadence)")
     a = ap.parse_args(argv)
     from ingest.simulator.scenario import parse_duration_s
 
@@ -226,6 +315,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sweep scale: unveil schedule --once, default config, {a.duration} of healthy mixed-workload "
           f"8-GPU hosts per fleet, seed {a.seed}, engine {a.engine or 'default'}; load {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs")
+    if a.live:
+        if timedelta(minutes=a.live) >= duration:
+            ap.error("--live must be shorter than --duration (the rest is the history)")
+        print(f"live: the last {a.live} min swept one cycle per minute, after a catch-up over the first "
+              f"{duration.total_seconds() / 60 - a.live:.0f} min")
+        lives = []
+        for n in sorted(a.hosts):
+            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine)
+            w = sorted(lp.cycle_wall_s)
+            print(f"  {n} hosts: {lp.live_cpu_s:.1f} CPU-s in {lp.minutes} cycles ({lp.cpu_per_host_hour:.2f} per "
+                  f"host-hour; catch-up {lp.catchup_cpu_s:.1f} CPU-s), cycle wall median {w[len(w) // 2]:.1f} s, "
+                  f"max {w[-1]:.1f} s (cadence 60 s), peak RSS {lp.peak_rss_mb:.0f} MiB, "
+                  f"{lp.findings} findings, {lp.incidents} incidents", flush=True)
+            lives.append(lp)
+        if a.json:
+            a.json.write_text(json.dumps([asdict(p) | {"cpu_per_host_hour": p.cpu_per_host_hour} for p in lives],
+                                         indent=2))
+        return 0
     points = []
     for n in sorted(a.hosts):
         p = measure(n, duration, a.seed, a.profile, a.tmp, a.engine)
