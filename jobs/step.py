@@ -373,7 +373,8 @@ def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFra
     # sample's history again (256 hosts: 16 of every batch's 48 hosts with history)
     ref_cols = reference_columns(feats.columns, job.kb)
     match = replace(match, sampled=frozenset(matched),
-                    peers=cohort_peers(_rows(feats, sorted(matched), in_step, ref_cols), hardware, job.kb))
+                    peers=cohort_peers(_rows(feats, sorted(matched), in_step, ref_cols), hardware, job.kb)
+                    if matched else None)
     runs = data_starts(keys, frame_start=first, history_known=job.history_known,
                        restart_gap_s=job.cfg.detection.restart_gap_s, slack=timedelta(seconds=2 * a.window.length_s))
     outs = []

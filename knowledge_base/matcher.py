@@ -350,6 +350,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     fhosts = findings[HOST].to_numpy()
     limit = cfg.max_reference_rows
     none = np.zeros(0, np.intp)
+    pr: _Frame | CohortPeers = fr if cfg.peers is None else cfg.peers  # (the cohort references' rows)
     for h in sorted(set(fhosts.tolist())):
         target = np.flatnonzero(fhosts == h)
         own = fr.rows_of.get(h, none)
@@ -361,7 +362,6 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
         if own.size:
             c, s = fr.ref(("self", h, before_us if cfg.reference_before is not None else None), own, limit)
             out.c_self[target], out.s_self[target] = c, s
-        pr: _Frame | CohortPeers = fr if cfg.peers is None else cfg.peers
         members = pr.cohort_of.get(h, [])
         if len(members) >= cfg.min_cohort:
             if h in pr.sampled:  # the other sampled hosts
