@@ -189,19 +189,18 @@ def fact_changes(host_facts: pl.DataFrame | None, facts: frozenset[str]) -> dict
 
 
 @dataclass
-class _Frame:
-    """What the references read from one features frame, kept between the calls on the
-    same frame (:func:`_frame`): a sweep step matches its windows twice (the signature
-    detector, then the findings) against the same history."""
+class CohortPeers:
+    """The rows the references are drawn from, and the references fitted on them: a
+    features frame's (:func:`_frame`, its hosts' own and its cohorts' samples) or one
+    analysis step's matcher sample (:func:`cohort_peers`, read once and shared by the
+    step's batches of hosts: the cohort references a batch's frame would give when it also
+    held the sample's windows, the same rows in the same order). Fitted on first use."""
 
-    features: pl.DataFrame  # (kept: the memo is valid while this very object is)
-    key: tuple[Any, ...]
-    feats: pl.DataFrame  # keys and the relevant columns, row-indexed
-    X: np.ndarray
+    cols: tuple[str, ...]
+    X: np.ndarray  # the windows' relevant columns, row-major
     floors: np.ndarray
-    starts: np.ndarray  # window starts, µs since the epoch
-    cohort_of: dict[str, list[str]]
-    rows_of: dict[str, np.ndarray]  # host -> its rows, ascending
+    cohort_of: dict[str, list[str]]  # host -> the hosts of its hardware cohort
+    rows_of: dict[str, np.ndarray]  # host -> its rows of X, ascending
     cohort_rows: dict[str, np.ndarray]  # host -> the rows of its cohort's sampled hosts, ascending
     sampled: set[str]  # the hosts of the cohorts' samples (the others share their cohort's reference)
     fitted: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -217,28 +216,16 @@ class _Frame:
 
 
 @dataclass
-class CohortPeers:
-    """The matcher's cohort references of one analysis step, read once from the windows of
-    the fleet's matcher sample (:attr:`MatchConfig.sampled`) and shared by the step's
-    batches of hosts (:func:`cohort_peers`): the references a batch's frame would give
-    when it also held the sample's windows (the same rows, in the same order), fitted on
-    first use and kept for the step."""
+class _Frame:
+    """What the references read from one features frame, kept between the calls on the
+    same frame (:func:`_frame`): a sweep step matches its windows twice (the signature
+    detector, then the findings) against the same history."""
 
-    cols: tuple[str, ...]
-    X: np.ndarray  # the sampled hosts' windows, row-major
-    floors: np.ndarray
-    cohort_of: dict[str, list[str]]  # host -> the hosts of its hardware cohort (the fleet's)
-    rows_of: dict[str, np.ndarray]  # sampled host -> its rows of X
-    cohort_rows: dict[str, np.ndarray]  # host -> the rows of its cohort's sampled hosts
-    sampled: set[str]
-    fitted: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-
-    def ref(self, key: tuple[Any, ...], rows: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        got = self.fitted.get((*key, limit))
-        if got is None:
-            got = _fit_ref(self.X[_thin(rows, limit)], self.floors)
-            self.fitted[(*key, limit)] = got
-        return got
+    features: pl.DataFrame  # (kept: the memo is valid while this very object is)
+    key: tuple[Any, ...]
+    feats: pl.DataFrame  # keys and the relevant columns, row-indexed
+    starts: np.ndarray  # window starts, µs since the epoch
+    rows: CohortPeers  # its windows and the references fitted on them
 
 
 def signature_families(kb: KnowledgeBase) -> frozenset[str]:
@@ -247,10 +234,38 @@ def signature_families(kb: KnowledgeBase) -> frozenset[str]:
                      for f in (s.family, s.gate.feature if s.gate else s.family))
 
 
-def reference_columns(columns: Sequence[str], kb: KnowledgeBase) -> list[str]:
-    """The columns of a features frame that the matcher's references read."""
-    families = signature_families(kb)
+def reference_columns(columns: Sequence[str], kb: KnowledgeBase | frozenset[str]) -> list[str]:
+    """The columns of a features frame that the matcher's references read (``kb``: the
+    knowledge base, or the :func:`signature_families` of one)."""
+    families = kb if isinstance(kb, frozenset) else signature_families(kb)
     return [c for c in columns if c not in (HOST, WS, WE) and split_feature(c)[0] in families]
+
+
+def _peers(sel: pl.DataFrame, cols: Sequence[str], hardware: Mapping[str, str],
+           choose: Callable[[list[str]], list[str]]) -> CohortPeers:
+    """:class:`CohortPeers` of the windows ``sel`` (host and ``cols``, by host then window):
+    each hardware cohort's sample is ``choose`` of its members that have windows."""
+    # row-major, filled by blocks of rows (no second full-size copy): the references gather
+    # rows, and a column-major gather of 20 000 rows from a fleet's frame cost ~5x (a cache
+    # line per value); the gathered rows are the same array either way
+    values = sel.select(cols)
+    X = np.empty((values.height, len(cols)))
+    for r in range(0, values.height, _ROW_BLOCK):
+        X[r:r + _ROW_BLOCK] = values.slice(r, _ROW_BLOCK).to_numpy(order="c")
+    X[~np.isfinite(X)] = np.nan
+    groups: dict[str, list[str]] = {}
+    for h, label in sorted(hardware.items()):
+        groups.setdefault(label, []).append(h)
+    rows_of = rows_by_host(sel)
+    cohort_rows: dict[str, np.ndarray] = {}
+    sampled: set[str] = set()
+    for members in groups.values():
+        chosen = choose([m for m in members if m in rows_of])
+        rows = np.sort(np.concatenate([rows_of[m] for m in chosen] or [np.zeros(0, np.intp)]))
+        cohort_rows.update({h: rows for h in members})
+        sampled.update(chosen)
+    return CohortPeers(tuple(cols), X, np.array([lookup(c).floor for c in cols], dtype=np.float64),
+                       {h: members for members in groups.values() for h in members}, rows_of, cohort_rows, sampled)
 
 
 def cohort_peers(sample: pl.DataFrame, hardware: Mapping[str, str], kb: KnowledgeBase) -> CohortPeers:
@@ -259,24 +274,7 @@ def cohort_peers(sample: pl.DataFrame, hardware: Mapping[str, str], kb: Knowledg
     fleet's feature columns or at least :func:`reference_columns` of them);
     ``hardware``: host -> hardware cohort of every host of the step."""
     cols = reference_columns(sample.columns, kb)
-    sel = sample.sort(HOST, WS).select(HOST, *cols)
-    X = np.empty((sel.height, len(cols)))
-    for r in range(0, sel.height, _ROW_BLOCK):
-        X[r:r + _ROW_BLOCK] = sel.select(cols).slice(r, _ROW_BLOCK).to_numpy(order="c")
-    X[~np.isfinite(X)] = np.nan
-    rows_of = rows_by_host(sel)
-    groups: dict[str, list[str]] = {}
-    for h, label in sorted(hardware.items()):
-        groups.setdefault(label, []).append(h)
-    cohort_rows: dict[str, np.ndarray] = {}
-    sampled: set[str] = set()
-    for members in groups.values():
-        chosen = [m for m in members if m in rows_of]
-        rows = np.sort(np.concatenate([rows_of[m] for m in chosen] or [np.zeros(0, np.intp)]))
-        cohort_rows.update({h: rows for h in members})
-        sampled.update(chosen)
-    return CohortPeers(tuple(cols), X, np.array([lookup(c).floor for c in cols], dtype=np.float64),
-                       {h: members for members in groups.values() for h in members}, rows_of, cohort_rows, sampled)
+    return _peers(sample.sort(HOST, WS).select(HOST, *cols), cols, hardware, lambda present: present)
 
 
 _LAST_FRAME: list[_Frame] = []
@@ -297,36 +295,19 @@ def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[s
         return _LAST_FRAME[0]
     _LAST_FRAME.clear()  # (its matrix is freed before the next one is built)
     feats = features.select(HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), *cols).with_row_index("_r")
-    # row-major, filled by blocks of rows (no second full-size copy): the references gather
-    # rows, and a column-major gather of 20 000 rows from a fleet's frame cost ~5x (a cache
-    # line per value); the gathered rows are the same array either way
-    sel = feats.select(cols)
-    X = np.empty((sel.height, len(cols)))
-    for r in range(0, sel.height, _ROW_BLOCK):
-        X[r:r + _ROW_BLOCK] = sel.slice(r, _ROW_BLOCK).to_numpy(order="c")
-    X[~np.isfinite(X)] = np.nan
-    groups: dict[str, list[str]] = {}
-    for h, label in sorted(hardware_cohorts(features, host_facts).items()):
-        groups.setdefault(label, []).append(h)
-    rows_of = rows_by_host(feats)
-    cohort_rows: dict[str, np.ndarray] = {}
-    sampled: set[str] = set()
-    for members in groups.values():
-        present = [m for m in members if m in rows_of]
-        chosen = cohort_sample(present, sample) if given is None else [m for m in present if m in given]
-        rows = np.sort(np.concatenate([rows_of[m] for m in chosen] or [np.zeros(0, np.intp)]))
-        cohort_rows.update({h: rows for h in members})
-        sampled.update(chosen)
-    fr = _Frame(features, key, feats, X, np.array([lookup(c).floor for c in cols], dtype=np.float64),
-                feats[WS].dt.epoch("us").to_numpy(), {h: members for members in groups.values() for h in members},
-                rows_of, cohort_rows, sampled)
+
+    def choose(present: list[str]) -> list[str]:
+        return cohort_sample(present, sample) if given is None else [m for m in present if m in given]
+
+    fr = _Frame(features, key, feats, feats[WS].dt.epoch("us").to_numpy(),
+                _peers(feats, cols, hardware_cohorts(features, host_facts), choose))
     _LAST_FRAME[:] = [fr]
     return fr
 
 
 def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.DataFrame | None,
                 families: frozenset[str], cfg: MatchConfig, watched: frozenset[str] = frozenset()) -> _Refs:
-    cols = [c for c in features.columns if c not in (HOST, WS, WE) and split_feature(c)[0] in families]
+    cols = reference_columns(features.columns, families)
     n, p = findings.height, len(cols)
     out = _Refs.empty(cols, n)
     if not p or not n:
@@ -335,7 +316,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
         raise ValueError("match: the step's cohort references (MatchConfig.peers) were read with other feature "
                          f"columns than the frame's ({len(cfg.peers.cols)} against {len(cols)})")
     fr = _frame(features, host_facts, cols, cfg.cohort_sample, cfg.sampled)
-    feats, X, starts = fr.feats, fr.X, fr.starts
+    feats, X, starts = fr.feats, fr.rows.X, fr.starts
     before = cfg.reference_before
     if before is not None and before.tzinfo is None:
         before = before.replace(tzinfo=UTC)
@@ -350,17 +331,17 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     fhosts = findings[HOST].to_numpy()
     limit = cfg.max_reference_rows
     none = np.zeros(0, np.intp)
-    pr: _Frame | CohortPeers = fr if cfg.peers is None else cfg.peers  # (the cohort references' rows)
+    pr = fr.rows if cfg.peers is None else cfg.peers  # (the cohort references' rows)
     for h in sorted(set(fhosts.tolist())):
         target = np.flatnonzero(fhosts == h)
-        own = fr.rows_of.get(h, none)
+        own = fr.rows.rows_of.get(h, none)
         if cfg.reference_before is not None:
             # the past only; too little of it (a host's first seconds) is no reference at all
             own = own[starts[own] < before_us]
             if own.size < cfg.min_pre_windows:
                 own = own[:0]
         if own.size:
-            c, s = fr.ref(("self", h, before_us if cfg.reference_before is not None else None), own, limit)
+            c, s = fr.rows.ref(("self", h, before_us if cfg.reference_before is not None else None), own, limit)
             out.c_self[target], out.s_self[target] = c, s
         members = pr.cohort_of.get(h, [])
         if len(members) >= cfg.min_cohort:
@@ -396,7 +377,7 @@ def _pre_change(out: _Refs, findings: pl.DataFrame, fr: _Frame, host_facts: pl.D
     fstart = findings[WS].cast(TS).to_numpy()
     for h, times in changes.items():
         target_h = np.flatnonzero(fhosts == h)
-        own = fr.rows_of.get(h, np.zeros(0, np.int64))
+        own = fr.rows.rows_of.get(h, np.zeros(0, np.int64))
         if not target_h.size or not own.size:
             continue
         bounds = [np.datetime64(t.replace(tzinfo=None), "us") for t in times]
@@ -409,7 +390,7 @@ def _pre_change(out: _Refs, findings: pl.DataFrame, fr: _Frame, host_facts: pl.D
             before = own[(wend[own] <= t) & ((wstart[own] >= lo) if lo is not None else True)]
             if before.size < cfg.min_pre_windows:
                 continue
-            c, s = fr.ref(("pre", h, lo, t), before, cfg.max_reference_rows)
+            c, s = fr.rows.ref(("pre", h, lo, t), before, cfg.max_reference_rows)
             c_pre[tgt], s_pre[tgt] = c, s
 
 
