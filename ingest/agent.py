@@ -434,7 +434,7 @@ class Agent:
         if m.counters:
             tracker = self._trackers.get(m.name)
             if tracker is None:
-                tracker = self._trackers[m.name] = CounterTracker(m.counters, self._counter_stats)
+                tracker = self._trackers[m.name] = CounterTracker(m.counters, self._counter_stats, m.polled)
             tag_cols = [tags.get(t, [""] * n) for t in m.tags]
             keys = list(zip(*tag_cols, strict=True)) if tag_cols else [()] * n
             values.update(tracker.deltas_run(keys, ticks, values))

@@ -6,7 +6,10 @@ interface re-created, reboot; the delta is the new value, i.e. counted from zero
 A decrease is read as a 32-bit wrap when both values fit in 32 bits and the modular
 delta is under 2**31, as a 64-bit wrap when the modular 64-bit delta is under 2**62,
 and as a reset otherwise. The first sample of a series, and any value that is missing
-(None), give a null delta.
+(None), give a null delta, except for the *polled* counters of a tracker: a collector reads
+those less often than every tick (NVML's energy and violation counters cost milliseconds a
+call), so a null means "not read this tick" and the next read's delta covers the whole time
+since the previous read.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class CounterTracker:
 
     counters: tuple[str, ...]
     stats: CounterStats = field(default_factory=CounterStats)
+    polled: tuple[str, ...] = ()  # null = not read: the state keeps the previous value
     _prev: dict[tuple[str, ...], list[int | None]] = field(default_factory=dict)
     # the previous reading as columns, for the common case of the same series in the same order
     _prev_keys: list[tuple[str, ...]] | None = None
@@ -79,6 +83,9 @@ class CounterTracker:
             flat = self._column_deltas(prev_flat, new_flat)
             n = len(keys)
             out = {c: flat[i * n : (i + 1) * n] for i, c in enumerate(names)}
+            for c in names:
+                if c in self.polled:
+                    new_cols[c] = _held(self._prev_cols[c], new_cols[c])
         else:
             out = self._row_deltas(keys, names, new_cols)
         self._prev_keys = keys
@@ -98,8 +105,13 @@ class CounterTracker:
         out = self.deltas(keys, {c: raw[c][:n] for c in names})  # aligns the series' state
         for c in names:
             col = [None if v is None else int(v) for v in raw[c]]  # type: ignore[call-overload]
-            out[c] = out[c] + self._column_deltas(col[:-n], col[n:])
-            self._prev_cols[c] = col[-n:]
+            prev = col[:-n]
+            if c in self.polled:  # each reading's state: the last value read up to it
+                prev = list(self._prev_cols[c])
+                for t in range(1, ticks - 1):
+                    prev += _held(prev[-n:], col[t * n : (t + 1) * n])
+            out[c] = out[c] + self._column_deltas(prev, col[n:])
+            self._prev_cols[c] = _held(prev[-n:], col[-n:]) if c in self.polled else col[-n:]
         return out
 
     def _column_deltas(self, prev: list[int | None], new: list[int | None]) -> list[int | None]:
@@ -118,13 +130,24 @@ class CounterTracker:
         out: dict[str, list[int | None]] = {c: [] for c in names}
         outs = [out[c] for c in names]
         cols = [new_cols[c] for c in names]
+        polled = [j for j, c in enumerate(names) if c in self.polled]
         for i, key in enumerate(keys):
             new_vals = [col[i] for col in cols]
             prev_vals = self._prev.get(key)
             for j, o in enumerate(outs):
                 o.append(None if prev_vals is None else counter_delta(prev_vals[j], new_vals[j], self.stats))
+            if prev_vals is not None and polled:
+                for j in polled:
+                    if new_vals[j] is None:
+                        new_vals[j] = prev_vals[j]
+                        cols[j][i] = prev_vals[j]  # the state kept for the aligned path too
             self._prev[key] = new_vals
         return out
+
+
+def _held(prev: list[int | None], new: list[int | None]) -> list[int | None]:
+    """``new`` with each null replaced by the previous state's value (a polled counter)."""
+    return [p if v is None else v for p, v in zip(prev, new, strict=True)]
 
 
 def deltas_array(

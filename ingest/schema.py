@@ -62,6 +62,9 @@ class Measurement:
     fields: tuple[Field, ...]
     tier: Tier = "fast"
     sparse: bool = False
+    # counters a collector reads less often than every tick: null = not read, and the next
+    # read's delta covers the time since the previous one (ingest.counters)
+    polled: tuple[str, ...] = ()
     ground_truth: bool = False  # written by the simulator only; never seen by the agent
     field_index: dict[str, Field] = field(default_factory=dict, compare=False, repr=False)
 
@@ -401,6 +404,7 @@ GPU = Measurement(
     "Per-GPU state from NVML.",
     "NVML (nvidia-ml-py)",
     tags=("gpu", "uuid"),
+    polled=("energy", "power_violation", "thermal_violation"),
     fields=(
         _f("util_gpu", F32, "%", "gauge", "gpu", "SM busy share over the driver's sample period"),
         _f("util_mem", F32, "%", "gauge", "gpu", "memory-controller busy share"),

@@ -164,14 +164,14 @@ A10G_TICK0 = {
     [("rtx3090", RTX3090_TICK0), ("a100-sxm4-80gb", A100_TICK0), ("a10g", A10G_TICK0)],
 )
 def test_first_tick_whole_row(model: str, expected: dict[str, Any]) -> None:
-    ticks, _ = run(model, 1, pcie_every=1)
+    ticks, _ = run(model, 1, pcie_every=1, polled_every=1)
     assert ticks[0] == [expected]
     # every schema field is present, nothing else
     assert set(ticks[0][0]) == {"gpu", "uuid", *(f.name for f in GPU.fields)}
 
 
 def test_counters_advance_and_gauges_hold() -> None:
-    ticks, _ = run("rtx3090", 4, pcie_every=1)
+    ticks, _ = run("rtx3090", 4, pcie_every=1, polled_every=1)
     power_w = 35.06
     for t, (row,) in enumerate(ticks):
         # energy: + power x 0.1 s per tick; power violation: + 0.1 s per tick while capped
@@ -184,8 +184,8 @@ def test_counters_advance_and_gauges_hold() -> None:
 
 
 def test_counter_tracker_turns_collector_totals_into_deltas() -> None:
-    ticks, _ = run("rtx3090", 3)
-    tracker = CounterTracker(GPU.counters)
+    ticks, _ = run("rtx3090", 3, polled_every=1)
+    tracker = CounterTracker(GPU.counters, polled=GPU.polled)
     deltas = []
     for (row,) in ticks:
         d = tracker.deltas([(row["gpu"], row["uuid"])], {c: [row[c]] for c in GPU.counters})
@@ -194,6 +194,44 @@ def test_counter_tracker_turns_collector_totals_into_deltas() -> None:
     assert deltas[1]["power_violation"] == [100_000_000]  # the whole 0.1 s capped
     assert deltas[2]["energy"] == [3506]
     assert deltas[2]["ecc_corrected"] == [None]  # unsupported stays null
+
+
+def test_polled_counters_are_read_in_turns_and_their_deltas_cover_the_gaps() -> None:
+    # energy and violation times cost ms a call on a real GPU: each GPU reads them every
+    # polled_every ticks, half a period from its PCIe turn; the tracker's delta at a read
+    # covers the whole time since the previous read, so the sums over time are unchanged
+    rec = load("rtx3090")
+    (dev,) = rec["devices"]
+    t0 = dev["ticks"][0]
+    dev = {**dev, "ticks": [{**t0, "energy_mj": 3506 * t, "violation_power_ns": 10**8 * t}
+                            for t in range(25)]}
+    rec = {**rec, "devices": [dev] * 4}
+    ticks, nvml = run(rec, 25, polled_every=10)
+    read = [[t for t in range(25) if ticks[t][g]["energy"] is not None] for g in range(4)]
+    assert read == [[5, 15], [7, 17], [0, 10, 20], [2, 12, 22]]
+    pcie = [[t for t in range(25) if ticks[t][g]["pcie_tx"] is not None] for g in range(4)]
+    assert all(not set(r) & set(p) for r, p in zip(read, pcie, strict=True))
+    assert nvml.calls["nvmlDeviceGetTotalEnergyConsumption"] == 10
+    assert nvml.calls["nvmlDeviceGetViolationStatus"] == 2 * 10
+    keys = [(str(g), ticks[0][g]["uuid"]) for g in range(4)]
+    tracker = CounterTracker(GPU.counters, polled=GPU.polled)
+    deltas = [tracker.deltas(keys, {c: [r[c] for r in tick] for c in GPU.counters})
+              for tick in ticks]
+    energy = [[d["energy"][g] for d in deltas] for g in range(4)]
+    assert energy[0] == [None] * 15 + [3506 * 10] + [None] * 9  # 15 - 5 ticks of 350.6 mJ
+    assert energy[2][10] == energy[2][20] == 3506 * 10
+    assert deltas[15]["power_violation"][0] == 10 * 100_000_000  # capped the whole second
+    # a run of readings at once gives the same deltas as one reading at a time
+    batch = CounterTracker(GPU.counters, polled=GPU.polled)
+    flat = {c: [r[c] for tick in ticks for r in tick] for c in GPU.counters}
+    run_deltas = batch.deltas_run(keys, 25, flat)
+    assert run_deltas["energy"] == [d["energy"][g] for d in deltas for g in range(4)]
+    assert run_deltas["power_violation"] == [d["power_violation"][g] for d in deltas for g in range(4)]
+    # without the polled marking a null would cut the counter: no delta at all
+    plain = CounterTracker(GPU.counters)
+    plain_deltas = [plain.deltas(keys, {c: [r[c] for r in tick] for c in GPU.counters})
+                    for tick in ticks]
+    assert all(d["energy"][0] is None for d in plain_deltas)
 
 
 def test_not_supported_queried_once_then_skipped() -> None:
@@ -239,7 +277,7 @@ def test_nvlink_sums_active_links_in_one_call() -> None:
 def test_multi_gpu_rows_and_per_device_support() -> None:
     a100, a10g = load("a100-sxm4-80gb"), load("a10g")
     rec = {**a100, "devices": a100["devices"] + a10g["devices"]}
-    ticks, nvml = run(rec, 2, pcie_every=1)
+    ticks, nvml = run(rec, 2, pcie_every=1, polled_every=1)
     assert ticks[0] == [A100_TICK0, {**A10G_TICK0, "gpu": "1"}]
     # utilization unsupported on device 0 only: 1 call for it + 2 for device 1
     assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 3
