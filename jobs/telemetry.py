@@ -309,7 +309,9 @@ def host_features(job: HostChunk) -> HostFeatures:
     lo = job.first  # where the chunk's raw read starts
     if hist.height:
         ws = [utc(t) for t in hist[WINDOW_START].to_list()]
-        holes = [(start, ws[0])] if ws[0] > start else []
+        # (start is off the grid, s - window + 1 us - history: the grid's first window at
+        # or after it is no hole, and reading raw rows for it would find no window to add)
+        holes = [(start, ws[0])] if ws[0] > floor_grid(start - US, win.stride_s) + stride else []
         holes += [(a + stride, b) for a, b in zip(ws, ws[1:], strict=False) if b - a > stride]
         fresh = [raw_windows(a, b) for a, b in holes]
         if ws[-1] + stride < job.first:  # the windows up to the chunk: with it (its rows end the gap)
