@@ -19,8 +19,8 @@ lines are not additive; "other" is the total minus the top-level stages).
     .venv/bin/python benchmarks/sweep_scale.py --hosts 64 --duration 90m --live 30   # the live steady state
 
 ``--live M`` times the live scheduler instead: the first ``duration - M`` of the data is
-swept as a catch-up, then the last M minutes one cycle per simulated minute in one process
-on one engine (what ``unveil schedule`` does each minute, without its timer), so every
+swept as a catch-up, then the last M minutes one cycle per simulated minute (``--every K``: one
+every K minutes, each sweeping K) in one process on one engine (what ``unveil schedule`` does each minute, without its timer), so every
 step reads its full history (``[analytics] history``, 1 h by default), as on a host that
 has run for an hour. It prints the CPU-s per host-hour of those cycles (the process and its
 pool's workers, psutil) and each cycle's wall time against its one-minute cadence: a
@@ -205,8 +205,8 @@ import psutil
 from jobs.config import SweepConfig
 from jobs.cycle import run_cycle
 from jobs.engine import make_engine, parse_spec
-lake, start, minutes = sys.argv[1], datetime.fromisoformat(sys.argv[2]), int(sys.argv[3])
-sc = SweepConfig(**({"engine": parse_spec(sys.argv[4], "--engine")} if len(sys.argv) > 4 else {}))
+lake, start, minutes, every = sys.argv[1], datetime.fromisoformat(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+sc = SweepConfig(**({"engine": parse_spec(sys.argv[5], "--engine")} if len(sys.argv) > 5 else {}))
 me = psutil.Process()
 def cpu():
     t = sum(me.cpu_times()[:4])  # (user, system, and the reaped children's)
@@ -221,7 +221,7 @@ with make_engine(sc.engine) as engine:
     run_cycle(lake, sc, until=start, engine=engine)
     c1 = cpu()
     walls = []
-    for k in range(1, minutes + 1):
+    for k in range(every, minutes + 1, every):
         t = time.perf_counter()
         run_cycle(lake, sc, until=start + timedelta(minutes=k), engine=engine)
         walls.append(time.perf_counter() - t)
@@ -233,7 +233,7 @@ print(json.dumps({"catchup_cpu_s": c1 - c0, "live_cpu_s": c2 - c1, "walls": wall
 @dataclass
 class LivePoint:
     hosts: int
-    minutes: int  # one-minute cycles timed
+    minutes: int  # minutes swept by the timed cycles
     history_min: float  # data before the first timed cycle
     catchup_cpu_s: float
     live_cpu_s: float
@@ -241,6 +241,7 @@ class LivePoint:
     peak_rss_mb: float
     findings: int = 0
     incidents: int = 0
+    every: int = 1  # minutes between cycles (each sweeps that many)
 
     @property
     def cpu_per_host_hour(self) -> float:
@@ -248,14 +249,15 @@ class LivePoint:
 
 
 def measure_live(hosts: int, duration: timedelta, minutes: int, seed: int, keep: Path | None,
-                 engine: str | None = None) -> LivePoint:
+                 engine: str | None = None, every: int = 1) -> LivePoint:
     """The steady state of ``unveil schedule``: the last ``minutes`` of the data swept one
     cycle per minute after a catch-up over the rest (so each step reads its full history)."""
     with tempfile.TemporaryDirectory(prefix="sweep-live-", dir=keep) as d:
         lake = Path(d) / "lake"
         simulate_fleet(lake, hosts, duration, seed)
         start = T0 + duration - timedelta(minutes=minutes)
-        cmd = [sys.executable, "-c", LIVE_CHILD, str(lake), start.isoformat(), str(minutes), *([engine] if engine else [])]
+        cmd = [sys.executable, "-c", LIVE_CHILD, str(lake), start.isoformat(), str(minutes), str(every),
+               *([engine] if engine else [])]
         with open(Path(d) / "stderr", "w+b") as err:
             p = subprocess.Popen(cmd, cwd=d, env=_env(), stdout=subprocess.PIPE, stderr=err)
             assert p.stdout is not None
@@ -267,7 +269,7 @@ def measure_live(hosts: int, duration: timedelta, minutes: int, seed: int, keep:
                 raise RuntimeError(f"live sweep exited {p.returncode}:\n{err.read().decode(errors='replace')[-4000:]}")
         got = json.loads(out.decode().strip().splitlines()[-1])
         return LivePoint(hosts, minutes, duration.total_seconds() / 60 - minutes, got["catchup_cpu_s"],
-                         got["live_cpu_s"], got["walls"], ru.ru_maxrss / 1024, **verdicts(lake))
+                         got["live_cpu_s"], got["walls"], ru.ru_maxrss / 1024, **verdicts(lake), every=every)
 
 
 def render(points: list[Point]) -> str:
@@ -303,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: the steady state of the live scheduler, the last MINUTES of the data swept "
                     "one cycle per minute after a catch-up over the rest (CPU-s per host-hour of those "
                     "cycles, each cycle's wall time against its one-minute cadence)")
+    ap.add_argument("--every", type=int, default=1, metavar="MINUTES",
+                    help="with --live: a cycle every MINUTES simulated minutes (unveil schedule --every), "
+                    "each sweeping that many; --live must be a multiple of it (default 1)")
     a = ap.parse_args(argv)
     from ingest.simulator.scenario import parse_duration_s
 
@@ -317,15 +322,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.live:
         if timedelta(minutes=a.live) >= duration:
             ap.error("--live must be shorter than --duration (the rest is the history)")
-        print(f"live: the last {a.live} min swept one cycle per minute, after a catch-up over the first "
+        if a.every < 1 or a.live % a.every:
+            ap.error("--live must be a multiple of --every")
+        print(f"live: the last {a.live} min swept one cycle every {a.every} min, after a catch-up over the first "
               f"{duration.total_seconds() / 60 - a.live:.0f} min")
         lives = []
         for n in sorted(a.hosts):
-            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine)
+            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine, a.every)
             w = sorted(lp.cycle_wall_s)
-            print(f"  {n} hosts: {lp.live_cpu_s:.1f} CPU-s in {lp.minutes} cycles ({lp.cpu_per_host_hour:.2f} per "
+            print(f"  {n} hosts: {lp.live_cpu_s:.1f} CPU-s in {len(w)} cycles ({lp.cpu_per_host_hour:.2f} per "
                   f"host-hour; catch-up {lp.catchup_cpu_s:.1f} CPU-s), cycle wall median {w[len(w) // 2]:.1f} s, "
-                  f"max {w[-1]:.1f} s (cadence 60 s), peak RSS {lp.peak_rss_mb:.0f} MiB, "
+                  f"max {w[-1]:.1f} s (cadence {60 * a.every} s), peak RSS {lp.peak_rss_mb:.0f} MiB, "
                   f"{lp.findings} findings, {lp.incidents} incidents", flush=True)
             lives.append(lp)
         if a.json:

@@ -265,6 +265,11 @@ def _chunks_left(marks: Mapping[str, wm.HostMark], horizon: datetime, chunk: tim
     return max(1, math.ceil((horizon - min(behind)) / chunk))
 
 
+#: lake -> host -> its first telemetry time, kept between the cycles of one process (the
+#: live scheduler's one-minute cycles would otherwise read every host's first files again)
+_FIRST_TIMES: dict[str, dict[str, datetime]] = {}
+
+
 def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, now: datetime | None = None,
               until: datetime | None = None, hosts: Sequence[str] | None = None,
               progress: bool | None = None, queue_path: Path | None = None,
@@ -307,7 +312,8 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                 horizon = min(horizon, utc(until))
             horizon = floor_grid(horizon, stride)
             summary.horizon = horizon
-            first_times: dict[str, datetime] = {}
+            # (a host's first telemetry time never moves later: kept for the process's next cycles)
+            first_times = _FIRST_TIMES.setdefault(str(lake_p.resolve()), {})
             total = _chunks_left(marks, horizon, cfg.chunk)
             if cfg.max_chunks is not None:
                 total = min(total, cfg.max_chunks)
