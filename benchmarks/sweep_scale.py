@@ -20,7 +20,8 @@ lines are not additive; "other" is the total minus the top-level stages).
 
 ``--live M`` times the live scheduler instead: the first ``duration - M`` of the data is
 swept as a catch-up, then the last M minutes one cycle per simulated minute (``--every K``: one
-every K minutes, each sweeping K) in one process on one engine (what ``unveil schedule`` does each minute, without its timer), so every
+every K minutes, each sweeping K) in one process on one engine (what ``unveil schedule`` does each minute, without its timer; its compaction
+every ``compact_every`` of simulated time, counted in), so every
 step reads its full history (``[analytics] history``, 1 h by default), as on a host that
 has run for an hour. It prints the CPU-s per host-hour of those cycles (the process and its
 pool's workers, psutil) and each cycle's wall time against its one-minute cadence: a
@@ -197,13 +198,14 @@ def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Pat
 
 #: the live scheduler in one process (what ``unveil schedule`` does each minute, without
 #: APScheduler's timer): catch up to ``start``, then one cycle per simulated minute on one
-#: engine; CPU of this process and its pool's workers (psutil), per phase
+#: engine, and its maintenance (compaction, retention) every ``compact_every`` of simulated
+#: time; CPU of this process and its pool's workers (psutil), per phase
 LIVE_CHILD = r"""
 import json, sys, time
 from datetime import datetime, timedelta
 import psutil
 from jobs.config import SweepConfig
-from jobs.cycle import run_cycle
+from jobs.cycle import maintain, run_cycle
 from jobs.engine import make_engine, parse_spec
 lake, start, minutes, every = sys.argv[1], datetime.fromisoformat(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 sc = SweepConfig(**({"engine": parse_spec(sys.argv[5], "--engine")} if len(sys.argv) > 5 else {}))
@@ -221,10 +223,13 @@ with make_engine(sc.engine) as engine:
     run_cycle(lake, sc, until=start, engine=engine)
     c1 = cpu()
     walls = []
+    compact = round(sc.compact_every.total_seconds() / 60) if sc.compact_every else 0
     for k in range(every, minutes + 1, every):
         t = time.perf_counter()
         run_cycle(lake, sc, until=start + timedelta(minutes=k), engine=engine)
         walls.append(time.perf_counter() - t)
+        if compact and k % compact < every:  # the scheduler's maintenance job, on simulated time
+            maintain(lake, sc)
     c2 = cpu()
 print(json.dumps({"catchup_cpu_s": c1 - c0, "live_cpu_s": c2 - c1, "walls": walls}))
 """
