@@ -334,3 +334,19 @@ def test_host_files_hand_back_a_short_part_as_a_copy_and_the_history_as_the_map(
     both = files.rows_by([(HOSTS[:1], None), (HOSTS[1:], late)])
     assert both["host"].to_list() == sorted(both["host"].to_list())
     assert_frame_equal(both, pl.concat([files.rows(HOSTS[:1]), short]))
+
+
+def test_hosts_first_times_are_read_once_per_process(template: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host's first telemetry time (its warm-up) never moves later: the live scheduler's
+    cycles read it from the lake once per process, not at every one-minute cycle."""
+    import jobs.telemetry
+
+    read: list[str] = []
+    real = jobs.telemetry.earliest
+    monkeypatch.setattr(jobs.telemetry, "earliest", lambda lake, h: read.append(h) or real(lake, h))
+    root = tmp_path / "lake"
+    shutil.copytree(template, root)
+    for minute in (8, 9, 10):
+        assert run_cycle(root, _cfg(), now=T0 + timedelta(minutes=minute)) is not None
+    assert sorted(read) == HOSTS
