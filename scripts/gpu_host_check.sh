@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Records a real GPU host for Unveil, on a machine with an NVIDIA GPU and PyTorch:
-#   1. NVML recordings (ReplayNvml format) idle and under load: tests/data/nvml/<model>-*.json;
+#   1. NVML recordings (ReplayNvml format) idle and under load ($OUT/nvml-{idle,load}.json, as in
+#      tests/data/nvml/);
 #   2. the real cost of GpuCollector.collect() per tick and of each NVML query;
 #   3. the real agent on this host for AGENT_S seconds: idle, then a PyTorch load (bf16
 #      matrix products and pinned host-to-device copies), then idle again; the lake is tarred.

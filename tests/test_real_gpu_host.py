@@ -58,7 +58,8 @@ def test_a_healthy_h200_under_load_gives_no_incident(h200_lake: Path) -> None:
     assert capped.height > 1000  # the power cap held the clocks for minutes
     assert gpu["power_violation"].sum() / 1e9 > 100
     assert set(GPU_ENTRIES) <= {e.id for e in load_kb()}
-    findings = lake_mod.read(h200_lake, "findings")
-    assert findings.height > 0  # the sweep ran over the recorded minutes
-    assert not findings.filter(pl.col("entry_id").is_in(GPU_ENTRIES)).height
+    assert lake_mod.read(h200_lake, "features").height > 300  # the sweep judged the recorded minutes
+    if "findings" in lake_mod.tables(h200_lake):
+        findings = lake_mod.read(h200_lake, "findings")
+        assert not findings.filter(pl.col("entry_id").is_in(GPU_ENTRIES)).height
     assert "incidents" not in lake_mod.tables(h200_lake)  # no incident was ever written
