@@ -19,10 +19,10 @@ lines are not additive; "other" is the total minus the top-level stages).
     .venv/bin/python benchmarks/sweep_scale.py --hosts 64 --duration 90m --live 30   # the live steady state
 
 ``--live M`` times the live scheduler instead: the first ``duration - M`` of the data is
-swept as a catch-up, then the last M minutes one cycle per simulated minute (``--every K``: one
-every K minutes, each sweeping K) in one process on one engine (what ``unveil schedule`` does each minute, without its timer; its compaction
-every ``compact_every`` of simulated time, counted in), so every
-step reads its full history (``[analytics] history``, 1 h by default), as on a host that
+swept as a catch-up, then the last M minutes one cycle per simulated minute (``--every K``:
+one every K minutes, each sweeping K) in one process on one engine (what ``unveil schedule``
+does each minute, without its timer; its compaction every ``compact_every`` of simulated
+time, counted in), so every step reads its full history (``[analytics] history``, 1 h by default), as on a host that
 has run for an hour. It prints the CPU-s per host-hour of those cycles (the process and its
 pool's workers, psutil) and each cycle's wall time against its one-minute cadence: a
 worker keeps up with a fleet while its cycles stay under a minute.

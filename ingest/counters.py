@@ -83,8 +83,8 @@ class CounterTracker:
             flat = self._column_deltas(prev_flat, new_flat)
             n = len(keys)
             out = {c: flat[i * n : (i + 1) * n] for i, c in enumerate(names)}
-            for c in names:
-                if c in self.polled:
+            for c in self.polled:  # (empty for every measurement but the GPUs')
+                if c in new_cols:
                     new_cols[c] = _held(self._prev_cols[c], new_cols[c])
         else:
             out = self._row_deltas(keys, names, new_cols)

@@ -110,6 +110,11 @@ STATIC_QUERIES: dict[str, tuple[str, tuple[int, ...]]] = {
 }
 
 
+def _turns(count: int, every: int, offset: int = 0) -> list[int]:
+    """The tick (mod ``every``) at which each of ``count`` GPUs takes a slow query: spread."""
+    return [(i * every // count + offset) % every for i in range(count)]
+
+
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -236,16 +241,14 @@ class GpuCollector:
         ]
         self._polled_queries = [(k, *TICK_QUERIES[k]) for k in POLLED_QUERIES]
         self._polled_every = polled_every
-        self._polled_turn = [
-            (i * polled_every // count + polled_every // 2) % polled_every for i in range(count)
-        ]
+        self._polled_turn = _turns(count, polled_every, offset=polled_every // 2)
         self._pcie_queries = [
             (k, fn, args)
             for k, (fn, args) in TICK_QUERIES.items()
             if pcie_throughput and k.startswith("pcie_") and not k.startswith("pcie_link")
         ]
         self._pcie_every = pcie_every
-        self._pcie_turn = [i * pcie_every // count for i in range(count)]
+        self._pcie_turn = _turns(count, pcie_every)
         self._tick = 0
         self._static: list[dict[str, Any]] = [{} for _ in range(count)]
         self._nvlinks: list[list[tuple[int, int]]] = [[] for _ in range(count)]
