@@ -4,9 +4,13 @@
 #      tests/data/nvml/);
 #   2. the real cost of GpuCollector.collect() per tick and of each NVML query;
 #   3. the real agent on this host for AGENT_S seconds: idle, then a PyTorch load (bf16
-#      matrix products and pinned host-to-device copies), then idle again; the lake is tarred.
+#      matrix products and pinned host-to-device copies), then idle again; the lake is tarred;
+#   4. (STEPS=train) the real agent and the real scheduler (`unveil schedule --every 60s`)
+#      for TRAIN_AGENT_S seconds around a training-like PyTorch job: a DataLoader with worker
+#      processes reading shards from disk, a small transformer trained in bf16, a checkpoint
+#      written every CKPT_S seconds; its lake (with the scheduler's incidents) is tarred.
 # Nothing on the GPU is reconfigured: it only reads NVML and runs a workload.
-# Usage: OUT=dir [STEPS=cost,agent] scripts/gpu_host_check.sh
+# Usage: OUT=dir [STEPS=cost,agent,train] scripts/gpu_host_check.sh
 #        (PYTHONPATH must reach the project's dependencies)
 set -u
 OUT=${OUT:?set OUT to a folder for the results}
@@ -60,6 +64,70 @@ for kw in ({"polled_every": 1}, {}):  # every query every tick, then the default
         ts.sort()
         print(f"  {name:48s} calls {len(ts):5d}  median {statistics.median(ts)*1e6:9.1f} us  max {ts[-1]*1e6:9.1f} us")
 EOF
+
+train_step() {
+  local lake=/tmp/gpucheck/train-lake
+  mkdir -p "$lake" /tmp/gpucheck/shards /tmp/gpucheck/ckpt
+  $PY -m jobs.cli agent --lake "$lake" --duration "$TRAIN_AGENT_S" --commit-interval 30 \
+      >"$OUT/train-agent.log" 2>&1 &
+  local agent=$!
+  sleep 5
+  $PY -m jobs.cli schedule --lake "$lake" --every 60s --no-progress >"$OUT/train-schedule.log" 2>&1 &
+  local sched=$!
+  sleep "$IDLE_S"
+  date -u +"train start %FT%TZ" | tee -a "$OUT/phases.txt"
+  $PY - "$TRAIN_S" "$CKPT_S" <<'PYEOF'
+import os, sys, time
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+end, ckpt_s = time.time() + float(sys.argv[1]), float(sys.argv[2])
+shards = "/tmp/gpucheck/shards"
+for i in range(64):  # 64 shards of 16 MiB of token ids, read back by the loader's workers
+    np.random.default_rng(i).integers(0, 32000, 4 * 2**20, dtype=np.int32).tofile(f"{shards}/{i}.bin")
+class Shards(Dataset):
+    def __len__(self): return 1 << 30
+    def __getitem__(self, i):
+        a = np.fromfile(f"{shards}/{i % 64}.bin", dtype=np.int32, count=8 * 1024, offset=(i * 4096) % (12 * 2**20))
+        return torch.from_numpy(a.astype(np.int64)).view(8, 1024)
+model = nn.Sequential(nn.Embedding(32000, 1024),
+                      nn.TransformerEncoder(nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True), 8),
+                      nn.Linear(1024, 32000)).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+loader = DataLoader(Shards(), batch_size=4, num_workers=6, pin_memory=True, persistent_workers=True)
+steps, last = 0, time.time()
+for x in loader:
+    x = x.view(-1, 1024).cuda(non_blocking=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    steps += 1
+    if time.time() - last > ckpt_s:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, "/tmp/gpucheck/ckpt/last.pt")
+        os.sync()
+        last = time.time()
+    if time.time() > end:
+        break
+print(f"train: {steps} steps of 32 x 1023 tokens, loss {loss.item():.3f}")
+PYEOF
+  date -u +"train end %FT%TZ" | tee -a "$OUT/phases.txt"
+  wait "$agent"
+  echo "train agent rc $?"
+  sleep 70  # one more scheduler cycle over the last committed minute
+  kill "$sched"; wait "$sched"
+  tail -20 "$OUT/train-agent.log"; tail -20 "$OUT/train-schedule.log"
+  tar czf "$OUT/train-lake.tar.gz" -C /tmp/gpucheck train-lake
+  ls -la "$OUT"
+}
+if [[ $STEPS == *train* ]]; then
+  TRAIN_AGENT_S=${TRAIN_AGENT_S:-480}
+  TRAIN_S=${TRAIN_S:-360}
+  CKPT_S=${CKPT_S:-60}
+  train_step
+fi
 
 [[ $STEPS == *agent* ]] || exit 0
 # 1. NVML recording, idle
