@@ -8,7 +8,8 @@
 #   4. (STEPS=train) the real agent and the real scheduler (`unveil schedule --every 60s`)
 #      for TRAIN_AGENT_S seconds around a training-like PyTorch job: a DataLoader with worker
 #      processes reading shards from disk, a small transformer trained in bf16, a checkpoint
-#      written every CKPT_S seconds; its lake (with the scheduler's incidents) is tarred.
+#      written every CKPT_S seconds (MODEL_DIM, MODEL_LAYERS: its size); its lake (with the
+#      scheduler's incidents) is tarred.
 # Nothing on the GPU is reconfigured: it only reads NVML and runs a workload.
 # Usage: OUT=dir [STEPS=cost,agent,train] scripts/gpu_host_check.sh
 #        (PYTHONPATH must reach the project's dependencies)
@@ -91,9 +92,10 @@ class Shards(Dataset):
     def __getitem__(self, i):
         a = np.fromfile(f"{shards}/{i % 64}.bin", dtype=np.int32, count=8 * 1024, offset=(i * 4096) % (12 * 2**20))
         return torch.from_numpy(a.astype(np.int64)).view(8, 1024)
-model = nn.Sequential(nn.Embedding(32000, 1024),
-                      nn.TransformerEncoder(nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True), 8),
-                      nn.Linear(1024, 32000)).cuda()
+dim, layers = int(os.environ.get("MODEL_DIM", 1024)), int(os.environ.get("MODEL_LAYERS", 8))
+model = nn.Sequential(nn.Embedding(32000, dim),
+                      nn.TransformerEncoder(nn.TransformerEncoderLayer(dim, 16, 4 * dim, batch_first=True), layers),
+                      nn.Linear(dim, 32000)).cuda()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 loader = DataLoader(Shards(), batch_size=4, num_workers=6, pin_memory=True, persistent_workers=True)
 steps, last = 0, time.time()
@@ -106,9 +108,12 @@ for x in loader:
     opt.step()
     steps += 1
     if time.time() - last > ckpt_s:
+        t = time.time()
         torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, "/tmp/gpucheck/ckpt/last.pt")
         os.sync()
         last = time.time()
+        print(f"checkpoint {time.strftime('%H:%M:%S', time.gmtime(t))}Z: "
+              f"{os.path.getsize('/tmp/gpucheck/ckpt/last.pt') / 2**30:.2f} GiB in {last - t:.1f} s", flush=True)
     if time.time() > end:
         break
 print(f"train: {steps} steps of 32 x 1023 tokens, loss {loss.item():.3f}")
@@ -116,7 +121,7 @@ PYEOF
   date -u +"train end %FT%TZ" | tee -a "$OUT/phases.txt"
   wait "$agent"
   echo "train agent rc $?"
-  sleep 70  # one more scheduler cycle over the last committed minute
+  sleep "${TAIL_S:-70}"  # one more scheduler cycle over the last committed minute
   kill "$sched"; wait "$sched"
   tail -20 "$OUT/train-agent.log"; tail -20 "$OUT/train-schedule.log"
   tar czf "$OUT/train-lake.tar.gz" -C /tmp/gpucheck train-lake
