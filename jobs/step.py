@@ -552,8 +552,9 @@ def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max
     horizon), so they are visible while they last; its unmatched windows wait for the close
     (a matched span may still absorb them). Closed segments give ``state = 'closed'`` rows.
     An incident persisted when it spans at least ``min_incident_s`` (first window's start to
-    last window's end), an unmatched one ``min_unmatched_s`` (None: the same; at most
-    ``max_len``); a shorter one is never raised, open or closed."""
+    last window's end) or its entry's ``min_duration_s`` when longer, an unmatched one
+    ``min_unmatched_s`` (None: the same); each at most ``max_len``. A shorter one is never
+    raised, open or closed."""
     rows: list[pl.DataFrame] = []
     open_since: dict[str, datetime] = {}
     if findings.is_empty():
@@ -562,8 +563,13 @@ def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max
     gap = timedelta(seconds=gap_s)
     # (a segment is cut at max_len: one that long has persisted whatever the setting)
     unmatched_s = min_incident_s if min_unmatched_s is None else min(min_unmatched_s, max_len.total_seconds())
-    persisted = (pl.col("end") - pl.col("start")) >= pl.when(pl.col("status") == "matched").then(
-        pl.lit(timedelta(seconds=min_incident_s))).otherwise(pl.lit(timedelta(seconds=unmatched_s)))
+    # an entry may ask for longer (its own min_duration_s: symptoms healthy workloads show in bursts)
+    longer = {e.id: min(max(e.min_duration_s, min_incident_s), max_len.total_seconds()) for e in kb.entries
+              if e.min_duration_s is not None and e.min_duration_s > min_incident_s}
+    matched_s = (pl.col("entry_id").replace_strict(longer, default=min_incident_s, return_dtype=pl.Float64)
+                 if longer else pl.lit(min_incident_s))
+    persisted = (pl.col("end") - pl.col("start")).dt.total_microseconds() >= pl.when(
+        pl.col("status") == "matched").then(matched_s * 1e6).otherwise(pl.lit(unmatched_s * 1e6))
     for seg in segment(findings, gap_s, max_len):
         host = str(seg[HOST][0])
         start, end = seg[WS].min(), seg[WE].max()

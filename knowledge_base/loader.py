@@ -191,6 +191,10 @@ class Entry:
     #: reclaim and page zeroing take CPU, a squeezed page cache re-reads from disk): a
     #: symptom-only match there overlapping this entry's is read as its consequence
     consequences: tuple[str, ...] = ()
+    #: an incident of this entry is raised only once it spans this long (None: the
+    #: scheduler's ``min_incident_s``; the larger of the two applies): for causes whose
+    #: symptoms a healthy workload also shows in bursts (a checkpoint's writes)
+    min_duration_s: float | None = None
 
     @property
     def required(self) -> tuple[Signal, ...]:
@@ -550,7 +554,7 @@ def parse_entry(data: Mapping[str, Any], path: str) -> Entry:
     ctx = _Ctx(path)
     _keys(ctx, "", data, ("id", "title", "label_type", "explanation", "impact", "subsystems", "signals",
                           "preconditions", "remediation", "verification", "audit", "references", "min_confidence",
-                          "consequences"),
+                          "consequences", "min_duration_s"),
           ("id", "title", "explanation", "impact", "subsystems", "signals"))
     eid = _str(ctx, "id", data["id"])
     if not ID_RE.fullmatch(eid):
@@ -582,9 +586,10 @@ def parse_entry(data: Mapping[str, Any], path: str) -> Entry:
     refs = tuple(_str(ctx, f"references[{i}]", r) for i, r in enumerate(_list(ctx, "references", data.get("references", []))))
     min_conf = _num(ctx, "min_confidence", data.get("min_confidence", 0.5), lo=0.0, hi=1.0)
     label = _str(ctx, "label_type", data.get("label_type", eid))
+    min_dur = _num(ctx, "min_duration_s", data["min_duration_s"], lo=0.0) if "min_duration_s" in data else None
     return Entry(eid, _str(ctx, "title", data["title"]), label, _str(ctx, "explanation", data["explanation"]),
                  _str(ctx, "impact", data["impact"]), tuple(subs), signals, pre, rem, ver, aud, refs, min_conf, path,
-                 tuple(str(c) for c in cons))
+                 tuple(str(c) for c in cons), min_dur)
 
 
 def load_entry(path: str | Path) -> Entry:

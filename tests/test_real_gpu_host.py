@@ -63,3 +63,37 @@ def test_a_healthy_h200_under_load_gives_no_incident(h200_lake: Path) -> None:
         findings = lake_mod.read(h200_lake, "findings")
         assert not findings.filter(pl.col("entry_id").is_in(GPU_ENTRIES)).height
     assert "incidents" not in lake_mod.tables(h200_lake)  # no incident was ever written
+
+
+#: (lake, end of its data): a ~2 GB checkpoint a minute (the entry's min_duration_s was set
+#: looking at this one), and a held-out one recorded after the change (8.2 GiB in 17-21 s
+#: every minute; the code before raised an incident on its third checkpoint)
+TRAIN_LAKES = {"h200-train-lake": "2026-12-04T17:54:20Z", "h200-train2-lake": "2026-12-04T18:03:22Z"}
+
+
+@pytest.fixture(scope="module", params=sorted(TRAIN_LAKES))
+def h200_train_lake(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from jobs.cli import main
+
+    root = tmp_path_factory.mktemp(request.param)
+    with tarfile.open(DATA / "hosts" / f"{request.param}.tar.gz") as tar:
+        tar.extractall(root, filter="data")
+    lake = root / "lake"
+    assert main(["schedule", "--lake", str(lake), "--once", "--no-progress", "--lag", "0s",
+                 "--until", TRAIN_LAKES[request.param]]) == 0
+    return lake
+
+
+def test_a_training_job_checkpoints_are_no_storage_incident(h200_train_lake: Path) -> None:
+    """A real H200 training host writing a checkpoint every minute: the checkpoints show
+    storage_contention's signature for seconds (the disk busy with the job's own writes),
+    and no incident is raised for them (the entry's min_duration_s). The code before raised
+    one on each lake (an 11-s run at the first job's start, the 26-s third checkpoint of the
+    second)."""
+    disk = lake_mod.read(h200_train_lake, "disk").filter(pl.col("device") == "vda").sort("time")
+    written = disk.select((pl.col("write_sectors").diff() * 512).fill_null(0)).to_series()
+    assert int((written > 500 * 2**20).sum()) >= 3  # checkpoint-sized lumps of writes
+    findings = lake_mod.read(h200_train_lake, "findings")
+    runs = findings.filter(pl.col("entry_id") == "storage_contention")
+    assert runs.height >= 20  # the signature did match the bursts
+    assert "incidents" not in lake_mod.tables(h200_train_lake)

@@ -302,6 +302,40 @@ def test_unmatched_incidents_need_their_own_persistence() -> None:
     assert got["status"].to_list() == ["unmatched"]
 
 
+def _matched(f: pl.DataFrame, entry_id: str) -> pl.DataFrame:
+    return f.with_columns(pl.lit(entry_id).alias("entry_id"), pl.lit(0.9).alias("match_confidence"),
+                          pl.lit([], pl.List(pl.String)).alias("match_devices"),
+                          pl.lit("matched").alias("match_explanation"))
+
+
+def test_an_entry_may_ask_for_longer_persistence() -> None:
+    """An entry's min_duration_s (storage_contention: 60 s, a checkpoint's burst is no
+    contention) holds its incidents back until they span that long, open or closed; other
+    entries keep the scheduler's min_incident_s; an entry asking for less gets the larger."""
+    kb = load_kb()
+    assert kb.by_id["storage_contention"].min_duration_s == 60.0
+    kw = {"gap_s": 5.0, "max_len": timedelta(minutes=15), "window_length": timedelta(seconds=3),
+          "stride": timedelta(seconds=1), "min_incident_s": 10.0, "min_unmatched_s": 120.0}
+    burst = _findings("h", list(range(20)))  # 22 s: a checkpoint
+    got, _ = incidents_of(_matched(burst, "storage_contention"), kb, horizon=None, **kw)  # type: ignore[arg-type]
+    assert got.is_empty()
+    got, _ = incidents_of(_matched(burst, "cpu_noisy_neighbour"), kb, horizon=None, **kw)  # type: ignore[arg-type]
+    assert got["entry_id"].to_list() == ["cpu_noisy_neighbour"]
+    lasting = _matched(_findings("h", list(range(70))), "storage_contention")  # 72 s
+    got, _ = incidents_of(lasting, kb, horizon=None, **kw)  # type: ignore[arg-type]
+    assert got.select("status", "entry_id").rows() == [("matched", "storage_contention")]
+    # still growing at the horizon: visible (open) once it spans 60 s, not before
+    at = T0 + timedelta(seconds=72)
+    got, _ = incidents_of(lasting, kb, horizon=at, **kw)  # type: ignore[arg-type]
+    assert got["state"].to_list() == ["open"]
+    got, _ = incidents_of(lasting.filter(pl.col("window_start") < T0 + timedelta(seconds=40)), kb,
+                          horizon=T0 + timedelta(seconds=42), **kw)  # type: ignore[arg-type]
+    assert got.is_empty()
+    # the scheduler's own bound wins when it is the longer one
+    got, _ = incidents_of(lasting, kb, horizon=None, **{**kw, "min_incident_s": 100.0})  # type: ignore[arg-type]
+    assert got.is_empty()
+
+
 def test_progress_draws_on_request_and_logs_otherwise(caplog: pytest.LogCaptureFixture) -> None:
     buf = io.StringIO()
     with Progress(4, "catch-up", unit="chunks", enabled=True, stream=buf) as p:
