@@ -36,6 +36,10 @@ class FeatureFamily:
     direction: Direction
     floor: float
     description: str
+    #: follows the workload's load on a healthy host: the detectors weigh it as activity
+    #: (context, :func:`analytics.pipeline.evidence_weights`), one-sided still; signatures
+    #: read it as they do any feature
+    context: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,12 @@ class FeatureInfo:
     direction: Direction
     floor: float
     description: str
+    context: bool = False
 
 
-def _fam(name: str, subsystem: str, unit: str, direction: Direction, floor: float, desc: str) -> FeatureFamily:
-    return FeatureFamily(name, subsystem, unit, direction, floor, desc)
+def _fam(name: str, subsystem: str, unit: str, direction: Direction, floor: float, desc: str,
+         context: bool = False) -> FeatureFamily:
+    return FeatureFamily(name, subsystem, unit, direction, floor, desc, context)
 
 
 # floors: ratios/shares 0.02 (two percentage points); rates roughly "one event per second"
@@ -129,11 +135,19 @@ _FAMILIES: list[FeatureFamily] = [
     _fam("gpu.power_limit_ratio", "gpu", "fraction", "down", 0.02, "enforced power limit / default power limit (a lowered cap shows < 1)"),
     _fam("gpu.sm_clock_ratio", "gpu", "fraction", "down", 0.02, "SM clock / maximum SM clock while busy (>= 10 % util)"),
     _fam("gpu.mem_clock_ratio", "gpu", "fraction", "down", 0.02, "memory clock / maximum memory clock"),
-    _fam("gpu.temperature_max", "gpu", "C", "up", 2.0, "maximum GPU temperature in the window"),
-    _fam("gpu.throttle_power_share", "gpu", "fraction", "up", 0.02, "share of samples with a power throttle reason (SW power cap 0x4 or HW power brake 0x80)"),
+    # context, not evidence: a GPU's temperature follows its power draw, and a healthy GPU at
+    # its *default* limit sits at its power cap under load (a real H200: ~180 s of SW power
+    # cap in a 3-min bf16 load, tests/data/hosts). A busier healthy host is warmer and more
+    # capped than its peers; the faults are read elsewhere: thermal from the thermal reasons
+    # and violation time, a lowered cap from the limit (gpu.power_limit_ratio)
+    _fam("gpu.temperature_max", "gpu", "C", "up", 2.0, "maximum GPU temperature in the window (context)",
+         context=True),
+    _fam("gpu.throttle_power_share", "gpu", "fraction", "up", 0.02, "share of samples with a power throttle reason (SW power cap 0x4 or HW power brake 0x80) (context)",
+         context=True),
     _fam("gpu.throttle_thermal_share", "gpu", "fraction", "up", 0.02, "share of samples with a thermal throttle reason (SW thermal 0x20 or HW thermal 0x40)"),
     _fam("gpu.throttle_hw_slowdown_share", "gpu", "fraction", "up", 0.02, "share of samples with HW slowdown (0x8)"),
-    _fam("gpu.power_violation_share", "gpu", "fraction", "up", 0.02, "time clocks were held by the power cap / window length"),
+    _fam("gpu.power_violation_share", "gpu", "fraction", "up", 0.02, "time clocks were held by the power cap / window length (context)",
+         context=True),
     _fam("gpu.thermal_violation_share", "gpu", "fraction", "up", 0.02, "time clocks were held by thermal limits / window length"),
     _fam("gpu.ecc_corrected_rate", "gpu", "1/s", "up", 0.5, "corrected ECC errors per second"),
     _fam("gpu.ecc_uncorrected_rate", "gpu", "1/s", "up", 0.1, "uncorrected ECC errors per second"),
@@ -190,7 +204,8 @@ def lookup(feature: str) -> FeatureInfo:
     fam = FAMILIES.get(family)
     if fam is None:
         return FeatureInfo(feature, family, device, "other", "", "both", _OTHER_FLOOR, "imported metric (no known semantics)")
-    return FeatureInfo(feature, family, device, fam.subsystem, fam.unit, fam.direction, fam.floor, fam.description)
+    return FeatureInfo(feature, family, device, fam.subsystem, fam.unit, fam.direction, fam.floor, fam.description,
+                       fam.context)
 
 
 def markdown() -> str:

@@ -423,17 +423,19 @@ def evidence_weights(cols: Sequence[str], config: AnalyticsConfig) -> tuple[np.n
     workload phase (model load, checkpoint, evaluation) moves them by orders of
     magnitude without being an inefficiency; with the default 0.25 no activity feature
     reaches the Z-score's minimum threshold (3) alone below a 10^5-fold deviation, yet
-    they still shape the multivariate detectors and the fingerprints. Imported metrics
-    (unknown families) keep weight 1, linear, both sides."""
+    they still shape the multivariate detectors and the fingerprints. Families marked
+    ``context`` (levels that follow load on a healthy host: GPU temperature, power-cap time)
+    are weighed the same way, on their side of trouble. Imported metrics (unknown families)
+    keep weight 1, linear, both sides."""
     sign = np.zeros(len(cols))
     weight = np.ones(len(cols))
     for j, c in enumerate(cols):
         info = lookup(c)
         if info.family not in FAMILIES:
             continue
-        if info.direction == "both":
+        if info.direction == "both" or info.context:
             weight[j] = config.activity_weight
-        elif config.one_sided:
+        if info.direction != "both" and config.one_sided:
             sign[j] = 1.0 if info.direction == "up" else -1.0
     return sign, weight
 
