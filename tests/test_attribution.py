@@ -214,6 +214,22 @@ def test_evidence_is_one_sided_and_activity_is_down_weighted() -> None:
     assert sign.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
+def test_levels_that_follow_load_are_context_on_their_side() -> None:
+    """GPU temperature and power-cap time follow a healthy GPU's load: weighed as activity
+    (no deviation of theirs flags a window alone), still one-sided; the thermal throttle
+    reasons and a lowered limit stay evidence."""
+    from analytics.pipeline import _evidence, evidence_weights
+
+    cols = ["gpu.temperature_max@gpu0", "gpu.throttle_power_share@gpu0", "gpu.power_violation_share@gpu0",
+            "gpu.throttle_thermal_share@gpu0", "gpu.thermal_violation_share@gpu0", "gpu.power_limit_ratio@gpu0"]
+    sign, weight = evidence_weights(cols, AnalyticsConfig())
+    assert sign.tolist() == [1.0, 1.0, 1.0, 1.0, 1.0, -1.0]
+    assert weight.tolist() == [0.25, 0.25, 0.25, 1.0, 1.0, 1.0]
+    z = _evidence(np.array([[50.0, 50.0, 50.0, 50.0, 50.0, -50.0], [-50.0] * 5 + [50.0]]), sign, weight)
+    assert (z[0, :3] < 3.0).all() and (z[0, 3:5] == 50.0).all() and z[0, 5] == -50.0  # 3: the Z-score's least threshold
+    assert (z[1] == 0.0).all()  # a cooler, uncapped GPU is no trouble
+
+
 def test_behaviour_cohorts_split_serving_from_training_but_keep_a_faulty_host() -> None:
     from analytics.pipeline import cohorts
 
