@@ -564,7 +564,7 @@ def incidents_of(findings: pl.DataFrame, kb: KnowledgeBase, *, gap_s: float, max
     # (a segment is cut at max_len: one that long has persisted whatever the setting)
     unmatched_s = min_incident_s if min_unmatched_s is None else min(min_unmatched_s, max_len.total_seconds())
     # an entry may ask for longer (its own min_duration_s: symptoms healthy workloads show in bursts)
-    longer = {e.id: min(max(e.min_duration_s, min_incident_s), max_len.total_seconds()) for e in kb.entries
+    longer = {e.id: min(e.min_duration_s, max_len.total_seconds()) for e in kb.entries
               if e.min_duration_s is not None and e.min_duration_s > min_incident_s}
     matched_s = (pl.col("entry_id").replace_strict(longer, default=min_incident_s, return_dtype=pl.Float64)
                  if longer else pl.lit(min_incident_s))

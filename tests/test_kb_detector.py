@@ -229,18 +229,19 @@ def test_warmup_cover_uses_the_cohorts_analytics_judged_with() -> None:
 
 
 def _diverse_fleet(shift_at: int | None) -> pl.DataFrame:
-    """Four hosts of one cohort for 400 s; h3's GPU runs 9 degC warmer than its peers (a
-    warmer slot: benign diversity) from the start, or 15 degC warmer only from ``shift_at``
-    (a change its own history sees)."""
+    """Four hosts of one cohort for 400 s; h3 spends 9 points more of its CPU time in the
+    kernel than its peers (a different network stack: benign diversity) from the start, or
+    15 points more only from ``shift_at`` (a change its own history sees). (No entry reads
+    ``cpu.system_share``; GPU temperature, used here before, is context since 2026-12-04.)"""
     rng = np.random.default_rng(0)
     parts = []
     for h in range(4):
         starts = list(range(400))
-        hot = np.zeros(400)
+        more = np.zeros(400)
         if h == 3:
-            hot[(shift_at or 0):] = 9.0 if shift_at is None else 15.0
+            more[(shift_at or 0):] = 0.09 if shift_at is None else 0.15
         parts.append(keys(f"h{h}", starts).with_columns(
-            pl.Series("gpu.temperature_max@gpu0", (55 + hot + rng.normal(0, 0.7, 400)).round()),
+            pl.Series("cpu.system_share@node0", 0.05 + more + rng.normal(0, 0.004, 400)),
             pl.Series("gpu.util@gpu0", 90 + rng.normal(0, 2, 400))))
     return pl.concat(parts)
 
