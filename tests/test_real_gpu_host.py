@@ -39,17 +39,22 @@ def test_h200_recordings_replay_as_the_real_gpu_answered() -> None:
     assert load["nvlink_tx"] is None  # a single PCIe GPU: NVLink NotSupported
 
 
-@pytest.fixture(scope="module")
-def h200_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _swept(tmp_path_factory: pytest.TempPathFactory, name: str, until: str) -> Path:
+    """The recorded lake ``tests/data/hosts/<name>.tar.gz``, swept by ``unveil schedule
+    --once`` up to ``until`` (the end of its data)."""
     from jobs.cli import main
 
-    root = tmp_path_factory.mktemp("h200")
-    with tarfile.open(DATA / "hosts" / "h200-vm-lake.tar.gz") as tar:
+    root = tmp_path_factory.mktemp(name)
+    with tarfile.open(DATA / "hosts" / f"{name}.tar.gz") as tar:
         tar.extractall(root, filter="data")
     lake = root / "lake"
-    assert main(["schedule", "--lake", str(lake), "--once", "--no-progress", "--lag", "0s",
-                 "--until", "2026-12-04T15:30:10Z"]) == 0
+    assert main(["schedule", "--lake", str(lake), "--once", "--no-progress", "--lag", "0s", "--until", until]) == 0
     return lake
+
+
+@pytest.fixture(scope="module")
+def h200_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _swept(tmp_path_factory, "h200-vm-lake", "2026-12-04T15:30:10Z")
 
 
 def test_a_healthy_h200_under_load_gives_no_incident(h200_lake: Path) -> None:
@@ -73,15 +78,7 @@ TRAIN_LAKES = {"h200-train-lake": "2026-12-04T17:54:20Z", "h200-train2-lake": "2
 
 @pytest.fixture(scope="module", params=sorted(TRAIN_LAKES))
 def h200_train_lake(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from jobs.cli import main
-
-    root = tmp_path_factory.mktemp(request.param)
-    with tarfile.open(DATA / "hosts" / f"{request.param}.tar.gz") as tar:
-        tar.extractall(root, filter="data")
-    lake = root / "lake"
-    assert main(["schedule", "--lake", str(lake), "--once", "--no-progress", "--lag", "0s",
-                 "--until", TRAIN_LAKES[request.param]]) == 0
-    return lake
+    return _swept(tmp_path_factory, request.param, TRAIN_LAKES[request.param])
 
 
 def test_a_training_job_checkpoints_are_no_storage_incident(h200_train_lake: Path) -> None:

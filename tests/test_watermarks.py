@@ -291,11 +291,7 @@ def test_unmatched_incidents_need_their_own_persistence() -> None:
     got, _ = incidents_of(_findings("h", list(range(125))), kb, **kw)  # type: ignore[arg-type]
     assert got["status"].to_list() == ["unmatched"]
     assert (got["end"][0] - got["start"][0]).total_seconds() >= 120
-    matched = minute.with_columns(pl.lit("thp_coverage_loss").alias("entry_id"),
-                                  pl.lit(0.9).alias("match_confidence"),
-                                  pl.lit([], pl.List(pl.String)).alias("match_devices"),
-                                  pl.lit("thp off").alias("match_explanation"))
-    got, _ = incidents_of(matched, kb, **kw)  # type: ignore[arg-type]
+    got, _ = incidents_of(_matched(minute, "thp_coverage_loss"), kb, **kw)  # type: ignore[arg-type]
     assert got.select("status", "entry_id").rows() == [("matched", "thp_coverage_loss")]
     # without min_unmatched_s both kinds share min_incident_s
     got, _ = incidents_of(minute, kb, **{**kw, "min_unmatched_s": None})  # type: ignore[arg-type]
