@@ -95,7 +95,22 @@ class HostFacts:
             return len(self.devices(name.split(".")[0]))
         if name == "irq.count":
             return len(self.devices("irq"))
+        if name == "power.slow_governor":
+            return self._slow_governor()
         raise KeyError(name)
+
+    def _slow_governor(self) -> bool | None:
+        """Whether a cpufreq policy's governor holds its clocks low: ``conservative``, or
+        ``powersave`` under a generic cpufreq driver (acpi-cpufreq, intel_cpufreq, cppc, ...),
+        where it pins the lowest frequency. Under intel_pstate and amd-pstate-epp in active
+        mode ``powersave`` is the driver's own dynamic algorithm and the default (Linux
+        admin-guide/pm/intel_pstate.rst, amd-pstate.rst): no fault. None: no cpufreq facts."""
+        governors = [v for v in self.device_values("power", "scaling_governor").values() if v is not None]
+        if not governors:
+            return None
+        driver = self.value("power", "scaling_driver")
+        dynamic_powersave = driver in ("intel_pstate", "amd-pstate-epp")
+        return any(g == "conservative" or (g == "powersave" and not dynamic_powersave) for g in governors)
 
     def lookup(self, fact: str) -> list[Any]:
         """Values of a precondition fact: a derived fact, else ``category.key`` host-wide,

@@ -79,6 +79,7 @@ DERIVED: dict[str, str] = {
     "nic.count": "number of NICs",
     "nvme.count": "number of NVMe disks",
     "irq.count": "number of device IRQs with affinity facts",
+    "power.slow_governor": "a cpufreq policy whose governor holds the clocks low (see HostFacts.derived)",
 }
 
 TEMPLATE_RE = re.compile(r"\{(device|device_index|device_node|device_node_cpus|device_pci|netdev|cgroup"

@@ -353,6 +353,37 @@ def test_configuration_without_effect_is_quiet(cols: dict[str, list[float | None
     assert match_windows(_frame(40, cols), _gpu_facts(), load_kb()).is_empty()
 
 
+def _power_facts(governor: str, driver: str) -> pl.DataFrame:
+    rows = [("policy0", "scaling_governor", governor), ("policy1", "scaling_governor", governor),
+            ("", "scaling_driver", driver)]
+    return pl.DataFrame({"time": [T0 - timedelta(minutes=1)] * 3, "host": ["vm"] * 3, "category": ["power"] * 3,
+                         "device": [d for d, _k, _v in rows], "key": [k for _d, k, _v in rows],
+                         "value": [v for _d, _k, v in rows], "value_num": [None] * 3},
+                        schema_overrides={"value_num": pl.Float64})
+
+
+def test_a_governor_holding_the_clocks_low_since_boot_is_named_on_a_busy_host() -> None:
+    # powersave since boot (every host of the fleet: no past or peer differs), a third of the
+    # CPU time busy
+    cols: dict[str, list[float | None]] = {"cpu.busy_share@node0": [0.35] * 40, "cpu.freq_mhz": [1900.0] * 40}
+    got = _rank1(match_windows(_frame(40, cols), _power_facts("powersave", "acpi-cpufreq"), load_kb()))
+    assert len(got) == 40 and set(got.values()) == {"cpu_governor_powersave"}, got
+    conservative = _rank1(match_windows(_frame(40, cols), _power_facts("conservative", "intel_cpufreq"), load_kb()))
+    assert set(conservative.values()) == {"cpu_governor_powersave"}, conservative
+
+
+@pytest.mark.parametrize(("busy", "governor", "driver"), [
+    (0.35, "powersave", "intel_pstate"),  # intel_pstate's own powersave: its dynamic default
+    (0.35, "powersave", "amd-pstate-epp"),
+    (0.35, "performance", "acpi-cpufreq"),
+    (0.03, "powersave", "acpi-cpufreq"),  # slow clocks on an idle host cost nothing
+])
+def test_a_governor_that_costs_nothing_is_quiet(busy: float, governor: str, driver: str) -> None:
+    cols: dict[str, list[float | None]] = {"cpu.busy_share@node0": [busy] * 40, "cpu.freq_mhz": [1900.0] * 40}
+    got = match_windows(_frame(40, cols), _power_facts(governor, driver), load_kb())
+    assert got.filter(pl.col("entry_id") == "cpu_governor_powersave").is_empty(), got
+
+
 def test_quota_on_a_cgroup_v2_tree_created_after_the_agent_started(tmp_path: Path) -> None:
     # cgroup v2 (not on this VM): the real agent on a v2 tree whose files a writer advances
     # like the kernel does: a group appears after 2 s with a 0.2-CPU quota, throttled in
