@@ -104,9 +104,11 @@ def test_sink_failure_does_not_stop_the_agent() -> None:
             raise OSError("disk on fire")
 
     good = _ListSink()
+    coll = _ScriptedCollector(list(range(100)))
     cfg = AgentConfig(host="h", interval_s=0.02, flush_interval_s=0.04, duration_s=0.2)
-    Agent(cfg, [Broken(), good], [_ScriptedCollector(list(range(100)))]).run()
-    assert good.table("system").height == 10
+    Agent(cfg, [Broken(), good], [coll]).run()
+    # every tick the agent ran reached the good sink (a loaded machine runs fewer than 10)
+    assert coll.i >= 4 and good.table("system").height == coll.i
 
 
 @pytest.mark.host
@@ -222,12 +224,15 @@ def test_batched_parsing_gives_the_deltas_of_one_reading_at_a_time() -> None:
         {"a": 11, "b": 30, "c": 8},  # a is back: delta from its last value
     ]
     sink = _ListSink()
+    coll = _DeferredCollector(script)
     cfg = AgentConfig(host="h", interval_s=0.02, flush_interval_s=10.0, duration_s=0.02 * len(script))
-    Agent(cfg, [sink], [_DeferredCollector(script)]).run()
+    Agent(cfg, [sink], [coll]).run()
     got = sink.table("net").select("interface", "rx_bytes").rows()
     tracker = CounterTracker(("rx_bytes",))
     want = []
-    for raw in script:
+    # the readings the agent took (a loaded machine skips late ticks), one at a time
+    assert coll.i >= 2
+    for raw in [script[min(k, len(script) - 1)] for k in range(coll.i)]:
         names = sorted(raw)
         d = tracker.deltas([(n,) for n in names], {"rx_bytes": [raw[n] for n in names]})
         want += list(zip(names, d["rx_bytes"], strict=True))
