@@ -227,22 +227,48 @@ def final_incidents(rows: pl.DataFrame, last_horizon: datetime | None) -> tuple[
     return last.filter(~stale), last.filter(stale).height
 
 
+def _answers(labels: pl.DataFrame, final: pl.DataFrame) -> dict[str, list[str]]:
+    """label_id -> the ids of the matched final incidents that answer it (see
+    :func:`score_labels`)."""
+    out: dict[str, list[str]] = {}
+    if final.is_empty() or labels.is_empty():
+        return out
+    labs = list(labels.iter_rows(named=True))
+    for inc in final.filter(pl.col("status") == "matched").iter_rows(named=True):
+        cands = []
+        for lab in labs:
+            if lab["host"] != inc["host"] or not (inc["start"] < lab["end"] and inc["end"] > lab["time"]):
+                continue
+            ov = (min(inc["end"], lab["end"]) - max(inc["start"], lab["time"])).total_seconds()
+            cands.append((lab["type"] == inc["label_type"], ov, -lab["time"].timestamp(), lab["label_id"]))
+        if cands:
+            out.setdefault(max(cands)[3], []).append(inc["incident_id"])
+    return out
+
+
 def score_labels(labels: pl.DataFrame, rows: pl.DataFrame, horizons: Sequence[datetime],
                  lag: timedelta) -> list[dict[str, Any]]:
     """One dict per label: ``detected`` (a final incident of its host overlaps it),
-    ``top1`` (the matched final incident with the longest overlap names its type; ties: the
-    earliest start), ``got`` (that incident's type, ``unmatched`` or ``none``),
+    ``top1`` (of the matched final incidents that answer it, the one with the longest
+    overlap names its type; ties: the earliest start), ``got`` (that incident's type, else
+    the type of the longest-overlapping matched incident, ``unmatched`` or ``none``),
+    ``top1_longest`` (the rule before answering: the longest-overlapping matched incident,
+    whichever label it answers). Each matched incident answers one label of its host: the
+    one whose type it names among those it overlaps (the longest overlap), else the one it
+    overlaps longest — two faults on one host are both right only with an incident each,
+    and a wrong incident over a single fault still outranks a shorter right one.
     ``latency_cycles`` / ``latency_s`` (onset -> the first cycle whose incident rows hold an
     incident overlapping it; cycle 1 = the first cycle whose horizon passes the onset;
     seconds = that cycle's ``now`` (horizon + lag) - onset), and the same for the first
     incident naming the right type (``right_cycles``). ``rows`` is every row the sweeps
     wrote to ``incidents``; ``horizons[k]`` is cycle k+1's horizon."""
     final, _ = final_incidents(rows, horizons[-1] if horizons else None)
+    answers = _answers(labels, final)
     out = []
     for lab in labels.iter_rows(named=True):
         host, s, e = lab["host"], lab["time"], lab["end"]
         ov = _overlapping(final, host, s, e) if final.height else final
-        got, top1 = "none", False
+        got, top1, top1_longest = "none", False, False
         if ov.height:
             m = ov.filter(pl.col("status") == "matched")
             if m.height:
@@ -250,7 +276,11 @@ def score_labels(labels: pl.DataFrame, rows: pl.DataFrame, horizons: Sequence[da
                     pl.col("start"), pl.lit(s))).dt.total_microseconds().alias("_ov")).sort(
                     ["_ov", "start"], descending=[True, False])
                 got = str(m["label_type"][0])
-                top1 = got == lab["type"]
+                top1_longest = got == lab["type"]
+                mine = m.filter(pl.col("incident_id").is_in(answers.get(lab["label_id"], [])))
+                if mine.height:
+                    got = str(mine["label_type"][0])
+                    top1 = got == lab["type"]
             else:
                 got = "unmatched"
         first = next((k for k, h in enumerate(horizons) if h > s), None)
@@ -272,7 +302,7 @@ def score_labels(labels: pl.DataFrame, rows: pl.DataFrame, horizons: Sequence[da
         right, _ = visible(rows.filter(pl.col("label_type") == lab["type"]) if rows.height else rows)
         out.append({"label_id": lab["label_id"], "host": host, "type": lab["type"],
                     "severity": lab.get("severity"), "cost": lab.get("cost"),
-                    "detected": ov.height > 0, "top1": top1, "got": got,
+                    "detected": ov.height > 0, "top1": top1, "got": got, "top1_longest": top1_longest,
                     "latency_cycles": cyc, "latency_s": sec, "right_cycles": right})
     return out
 
@@ -548,6 +578,9 @@ def render(s: dict[str, Any]) -> str:
             f"host-h = {_num(None if af['per_24_host_hours'] is None else round(af['per_24_host_hours'], 1))} per 24 "
             f"host-h {af['incidents'][:8]}",
             f"open incidents superseded by another id (not counted twice): {s['superseded_open_incidents']}",
+            "top-1 by the longest overlap alone (the rule before each incident answered one label): "
+            + ", ".join(f"{band} {sum(r['top1_longest'] for r in b)}/{len(b)}" for band, b in (
+                (band, [r for r in rows if r["band"] == band]) for band in dict.fromkeys(r["band"] for r in rows))),
             "", "### targets (issue 15)", "| target | value | threshold | verdict |", "|---|---|---|---|"]
     for t in s["targets"]:
         v = t["value"]

@@ -87,7 +87,7 @@ class StepResult:
 
     @property
     def matches(self) -> pl.DataFrame:
-        """The rank-1 matched rows (MATCH_SCHEMA) of the findings."""
+        """The matched rows (MATCH_SCHEMA) of the findings: rank 1 and the entries also matched."""
         return matches_of(self.findings)
 
 
@@ -505,17 +505,35 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
 
 
 def matches_of(findings: pl.DataFrame) -> pl.DataFrame:
-    """The matcher's rank-1 matched rows back from findings carrying MATCH_COLUMNS."""
+    """The matcher's matched rows back from findings carrying MATCH_COLUMNS: the rank-1
+    match, and the entries also matched (ranks 2, 3, ... in ``also_matched``'s order;
+    findings written before that column existed have none)."""
     if findings.is_empty() or "entry_id" not in findings.columns:
         return pl.DataFrame(schema=MATCH_SCHEMA)
     m = findings.filter(pl.col("entry_id").is_not_null())
-    return m.select(
+    empty = pl.lit([], pl.List(pl.String))
+    first = m.select(
         HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), pl.lit(1, pl.Int32).alias("rank"), "entry_id",
         pl.lit(None, pl.String).alias("label_type"), pl.col("match_confidence").alias("confidence"),
         pl.lit(True).alias("matched"), pl.col("match_devices").alias("devices"),
-        pl.lit([], pl.List(pl.String)).alias("matched_signals"), pl.lit([], pl.List(pl.String)).alias("missing_signals"),
-        pl.lit([], pl.List(pl.String)).alias("contradicted_signals"), pl.col("match_explanation").alias("explanation"),
+        empty.alias("matched_signals"), empty.alias("missing_signals"),
+        empty.alias("contradicted_signals"), pl.col("match_explanation").alias("explanation"),
     ).cast(MATCH_SCHEMA)  # type: ignore[arg-type]
+    if "also_matched" not in m.columns:
+        return first
+    also = (m.select(HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), "also_matched")
+            .filter(pl.col("also_matched").list.len() > 0)
+            .with_columns(pl.int_ranges(2, pl.col("also_matched").list.len() + 2, dtype=pl.Int32).alias("rank"))
+            .explode("also_matched", "rank").unnest("also_matched"))
+    if also.is_empty():
+        return first
+    rest = also.select(
+        HOST, WS, WE, "rank", "entry_id", pl.lit(None, pl.String).alias("label_type"), "confidence",
+        pl.lit(True).alias("matched"), empty.alias("devices"), empty.alias("matched_signals"),
+        empty.alias("missing_signals"), empty.alias("contradicted_signals"),
+        pl.lit(None, pl.String).alias("explanation"),
+    ).cast(MATCH_SCHEMA)  # type: ignore[arg-type]
+    return pl.concat([first, rest]).sort(HOST, WS, "rank")
 
 
 # -------------------------------------------------------------------- incidents

@@ -60,10 +60,14 @@ HOST, WS, WE = "host", "window_start", "window_end"
 TS = pl.Datetime("us", "UTC")
 SIGNATURE_DETECTOR = "kb"
 SIGNATURE_REFERENCE = "signature"
-#: the rank-1 knowledge-base match stored on each finding
+#: the other entries whose full signature matched the window too (lower ranks): incidents
+#: keep an entry's windows where another outranked it, so two causes on one host that
+#: overlap in time are two incidents (:func:`knowledge_base.incidents.build_incidents`)
+ALSO_MATCHED = pl.List(pl.Struct({"entry_id": pl.String(), "confidence": pl.Float64()}))
+#: the rank-1 knowledge-base match stored on each finding, and the lower-ranked matches
 MATCH_COLUMNS: dict[str, pl.DataType] = {
     "entry_id": pl.String(), "match_confidence": pl.Float64(), "match_devices": pl.List(pl.String()),
-    "match_explanation": pl.String(),
+    "match_explanation": pl.String(), "also_matched": ALSO_MATCHED,
 }
 FINDINGS_OUT_SCHEMA: dict[str, pl.DataType] = {**FINDINGS_SCHEMA, **MATCH_COLUMNS}
 
@@ -102,7 +106,7 @@ class Detection:
     features: pl.DataFrame
     scores: pl.DataFrame  # the analytics' scores plus one "kb" row per window
     findings: pl.DataFrame  # FINDINGS_OUT_SCHEMA
-    signature: pl.DataFrame  # the signature detector's rank-1 matches (MATCH_SCHEMA)
+    signature: pl.DataFrame  # the signature detector's matches (MATCH_SCHEMA; its verdict is rank 1)
     suppressed: int = 0  # statistical findings dropped by the warm-up
     peer_only: int = 0  # unmatched findings only the cohort flagged, dropped (module doc)
 
@@ -185,14 +189,14 @@ def _cohort_covers(findings: pl.DataFrame, warm: np.ndarray, starts: pl.DataFram
 # ------------------------------------------------------------------------ verdict
 def signature_matches(keys: pl.DataFrame, features: pl.DataFrame, host_facts: pl.DataFrame | None,
                       kb: KnowledgeBase, config: DetectionConfig, match_config: MatchConfig | None = None) -> pl.DataFrame:
-    """The signature detector: rank-1 matched candidate (MATCH_SCHEMA) of every window in
-    ``keys`` (host, window_start, window_end) whose confidence clears the thresholds;
-    references come from the whole ``features`` frame."""
+    """The signature detector: the matched candidates (MATCH_SCHEMA, ranked among the
+    matched ones) of every window in ``keys`` (host, window_start, window_end) whose
+    confidence clears the thresholds; references come from the whole ``features`` frame.
+    Its verdict on a window is the rank-1 row."""
     if keys.is_empty():
         return pl.DataFrame(schema=MATCH_SCHEMA)
     m = match_findings(keys.select(HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS)), features, host_facts, kb,
                        match_config, only_matched=True)
-    m = m.filter(pl.col("rank") == 1)
     if config.min_confidence > 0:
         m = m.filter(pl.col("confidence") >= config.min_confidence)
     return m
@@ -219,7 +223,8 @@ def signature_scores(keys: pl.DataFrame, sig: pl.DataFrame, kb: KnowledgeBase, c
 def attach_matches(findings: pl.DataFrame, matches: pl.DataFrame, fallback: pl.DataFrame | None = None) -> pl.DataFrame:
     """``findings`` with MATCH_COLUMNS from the rank-1 matched rows of ``matches``; windows
     with no match there take ``fallback``'s (the signature detector: a full signature match
-    stands even when the window's attribution points elsewhere)."""
+    stands even when the window's attribution points elsewhere). ``also_matched``: every
+    other entry matched in either (its best confidence), best first."""
 
     def best(m: pl.DataFrame) -> pl.DataFrame:
         return (m.filter(pl.col("matched") & (pl.col("rank") == 1))
@@ -227,10 +232,20 @@ def attach_matches(findings: pl.DataFrame, matches: pl.DataFrame, fallback: pl.D
                         pl.col("devices").alias("match_devices"), pl.col("explanation").alias("match_explanation")))
 
     b = best(matches)
+    every = matches.filter(pl.col("matched")).select(HOST, pl.col(WS).cast(TS), "entry_id", "confidence")
     if fallback is not None and fallback.height:
         b = pl.concat([b, best(fallback).join(b.select(HOST, WS), on=[HOST, WS], how="anti")])
+        every = pl.concat([every, fallback.filter(pl.col("matched")).select(
+            HOST, pl.col(WS).cast(TS), "entry_id", "confidence")])
+    others = (every.join(b.select(HOST, WS, pl.col("entry_id").alias("_best")), on=[HOST, WS], how="inner")
+              .filter(pl.col("entry_id") != pl.col("_best"))
+              .group_by(HOST, WS, "entry_id").agg(pl.col("confidence").max())
+              .sort([HOST, WS, "confidence", "entry_id"], descending=[False, False, True, False])
+              .group_by(HOST, WS, maintain_order=True)
+              .agg(pl.struct("entry_id", "confidence").alias("also_matched")))
     base = findings.with_columns(pl.col(WS).cast(TS)).drop([c for c in MATCH_COLUMNS if c in findings.columns])
-    return base.join(b, on=[HOST, WS], how="left")
+    return (base.join(b, on=[HOST, WS], how="left").join(others, on=[HOST, WS], how="left")
+            .with_columns(pl.col("also_matched").cast(ALSO_MATCHED).fill_null(pl.lit([], ALSO_MATCHED))))
 
 
 def empty_findings() -> pl.DataFrame:
@@ -287,9 +302,11 @@ def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: Knowledg
     else:
         sig = signature_matches(keys, feats_all, host_facts, kb, cfg, match_config)
     if cfg.signature:
-        scores = pl.concat([scores, signature_scores(keys, sig, kb, cfg)]) if scores.height else \
-            signature_scores(keys, sig, kb, cfg)
-    tag = sig.select(HOST, pl.col(WS).cast(TS), pl.concat_str(pl.lit("kb:"), pl.col("entry_id")).alias("_kb"))
+        sig1 = sig.filter(pl.col("rank") == 1)
+        scores = pl.concat([scores, signature_scores(keys, sig1, kb, cfg)]) if scores.height else \
+            signature_scores(keys, sig1, kb, cfg)
+    tag = sig.filter(pl.col("rank") == 1).select(
+        HOST, pl.col(WS).cast(TS), pl.concat_str(pl.lit("kb:"), pl.col("entry_id")).alias("_kb"))
     # signature windows that are not statistical findings: suppressed ones keep their
     # attribution (the detectors list says only the signature flagged them), the rest are bare
     extra_sup = suppressed_rows.join(tag, on=[HOST, WS], how="semi").with_columns(

@@ -134,6 +134,17 @@ def _fact_keys(entry: Entry | None) -> tuple[frozenset[str], tuple[str, ...]]:
     return frozenset(str(s.fact) for s in sigs), tuple(f"{s.key} (holds)" for s in sigs)
 
 
+def _cause_keys(entry: Entry | None) -> frozenset[str]:
+    """What an entry reads as its cause itself: its host facts, and the telemetry signals
+    marked ``cause`` (a setting or device state sampled as a series — the GPU power limit
+    against its default, the PCIe link against its maximum, a cgroup throttled by its CFS
+    quota). Another fault does not produce them, so such a match is never read as another
+    entry's consequence."""
+    if entry is None:
+        return frozenset()
+    return _fact_keys(entry)[0] | frozenset(s.family for s in entry.signals if s.cause and s.role != "excludes")
+
+
 #: a symptom that began at most this long before a fact-reading entry's first window can
 #: still be the fact's consequence: host facts are re-read once a minute (the agent's fact
 #: poll), so a configuration change can be seen up to a minute after its effects
@@ -145,10 +156,11 @@ def separate_causes(first: Entry | None, later: Entry | None, lead_s: float = 0.
     ``first``'s) overlapping on one host are two causes (two incidents) rather than one
     cause with alternative readings (one incident). Separate when:
 
-    * both read host facts as their cause (``fact`` signals), and not the same facts: two
-      configuration faults, each with its own fix (THP ``never`` and a governor);
-    * neither reads a fact and their subsystems are disjoint: independent evidence
-      (storage contention beside a GPU power cap);
+    * both read their cause (:func:`_cause_keys`: host facts, or telemetry marked
+      ``cause``), and not the same: two faults, each with its own fix (THP ``never`` and a
+      governor; a governor and a CFS quota);
+    * neither reads a host fact and their subsystems are disjoint: independent evidence
+      (storage contention beside NIC drops, or beside a GPU power cap);
     * a symptom-only entry began more than :data:`CONSEQUENCE_LAG_S` before a fact-reading
       one with disjoint subsystems: it was there before the configuration changed, so it
       is not its consequence.
@@ -164,24 +176,25 @@ def separate_causes(first: Entry | None, later: Entry | None, lead_s: float = 0.
         return False
     if explains(first, later, lead_s) or explains(later, first, -lead_s):
         return False
-    fa, fb = _fact_keys(first)[0], _fact_keys(later)[0]
-    if fa and fb:
-        return fa.isdisjoint(fb)
+    ca, cb = _cause_keys(first), _cause_keys(later)
+    if ca and cb:
+        return ca.isdisjoint(cb)
     disjoint = set(first.subsystems).isdisjoint(later.subsystems)
-    if not fa and not fb:
+    if not _fact_keys(first)[0] and not _fact_keys(later)[0]:
         return disjoint
-    return disjoint and not fa and lead_s > CONSEQUENCE_LAG_S
+    return disjoint and not ca and lead_s > CONSEQUENCE_LAG_S
 
 
 def explains(cause: Entry | None, effect: Entry | None, lead_s: float = 0.0) -> bool:
     """Whether ``cause`` accounts for an overlapping match of ``effect`` that began ``lead_s``
-    seconds after it (negative: before it): ``effect`` reads no host fact, every subsystem
+    seconds after it (negative: before it): ``effect`` reads no cause of its own
+    (:func:`_cause_keys`), every subsystem
     of it is among ``cause``'s ``consequences``, and it began at most
     :data:`CONSEQUENCE_LAG_S` before ``cause`` (the consumer's first seconds: a memory hog
     zeroing the pages it takes shows as CPU time before MemAvailable is low)."""
     if cause is None or effect is None or cause.id == effect.id or not cause.consequences:
         return False
-    if _fact_keys(effect)[0] or lead_s < -CONSEQUENCE_LAG_S:
+    if _cause_keys(effect) or lead_s < -CONSEQUENCE_LAG_S:
         return False
     return set(effect.subsystems) <= set(cause.consequences)
 
@@ -306,12 +319,23 @@ def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: Knowledge
     if matches.is_empty():
         best = pl.DataFrame(schema={c: MATCH_SCHEMA[c] for c in cols})
     else:
-        best = matches.filter(pl.col("matched") & (pl.col("rank") == 1)).select(
-            HOST, pl.col(WS).cast(TS), *cols[2:])
+        every = matches.filter(pl.col("matched")).select(HOST, pl.col(WS).cast(TS), "rank", *cols[2:])
+        best = every.filter(pl.col("rank") == 1).drop("rank")
+        # an entry that was a window's best reading somewhere on the host keeps the windows
+        # where it still matched below another: a second cause starting beside it outranks
+        # it there, and the first cause's incident must not stop where the second begins
+        lower = (every.filter(pl.col("rank") > 1).join(best.select(HOST, "entry_id").unique(), on=[HOST, "entry_id"],
+                                                       how="semi").drop("rank"))
     f = f.join(best, on=[HOST, WS], how="left")
+    if not matches.is_empty() and lower.height:
+        # (their confidence, devices and explanation are this entry's own in that window)
+        extra = f.drop(cols[2:]).join(lower, on=[HOST, WS], how="inner")
+    else:
+        extra = f.clear()
     recs: list[dict[str, Any]] = []
     spans: dict[str, list[tuple[Any, Any]]] = {}
-    matched = _runs(f.filter(pl.col("entry_id").is_not_null()), [HOST, "entry_id"], max_gap_s)
+    matched = _runs(pl.concat([f.filter(pl.col("entry_id").is_not_null()), extra]).sort(HOST, WS),
+                    [HOST, "entry_id"], max_gap_s)
     runs: dict[str, list[_Run]] = {}
     for (host, entry_id, _seg), mine in matched.group_by([HOST, "entry_id", "_seg"], maintain_order=True):
         runs.setdefault(str(host), []).append(_Run.of(str(host), str(entry_id), kb.by_id.get(str(entry_id)), mine))
@@ -327,7 +351,9 @@ def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: Knowledge
             chosen, others = ranked[0], ranked[1:]
             mine, entry = chosen.rows, chosen.entry
             devs = sorted({d for ds in mine["devices"].to_list() if ds for d in ds})
-            peak_row = mine.sort(["confidence", WS], descending=[True, False]).row(0, named=True)
+            # (windows where the entry only matched below another carry no explanation)
+            peak_row = mine.sort([pl.col("explanation").is_null(), "confidence", WS],
+                                 descending=[False, True, False]).row(0, named=True)
             top, shares = _fingerprint(rows)
             why = f"Chosen: {chosen.basis(n)}"
             if others:

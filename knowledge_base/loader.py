@@ -29,6 +29,9 @@ docs/knowledge_base.md; in short::
     value_below = 0.97                   # optional absolute bounds on the window's value
     value_above = 0.0
     weight = 1.0
+    # absolute = true: the bound alone is the test (no history); cause = true (absolute,
+    # required only): the series reads the cause itself (a setting, a device state), so a
+    # match is never read as another entry's consequence (knowledge_base.incidents)
 
     [remediation]
     script = "gpu_power_limit"           # a remediation.registry.SCRIPTS id (checked on load)
@@ -129,6 +132,10 @@ class Signal:
     # cause read directly, e.g. a group throttled in most CFS periods, which is a quota below
     # demand whether the group is new (no history) or has been throttled since boot
     absolute: bool = False
+    # the series reads the cause itself, a setting or device state sampled as telemetry
+    # (the GPU power limit against its default, a CFS quota's throttling): a match through
+    # it is a cause of its own, as a host fact is, never another fault's consequence
+    cause: bool = False
 
     @property
     def family(self) -> str:
@@ -318,7 +325,7 @@ def _signal(ctx: _Ctx, where: str, d: Any) -> Signal:
     if "fact" in d:
         return _fact_signal(ctx, where, d)
     _keys(ctx, where, d, ("feature", "direction", "role", "min_z", "min_change", "value_below", "value_above",
-                          "weight", "group", "note", "gate", "absolute"), ("feature", "direction"))
+                          "weight", "group", "note", "gate", "absolute", "cause"), ("feature", "direction"))
     feature = _family(ctx, f"{where}.feature", d["feature"])
     direction = _choice(ctx, f"{where}.direction", d["direction"], ("up", "down"))
     role, weight, group, note = _role_etc(ctx, where, d)
@@ -340,8 +347,13 @@ def _signal(ctx: _Ctx, where: str, d: Any) -> Signal:
         for k in ("min_z", "min_change"):
             if k in d:
                 raise ctx.err(f"{where}.{k}", "does not apply to an absolute signal (the value alone is the test)")
+    cause = d.get("cause", False)
+    if not isinstance(cause, bool):
+        raise ctx.err(f"{where}.cause", f"expected true or false, got {cause!r}")
+    if cause and not (absolute and role == "required"):
+        raise ctx.err(f"{where}.cause", "only a required absolute signal reads the cause itself")
     return Signal(feature, direction, role, min_z, min_change, below, above, weight, group, note, gate,  # type: ignore[arg-type]
-                  absolute=absolute)
+                  absolute=absolute, cause=cause)
 
 
 def _role_etc(ctx: _Ctx, where: str, d: Mapping[str, Any]) -> tuple[str, float, str | None, str]:

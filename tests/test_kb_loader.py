@@ -81,9 +81,20 @@ def test_unknown_key_and_no_required_signal(tmp_path: Path) -> None:
     with pytest.raises(KBError, match=r"signals\[1\]: unknown key\(s\) colour"):
         load_entry(_write(tmp_path, GOOD.replace('feature = "gpu.throttle_power_share"',  # signals[1], not a gate
                                                  'feature = "gpu.throttle_power_share"\ncolour = "red"', 1)))
-    text = GOOD.replace('role = "required"', 'role = "supporting"').replace('group = "cap"\n', "")
+    text = (GOOD.replace('role = "required"', 'role = "supporting"').replace('group = "cap"\n', "")
+            .replace("cause = true", ""))
     with pytest.raises(KBError, match=r"signals: at least one signal must have role = 'required'"):
         load_entry(_write(tmp_path, text))
+
+
+def test_cause_only_on_a_required_absolute_signal(tmp_path: Path) -> None:
+    assert [s.feature for s in load_entry(_write(tmp_path, GOOD)).signals if s.cause] == ["gpu.power_limit_ratio"]
+    # the relative power-limit signal (z against history) reads a change, not the setting
+    text = GOOD.replace('min_change = 0.03\nvalue_below = 0.97\n', 'min_change = 0.03\nvalue_below = 0.97\ncause = true\n', 1)
+    with pytest.raises(KBError, match=r"signals\[0\]\.cause: only a required absolute signal reads the cause itself"):
+        load_entry(_write(tmp_path, text))
+    with pytest.raises(KBError, match=r"\.cause: expected true or false"):
+        load_entry(_write(tmp_path, GOOD.replace("cause = true", 'cause = "yes"')))
 
 
 def test_bad_toml_and_duplicate_ids(tmp_path: Path) -> None:
