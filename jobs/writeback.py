@@ -36,11 +36,14 @@ def _table_of(lake: Path, path: Path) -> str:
 
 def influx_frame(table: str, df: pl.DataFrame) -> pl.DataFrame:
     """A downstream table as InfluxDB can take it: lists joined with ',', structs reduced
-    to the first factor's feature name, everything else as is."""
+    to the first factor's feature name (the entries also matched: their ids), everything
+    else as is."""
     exprs = []
     for c, dt in df.schema.items():
         if c == "top_factors":
             exprs.append(pl.col(c).list.first().struct.field("feature").alias("top_factor"))
+        elif c == "also_matched":  # the entries, best first
+            exprs.append(pl.col(c).list.eval(pl.element().struct.field("entry_id")).list.join(",").alias(c))
         elif isinstance(dt, pl.List):
             exprs.append(pl.col(c).cast(pl.List(pl.String)).list.join(",").alias(c))
         elif isinstance(dt, pl.Struct | pl.Array):

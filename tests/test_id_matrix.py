@@ -106,6 +106,29 @@ def test_wrong_unmatched_and_missed_labels() -> None:
     assert not c["detected"] and c["got"] == "none" and c["latency_cycles"] is None
 
 
+def test_two_faults_on_one_host_each_need_their_own_incident() -> None:
+    """Each matched incident answers one label of its host (its type's among those it
+    overlaps, else the longest overlap): a pair gets both right only with an incident each,
+    even when the first fault's incident is the longer over the second label; one incident
+    over both answers one of them."""
+    lab = labels(("a", 2, 8, "thermal_throttle"), ("a", 3, 8, "pcie_link_degraded"))
+    # thermal's incident is short (its signature fades when the link degrades); pcie's is long
+    rows = incidents(("i1", "a", 2.1, 4.5, "matched", "thermal_throttle", "closed", 5),
+                     ("i2", "a", 3.1, 8, "matched", "pcie_link_degraded", "closed", 9))
+    th, pc = score_labels(lab, rows, HORIZONS, LAG)
+    assert th["top1"] and th["got"] == "thermal_throttle" and pc["top1"]
+    assert not th["top1_longest"] and pc["top1_longest"]  # the old rule gave thermal the pcie incident
+    # one incident over both faults: it answers the label it names, the other is wrong
+    one = incidents(("i1", "a", 2.1, 8, "matched", "thermal_throttle", "closed", 9))
+    th, pc = score_labels(lab, one, HORIZONS, LAG)
+    assert th["top1"] and not pc["top1"] and pc["got"] == "thermal_throttle" and pc["detected"]
+    # a single fault: a longer wrong incident still outranks a shorter right one
+    (r,) = score_labels(labels(("a", 2, 8, "cgroup_cpu_throttle")), incidents(
+        ("i1", "a", 2.1, 8, "matched", "cpu_noisy_neighbour", "closed", 9),
+        ("i2", "a", 2.5, 4, "matched", "cgroup_cpu_throttle", "closed", 5)), HORIZONS, LAG)
+    assert not r["top1"] and r["got"] == "cpu_noisy_neighbour"
+
+
 def test_superseded_open_incident_counts_once() -> None:
     rows = incidents(
         ("i1", "a", 2, 3, "matched", "thp_coverage_loss", "open", 3),  # superseded: never updated again

@@ -154,6 +154,90 @@ def test_separate_causes_rule() -> None:
         "governor_fact", "thp_coverage_loss"]
 
 
+def test_a_cause_read_from_telemetry_is_no_consequence_of_a_fact() -> None:
+    """Signals marked ``cause`` (the GPU power limit below its default, a group throttled
+    by its CFS quota) read the cause itself: beside a configuration fault they are a second
+    cause, not its consequence; beside symptoms they keep the subsystem rule."""
+    e = KB.by_id
+    gov = e["cpu_governor_powersave"]
+    assert separate_causes(THP, e["gpu_power_throttle"], 58.0)  # full matrix: power cap 1 min after THP off
+    assert separate_causes(gov, e["cgroup_cpu_throttle"], 59.0)  # a governor, then a quota: both on cpu
+    assert separate_causes(e["pcie_link_degraded"], gov, 61.0)
+    assert not separate_causes(e["cgroup_cpu_throttle"], e["cgroup_cpu_throttle"])
+    # no fact involved: a cause and a symptom on one subsystem are competing readings,
+    # on disjoint ones separate, whichever came first
+    assert not separate_causes(e["cgroup_cpu_throttle"], e["cpu_noisy_neighbour"], 5.0)
+    assert not separate_causes(e["gpu_power_throttle"], e["thermal_throttle"], 5.0)
+    assert separate_causes(e["gpu_power_throttle"], e["storage_contention"], 1.0)
+    # a cause read from telemetry is nobody's declared consequence (memory pressure names cpu)
+    assert not explains(e["memory_pressure"], e["cgroup_cpu_throttle"])
+    assert explains(e["memory_pressure"], e["cpu_noisy_neighbour"])
+    # through incidents: THP off, a power cap 20 s later on the same windows, one entry best
+    # in each: two incidents
+    wins = [(s, "thp_coverage_loss", 0.6, THP_FACT_HELD) if s < 20 else (s, "gpu_power_throttle", 0.9, "cap")
+            for s in range(60)]
+    inc = build_incidents(*_frames({"h1": wins}), KB, max_gap_s=1e9)
+    assert sorted(inc.filter(pl.col("status") == "matched")["entry_id"].to_list()) == [
+        "gpu_power_throttle", "thp_coverage_loss"]
+
+
+def _with_lower(m: pl.DataFrame, entry: str, secs: range, conf: float) -> pl.DataFrame:
+    """``m`` plus rank-2 matched rows of ``entry`` on host h1 at ``secs``."""
+    low = m.filter((pl.col("host") == "h1") & pl.col("window_start").is_in(
+        [T0 + timedelta(seconds=x) for x in secs])).with_columns(
+        pl.lit(2, pl.Int32).alias("rank"), pl.lit(entry).alias("entry_id"), pl.lit(conf).alias("confidence"),
+        pl.lit(KB.by_id[entry].label_type).alias("label_type"), pl.lit(None, pl.String).alias("explanation"))
+    return pl.concat([m, low]).sort("host", "window_start", "rank")
+
+
+def test_a_cause_outranked_by_a_second_one_keeps_its_windows() -> None:
+    """NIC drops from second 0; storage contention from second 30 outranks them in every
+    window after, while the drops still match (rank 2): the drops' incident lasts to the
+    end beside the storage one (before: it stopped at second 30). An entry matched only
+    below others, never a window's best, raises nothing of its own."""
+    wins = [(s, "nic_drops" if s < 30 else "storage_contention", 0.8, "x") for s in range(90)]
+    m, f = _frames({"h1": wins})
+    m = _with_lower(_with_lower(m, "nic_drops", range(30, 90), 0.6), "tcp_retransmissions", range(0, 90), 0.5)
+    inc = build_incidents(m, f, KB, max_gap_s=1e9).filter(pl.col("status") == "matched")
+    by = {r["entry_id"]: r for r in inc.iter_rows(named=True)}
+    assert sorted(by) == ["nic_drops", "storage_contention"]
+    assert by["nic_drops"]["end"] == T0 + timedelta(seconds=89 + 3)
+    assert by["nic_drops"]["start"] == T0 and by["storage_contention"]["start"] == T0 + timedelta(seconds=30)
+    assert by["nic_drops"]["explanation"].endswith("x")  # its own rank-1 window explains it
+    # without the rank-2 rows the drops stop where storage began
+    m0, f0 = _frames({"h1": wins})
+    [nic] = build_incidents(m0, f0, KB, max_gap_s=1e9).filter(pl.col("entry_id") == "nic_drops").iter_rows(named=True)
+    assert nic["end"] == T0 + timedelta(seconds=29 + 3)
+
+
+def test_findings_carry_the_entries_also_matched_and_give_them_back() -> None:
+    """attach_matches stores the lower-ranked matched entries of each window in
+    ``also_matched``; matches_of turns them back into rank 2, 3, ... rows, and findings
+    written before the column existed give rank-1 rows only."""
+    from jobs.step import matches_of
+    from knowledge_base.detector import FINDINGS_OUT_SCHEMA, attach_matches
+
+    m, f = _frames({"h1": [(0, "storage_contention", 0.9, "s"), (1, "nic_drops", 0.8, "n")]})
+    m = _with_lower(m, "nic_drops", range(0, 1), 0.7)
+    sig = _with_lower(m.filter(pl.col("rank") == 1), "tcp_retransmissions", range(0, 2), 0.6)
+    got = attach_matches(f, m, sig).sort("window_start")
+    assert got["entry_id"].to_list() == ["storage_contention", "nic_drops"]
+    assert got["also_matched"].to_list() == [
+        [{"entry_id": "nic_drops", "confidence": 0.7}, {"entry_id": "tcp_retransmissions", "confidence": 0.6}],
+        [{"entry_id": "tcp_retransmissions", "confidence": 0.6}]]
+    assert got["also_matched"].dtype == FINDINGS_OUT_SCHEMA["also_matched"]
+    back = matches_of(got)
+    assert back.select("window_start", "rank", "entry_id").rows() == [
+        (T0, 1, "storage_contention"), (T0, 2, "nic_drops"), (T0, 3, "tcp_retransmissions"),
+        (T0 + timedelta(seconds=1), 1, "nic_drops"), (T0 + timedelta(seconds=1), 2, "tcp_retransmissions")]
+    assert back.schema == pl.Schema(MATCH_SCHEMA)
+    old = matches_of(got.drop("also_matched"))
+    assert old["rank"].to_list() == [1, 1]
+    # InfluxDB gets the entries' ids, best first
+    assert influx_frame("findings", got)["also_matched"].to_list() == ["nic_drops,tcp_retransmissions",
+                                                                      "tcp_retransmissions"]
+
+
 def test_an_entry_reading_two_facts_is_ranked_on_whichever_held() -> None:
     two = parse_entry({"id": "two_facts", "title": "t", "explanation": "x", "impact": "x", "subsystems": ["cpu"],
                        "signals": [{"fact": f, "op": "==", "value": "x", "role": "required", "group": "g"}
