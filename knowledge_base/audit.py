@@ -2,12 +2,13 @@
 
 No window needs to be anomalous: a GPU whose NIC sits on the other NUMA node, IRQs pinned
 off their device's node, THP disabled, a power limit below default, a PCIe link trained
-below its maximum, the powersave governor ... are reported from the facts, because a host
+below its maximum, a governor holding the clocks low ... are reported from the facts, because a host
 misconfigured since boot looks "normal" to its own history.
 
 Checks are declared in the entries (``[[audit]]``, see docs/knowledge_base.md):
 
-* ``fact``: ``category``/``key`` (host-wide or on each device) compared with ``op``/``value``;
+* ``fact``: ``category``/``key`` (host-wide or on each device; or a derived fact such as
+  ``power.slow_governor``, knowledge_base.facts) compared with ``op``/``value``;
 * ``fact_ratio``: on each device of ``category``, ``key < factor * ref_key``;
 * ``gpu_nic_numa``: a GPU has no fast NIC (>= 100 Gb/s) on its NUMA node while other nodes
   have some (every GPUDirect transfer crosses the socket link);
@@ -29,7 +30,7 @@ from typing import Any
 import polars as pl
 
 from knowledge_base.facts import HostFacts, _compare, _norm_pci
-from knowledge_base.loader import AuditCheck, Entry, KnowledgeBase, load_kb
+from knowledge_base.loader import DERIVED, AuditCheck, Entry, KnowledgeBase, load_kb
 
 AUDIT_SCHEMA: dict[str, pl.DataType] = {
     "host": pl.String(),
@@ -81,8 +82,9 @@ def _run_check(entry: Entry, check: AuditCheck, hf: HostFacts) -> list[dict[str,
                     "evidence": evidence})
 
     if check.check == "fact":
-        host_v = hf.value(check.category, check.key)
-        targets = {"": host_v} if host_v is not None else hf.device_values(check.category, check.key)
+        name = f"{check.category}.{check.key}"
+        host_v = hf.derived(name) if name in DERIVED else hf.value(check.category, check.key)
+        targets = {"": host_v} if host_v is not None or name in DERIVED else hf.device_values(check.category, check.key)
         bad = {d: v for d, v in sorted(targets.items()) if v is not None and _compare(check.op, v, check.value)}
         if len(bad) > 4:  # e.g. one cpufreq policy per CPU: one row, not 224
             vals = sorted({str(v) for v in bad.values()})

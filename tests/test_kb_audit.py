@@ -92,3 +92,26 @@ def test_irq_check_still_flags_a_known_node_given_as_a_number() -> None:
                       schema=["time", "host", "category", "device", "key", "value", "value_num"])
     out = audit(df, load_kb()).filter(pl.col("entry_id") == "irq_locality_miss")
     assert out["device"].to_list() == ["0000:ca:00.0"] and "off node 1" in out["evidence"][0]
+
+
+def test_governor_audit_reads_the_derived_fact() -> None:
+    """powersave pins the clocks under a generic cpufreq driver (the simulator's
+    acpi-cpufreq) and is reported; under intel_pstate it is the driver's own dynamic
+    default and is not; conservative is reported under any driver."""
+    spec = build_host("gov", 0)
+    st = healthy_facts(spec)
+    st.governor = "powersave"
+
+    def governor_rows(df: pl.DataFrame) -> list[dict[str, object]]:
+        return audit(df, load_kb()).filter(pl.col("entry_id") == "cpu_governor_powersave").rows(named=True)
+
+    def driver(df: pl.DataFrame, name: str) -> pl.DataFrame:
+        return df.with_columns(pl.when(pl.col("key") == "scaling_driver").then(pl.lit(name))
+                               .otherwise(pl.col("value")).alias("value"))
+
+    [row] = governor_rows(_facts("gov", st))
+    assert row["evidence"] == "power.slow_governor = True (== True)"
+    assert "holds the clocks low" in row["message"]
+    assert governor_rows(driver(_facts("gov", st), "intel_pstate")) == []
+    st.governor = "conservative"
+    assert len(governor_rows(driver(_facts("gov", st), "intel_pstate"))) == 1
