@@ -421,3 +421,39 @@ def test_two_readings_of_one_host_are_one_incident_through_the_scheduler(tmp_pat
     assert [a.split(":")[0] for a in inc["alternatives"]] == ["memory_bandwidth_contention"]
     assert "fact thp.enabled == 'never' held in" in inc["explanation"]
     assert rows["incident_id"].n_unique() == 1 and rows.height >= 3  # open rows, then closed, one id
+
+
+def test_a_lake_written_before_also_matched_keeps_working(tmp_path: Path) -> None:
+    """Upgrading over a lake whose findings lack ``also_matched``: the scheduler's next
+    cycles read those findings back for an open incident (no lower ranks from them), write
+    new ones with the column, and compaction merges both."""
+    import pyarrow.parquet as pq
+
+    from ingest import lake
+    from ingest.simulator import from_dict, simulate
+    from jobs.config import SweepConfig
+    from jobs.cycle import run_cycle
+
+    root = tmp_path / "lake"
+    sink = lake.LakeSink(root)
+    simulate(from_dict({"seed": 2, "duration": "6m", "hosts": 2, "workload": "training", "injections": [
+        {"type": "storage_contention", "host": "sim-00", "start": "120s", "duration": "4m", "severity": 0.7}]}),
+        [sink])
+    sink.close()
+    cfg = SweepConfig(lag=timedelta(0), compact_every=None, queue_remediations=False)
+    for k in (1, 2, 3, 4):
+        run_cycle(root, cfg, now=T0 + timedelta(minutes=k))
+    files = sorted((root / "findings").rglob("*.parquet"))
+    assert files and all("also_matched" in pq.read_schema(f).names for f in files)
+    for f in files:  # as the release before wrote them
+        t = pq.read_table(f)
+        pq.write_table(t.drop_columns(["also_matched"]), f)
+    for k in (5, 6, 7):
+        run_cycle(root, cfg, now=T0 + timedelta(minutes=k))
+    lake.compact(root, "findings")
+    found = lake.read(root, "findings")
+    assert found["also_matched"].dtype == pl.List(pl.Struct({"entry_id": pl.String, "confidence": pl.Float64}))
+    assert found.filter(pl.col("window_start") >= T0 + timedelta(minutes=4))["also_matched"].null_count() == 0
+    inc = latest_incidents(lake.read(root, "incidents")).filter(pl.col("host") == "sim-00")
+    assert "storage_contention" in inc["entry_id"].to_list()
+    assert set(inc["state"].to_list()) <= {"open", "closed"}
