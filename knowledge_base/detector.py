@@ -301,12 +301,11 @@ def detect(result: AnalysisResult, host_facts: pl.DataFrame | None, kb: Knowledg
         sig = signature.join(keys.select(HOST, WS), on=[HOST, WS], how="semi")
     else:
         sig = signature_matches(keys, feats_all, host_facts, kb, cfg, match_config)
+    verdict = sig.filter(pl.col("rank") == 1)  # the signature detector's, one row per window
     if cfg.signature:
-        sig1 = sig.filter(pl.col("rank") == 1)
-        scores = pl.concat([scores, signature_scores(keys, sig1, kb, cfg)]) if scores.height else \
-            signature_scores(keys, sig1, kb, cfg)
-    tag = sig.filter(pl.col("rank") == 1).select(
-        HOST, pl.col(WS).cast(TS), pl.concat_str(pl.lit("kb:"), pl.col("entry_id")).alias("_kb"))
+        scores = pl.concat([scores, signature_scores(keys, verdict, kb, cfg)]) if scores.height else \
+            signature_scores(keys, verdict, kb, cfg)
+    tag = verdict.select(HOST, pl.col(WS).cast(TS), pl.concat_str(pl.lit("kb:"), pl.col("entry_id")).alias("_kb"))
     # signature windows that are not statistical findings: suppressed ones keep their
     # attribution (the detectors list says only the signature flagged them), the rest are bare
     extra_sup = suppressed_rows.join(tag, on=[HOST, WS], how="semi").with_columns(

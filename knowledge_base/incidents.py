@@ -2,7 +2,8 @@
 
 Windows whose best candidate matched entry E on host H form runs (a gap of at most
 ``max_gap_s`` between consecutive E windows; unmatched windows in between belong to the
-run). **One cause, one incident**: overlapping runs of one host are one **matched**
+run); an entry that is some window's best keeps the windows where it matched below
+another (a second fault beside it outranks it there). **One cause, one incident**: overlapping runs of one host are one **matched**
 incident unless their entries are separate causes (:func:`separate_causes`: both read host
 facts, different ones; or their subsystems are disjoint and neither reads a fact, or the
 symptom began over a minute before the fact-reading entry; and never when one entry
@@ -303,7 +304,8 @@ def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: Knowledge
 
     1. windows whose best candidate matched entry E form runs per (host, E), a gap of at most
        ``max_gap_s`` between consecutive E windows (unmatched windows in between belong to
-       the run);
+       the run), with the windows where E matched below another entry when E is the best
+       of some window of the host;
     2. the runs of a host that overlap are one cause unless their entries are separate
        causes (:func:`separate_causes`; grouping: :func:`_group_runs`): each group is one
        *matched* incident carrying its best-ranked entry (:meth:`_Run.rank_key`: a host
@@ -317,21 +319,17 @@ def build_incidents(matches: pl.DataFrame, findings: pl.DataFrame, kb: Knowledge
     f = findings.with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS)).sort(HOST, WS)
     cols = [HOST, WS, "entry_id", "confidence", "devices", "explanation"]
     if matches.is_empty():
-        best = pl.DataFrame(schema={c: MATCH_SCHEMA[c] for c in cols})
-    else:
-        every = matches.filter(pl.col("matched")).select(HOST, pl.col(WS).cast(TS), "rank", *cols[2:])
-        best = every.filter(pl.col("rank") == 1).drop("rank")
-        # an entry that was a window's best reading somewhere on the host keeps the windows
-        # where it still matched below another: a second cause starting beside it outranks
-        # it there, and the first cause's incident must not stop where the second begins
-        lower = (every.filter(pl.col("rank") > 1).join(best.select(HOST, "entry_id").unique(), on=[HOST, "entry_id"],
-                                                       how="semi").drop("rank"))
+        matches = pl.DataFrame(schema=MATCH_SCHEMA)
+    every = matches.filter(pl.col("matched")).select(HOST, pl.col(WS).cast(TS), "rank", *cols[2:])
+    best = every.filter(pl.col("rank") == 1).drop("rank")
+    # an entry that was a window's best reading somewhere on the host keeps the windows
+    # where it still matched below another: a second cause starting beside it outranks it
+    # there, and the first cause's incident must not stop where the second begins
+    lower = every.filter(pl.col("rank") > 1).join(best.select(HOST, "entry_id").unique(), on=[HOST, "entry_id"],
+                                                  how="semi").drop("rank")
     f = f.join(best, on=[HOST, WS], how="left")
-    if not matches.is_empty() and lower.height:
-        # (their confidence, devices and explanation are this entry's own in that window)
-        extra = f.drop(cols[2:]).join(lower, on=[HOST, WS], how="inner")
-    else:
-        extra = f.clear()
+    # the same findings rows, carrying that entry's own confidence in the window
+    extra = f.drop(cols[2:]).join(lower, on=[HOST, WS], how="inner")
     recs: list[dict[str, Any]] = []
     spans: dict[str, list[tuple[Any, Any]]] = {}
     matched = _runs(pl.concat([f.filter(pl.col("entry_id").is_not_null()), extra]).sort(HOST, WS),
