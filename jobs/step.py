@@ -510,29 +510,26 @@ def matches_of(findings: pl.DataFrame) -> pl.DataFrame:
     findings written before that column existed have none)."""
     if findings.is_empty() or "entry_id" not in findings.columns:
         return pl.DataFrame(schema=MATCH_SCHEMA)
-    m = findings.filter(pl.col("entry_id").is_not_null())
+    m = findings.filter(pl.col("entry_id").is_not_null()).with_columns(pl.col(WS).cast(TS), pl.col(WE).cast(TS))
     empty = pl.lit([], pl.List(pl.String))
-    first = m.select(
-        HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), pl.lit(1, pl.Int32).alias("rank"), "entry_id",
-        pl.lit(None, pl.String).alias("label_type"), pl.col("match_confidence").alias("confidence"),
-        pl.lit(True).alias("matched"), pl.col("match_devices").alias("devices"),
-        empty.alias("matched_signals"), empty.alias("missing_signals"),
-        empty.alias("contradicted_signals"), pl.col("match_explanation").alias("explanation"),
-    ).cast(MATCH_SCHEMA)  # type: ignore[arg-type]
+
+    def rows(df: pl.DataFrame, rank: pl.Expr, confidence: str, devices: pl.Expr, explanation: pl.Expr) -> pl.DataFrame:
+        return df.select(
+            HOST, WS, WE, rank.alias("rank"), "entry_id", pl.lit(None, pl.String).alias("label_type"),
+            pl.col(confidence).alias("confidence"), pl.lit(True).alias("matched"), devices.alias("devices"),
+            empty.alias("matched_signals"), empty.alias("missing_signals"), empty.alias("contradicted_signals"),
+            explanation.alias("explanation"),
+        ).cast(MATCH_SCHEMA)  # type: ignore[arg-type]
+
+    first = rows(m, pl.lit(1, pl.Int32), "match_confidence", pl.col("match_devices"), pl.col("match_explanation"))
     if "also_matched" not in m.columns:
         return first
-    also = (m.select(HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), "also_matched")
-            .filter(pl.col("also_matched").list.len() > 0)
+    also = (m.select(HOST, WS, WE, "also_matched").filter(pl.col("also_matched").list.len() > 0)
             .with_columns(pl.int_ranges(2, pl.col("also_matched").list.len() + 2, dtype=pl.Int32).alias("rank"))
             .explode("also_matched", "rank").unnest("also_matched"))
     if also.is_empty():
         return first
-    rest = also.select(
-        HOST, WS, WE, "rank", "entry_id", pl.lit(None, pl.String).alias("label_type"), "confidence",
-        pl.lit(True).alias("matched"), empty.alias("devices"), empty.alias("matched_signals"),
-        empty.alias("missing_signals"), empty.alias("contradicted_signals"),
-        pl.lit(None, pl.String).alias("explanation"),
-    ).cast(MATCH_SCHEMA)  # type: ignore[arg-type]
+    rest = rows(also, pl.col("rank"), "confidence", empty, pl.lit(None, pl.String))
     return pl.concat([first, rest]).sort(HOST, WS, "rank")
 
 

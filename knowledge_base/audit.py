@@ -83,8 +83,11 @@ def _run_check(entry: Entry, check: AuditCheck, hf: HostFacts) -> list[dict[str,
 
     if check.check == "fact":
         name = f"{check.category}.{check.key}"
-        host_v = hf.derived(name) if name in DERIVED else hf.value(check.category, check.key)
-        targets = {"": host_v} if host_v is not None or name in DERIVED else hf.device_values(check.category, check.key)
+        if name in DERIVED:  # one host-wide value
+            targets = {"": hf.derived(name)}
+        else:
+            host_v = hf.value(check.category, check.key)
+            targets = {"": host_v} if host_v is not None else hf.device_values(check.category, check.key)
         bad = {d: v for d, v in sorted(targets.items()) if v is not None and _compare(check.op, v, check.value)}
         if len(bad) > 4:  # e.g. one cpufreq policy per CPU: one row, not 224
             vals = sorted({str(v) for v in bad.values()})

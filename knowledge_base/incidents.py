@@ -143,7 +143,7 @@ def _cause_keys(entry: Entry | None) -> frozenset[str]:
     entry's consequence."""
     if entry is None:
         return frozenset()
-    return _fact_keys(entry)[0] | frozenset(s.family for s in entry.signals if s.cause and s.role != "excludes")
+    return _fact_keys(entry)[0] | frozenset(s.family for s in entry.signals if s.cause)  # (required only: loader)
 
 
 #: a symptom that began at most this long before a fact-reading entry's first window can

@@ -336,9 +336,7 @@ def _signal(ctx: _Ctx, where: str, d: Any) -> Signal:
     if below is not None and above is not None and above >= below:
         raise ctx.err(where, f"value_above ({above:g}) must be below value_below ({below:g})")
     gate = _gate(ctx, f"{where}.gate", d["gate"]) if "gate" in d else None
-    absolute = d.get("absolute", False)
-    if not isinstance(absolute, bool):
-        raise ctx.err(f"{where}.absolute", f"expected true or false, got {absolute!r}")
+    absolute = _flag(ctx, where, d, "absolute")
     if absolute:
         # the bound in the signal's direction is its whole test; z and change do not apply
         bound = "value_above" if direction == "up" else "value_below"
@@ -347,13 +345,18 @@ def _signal(ctx: _Ctx, where: str, d: Any) -> Signal:
         for k in ("min_z", "min_change"):
             if k in d:
                 raise ctx.err(f"{where}.{k}", "does not apply to an absolute signal (the value alone is the test)")
-    cause = d.get("cause", False)
-    if not isinstance(cause, bool):
-        raise ctx.err(f"{where}.cause", f"expected true or false, got {cause!r}")
+    cause = _flag(ctx, where, d, "cause")
     if cause and not (absolute and role == "required"):
         raise ctx.err(f"{where}.cause", "only a required absolute signal reads the cause itself")
     return Signal(feature, direction, role, min_z, min_change, below, above, weight, group, note, gate,  # type: ignore[arg-type]
                   absolute=absolute, cause=cause)
+
+
+def _flag(ctx: _Ctx, where: str, d: Mapping[str, Any], key: str) -> bool:
+    v = d.get(key, False)
+    if not isinstance(v, bool):
+        raise ctx.err(f"{where}.{key}", f"expected true or false, got {v!r}")
+    return v
 
 
 def _role_etc(ctx: _Ctx, where: str, d: Mapping[str, Any]) -> tuple[str, float, str | None, str]:
