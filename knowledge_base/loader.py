@@ -105,11 +105,14 @@ class Precondition:
 @dataclass(frozen=True)
 class Gate:
     """Evaluate a signal only on devices where another feature of the same device is within
-    bounds (e.g. PCIe link state only on GPUs that are busy: idle links downshift)."""
+    bounds (e.g. PCIe link state only on GPUs that are busy: idle links downshift), and/or
+    only in windows where a host fact holds (``fact``, a fact signal's test: e.g. a level
+    that is evidence only while THP is off)."""
 
-    feature: str
+    feature: str | None = None
     above: float | None = None
     below: float | None = None
+    fact: Signal | None = None
 
 
 @dataclass(frozen=True)
@@ -151,9 +154,13 @@ class Signal:
         if self.fact is not None:
             return f"fact {self.fact} {self.op} {self.value!r}"
         if self.absolute:
-            return (f"{self.feature} > {self.value_above:g}" if self.direction == "up"
-                    else f"{self.feature} < {self.value_below:g}")
-        return f"{self.feature} {'↑' if self.direction == 'up' else '↓'}"
+            key = (f"{self.feature} > {self.value_above:g}" if self.direction == "up"
+                   else f"{self.feature} < {self.value_below:g}")
+        else:
+            key = f"{self.feature} {'↑' if self.direction == 'up' else '↓'}"
+        if self.gate is not None and self.gate.fact is not None:
+            key += f" while {self.gate.fact.key.removeprefix('fact ')}"
+        return key
 
 
 @dataclass(frozen=True)
@@ -387,7 +394,17 @@ def _fact_signal(ctx: _Ctx, where: str, d: Mapping[str, Any]) -> Signal:
 
 def _gate(ctx: _Ctx, where: str, d: Any) -> Gate:
     d = _table(ctx, where, d)
-    _keys(ctx, where, d, ("feature", "above", "below"), ("feature",))
+    _keys(ctx, where, d, ("feature", "above", "below", "fact", "op", "value"), ())
+    if "feature" not in d and "fact" not in d:
+        raise ctx.err(where, "give a feature (with above and/or below) and/or a fact (with op and value)")
+    fact = None
+    if "fact" in d:
+        fact = _fact_signal(ctx, where, {k: d[k] for k in ("fact", "op", "value") if k in d} | {"role": "required"})
+    if "feature" not in d:
+        for k in ("above", "below"):
+            if k in d:
+                raise ctx.err(f"{where}.{k}", "bounds a gate feature: give feature too")
+        return Gate(fact=fact)
     feature = _family(ctx, f"{where}.feature", d["feature"])
     if "@" in feature:
         raise ctx.err(f"{where}.feature", "a gate names a family; it applies to the signal's own device")
@@ -395,7 +412,7 @@ def _gate(ctx: _Ctx, where: str, d: Any) -> Gate:
     below = _num(ctx, f"{where}.below", d["below"]) if "below" in d else None
     if above is None and below is None:
         raise ctx.err(where, "give above and/or below")
-    return Gate(feature, above, below)
+    return Gate(feature, above, below, fact)
 
 
 def _precondition(ctx: _Ctx, where: str, d: Any) -> Precondition:

@@ -231,7 +231,7 @@ class _Frame:
 def signature_families(kb: KnowledgeBase) -> frozenset[str]:
     """The feature families the knowledge base's signatures read (the references' columns)."""
     return frozenset(f for e in kb for s in e.signals if s.fact is None
-                     for f in (s.family, s.gate.feature if s.gate else s.family))
+                     for f in (s.family, s.gate.feature if s.gate and s.gate.feature else s.family))
 
 
 def reference_columns(columns: Sequence[str], kb: KnowledgeBase | frozenset[str]) -> list[str]:
@@ -469,7 +469,7 @@ def _eval_signal(sig: Signal, refs: _Refs, col_family: list[str], col_device: li
             sat &= V < sig.value_below
         if sig.value_above is not None:
             sat &= V > sig.value_above
-        if sig.gate is not None:
+        if sig.gate is not None and sig.gate.feature:
             sat &= _gate_mask(sig, idx, refs, col_family, col_device)
         finite = np.isfinite(V)
         zbest = np.fmax(z_s, z_c)  # nan only when both are nan
@@ -504,7 +504,7 @@ def _eval_absolute(sig: Signal, idx: list[int], V: np.ndarray, refs: _Refs, col_
             sat &= V < sig.value_below
         if sig.value_above is not None:
             sat &= V > sig.value_above
-    if sig.gate is not None:
+    if sig.gate is not None and sig.gate.feature:
         sat &= _gate_mask(sig, idx, refs, col_family, col_device)
     d = 1.0 if sig.direction == "up" else -1.0
     key = np.where(finite, d * V, -np.inf)
@@ -518,12 +518,12 @@ def _eval_absolute(sig: Signal, idx: list[int], V: np.ndarray, refs: _Refs, col_
 
 def _gate_mask(sig: Signal, idx: list[int], refs: _Refs, col_family: list[str], col_device: list[str]) -> np.ndarray:
     """(n, k) True where the gate feature of the column's device is within bounds (or has no data)."""
-    assert sig.gate is not None
-    g = sig.gate
+    assert sig.gate is not None and sig.gate.feature is not None
+    g, gf = sig.gate, sig.gate.feature
     where = {(f, d): j for j, (f, d) in enumerate(zip(col_family, col_device, strict=True))}
     out = np.ones((refs.value.shape[0], len(idx)), bool)
     for k, j in enumerate(idx):
-        gj = where.get((g.feature, col_device[j]), where.get((g.feature, "")))
+        gj = where.get((gf, col_device[j]), where.get((gf, "")))
         if gj is None:
             continue
         v = refs.value[:, gj]
@@ -600,6 +600,15 @@ def _eval_fact_signal(sig: Signal, facts: Sequence[HostFacts]) -> _SigEval:
                     np.zeros((n, 0), bool), [])
 
 
+def _fact_gate(e: _SigEval, holds: np.ndarray) -> None:
+    """Restrict a signal to the windows where its gate's fact holds: elsewhere it is no
+    evidence either way (neither matched nor contradicted, no credit for its strength)."""
+    e.matched &= holds
+    e.sat &= holds[:, None]
+    e.contradicted &= holds
+    e.strength = np.where(holds, e.strength, 0.0)
+
+
 def _evaluate_entry(entry: Entry, findings: pl.DataFrame, refs: _Refs, col_family: list[str],
                     col_device: list[str], pre_ok: np.ndarray, pre_msgs: list[list[str]],
                     cfg: MatchConfig, facts: Sequence[HostFacts]) -> _Cand:
@@ -607,6 +616,9 @@ def _evaluate_entry(entry: Entry, findings: pl.DataFrame, refs: _Refs, col_famil
     reads = tuple(s.fact for s in entry.signals if s.fact is not None)
     evals = [_eval_fact_signal(s, facts) if s.fact is not None
              else _eval_signal(s, refs, col_family, col_device, reads) for s in entry.signals]
+    for e in evals:
+        if e.signal.gate is not None and e.signal.gate.fact is not None:
+            _fact_gate(e, _eval_fact_signal(e.signal.gate.fact, facts).matched)
     # required signals grouped: a group is satisfied when any alternative matches
     groups: dict[str, list[_SigEval]] = {}
     units: list[list[_SigEval]] = []

@@ -384,6 +384,51 @@ def test_a_governor_that_costs_nothing_is_quiet(busy: float, governor: str, driv
     assert got.filter(pl.col("entry_id") == "cpu_governor_powersave").is_empty(), got
 
 
+def _thp_facts(enabled: str) -> pl.DataFrame:
+    return pl.DataFrame({"time": [T0 - timedelta(minutes=1)], "host": ["vm"], "category": ["thp"],
+                         "device": [""], "key": ["enabled"], "value": [enabled], "value_num": [None]},
+                        schema_overrides={"value_num": pl.Float64})
+
+
+# THP off since boot on every host: coverage flat at its low level (no history or peer shows
+# a fall), page tables of ~12 % of RAM in 4 KiB pages (2.4e-4 x 512)
+_THP_OFF = {"mem.hugepage_coverage": [0.4] * 40, "mem.page_tables_share": [2.4e-4] * 40,
+            "mem.pgfault_rate": [50.0] * 40, "mem.thp_fault_alloc_rate": [0.0] * 40}
+
+
+def test_thp_off_since_boot_is_named_from_the_coverage_level() -> None:
+    m = match_windows(_frame(40, _THP_OFF), _thp_facts("never"), load_kb())
+    got = _rank1(m)
+    assert len(got) == 40 and set(got.values()) == {"thp_coverage_loss"}, got
+    row = m.filter(pl.col("entry_id") == "thp_coverage_loss").row(0, named=True)
+    assert "mem.hugepage_coverage < 0.5 while thp.enabled == 'never' (value=0.4)" in row["matched_signals"]
+
+
+@pytest.mark.parametrize(("cols", "enabled"), [
+    (_THP_OFF, "madvise"),  # the same low coverage under madvise: the workload did not ask for huge pages
+    ({**_THP_OFF, "mem.page_tables_share": [5e-5] * 40}, "never"),  # THP off on an idle host: nothing to lose
+    ({**_THP_OFF, "mem.hugepage_coverage": [0.8] * 40}, "never"),  # most memory still on huge pages
+])
+def test_thp_level_without_the_setting_or_the_footprint_is_quiet(cols: dict[str, list[float | None]],
+                                                                  enabled: str) -> None:
+    got = match_windows(_frame(40, cols), _thp_facts(enabled), load_kb())
+    assert got.filter(pl.col("entry_id") == "thp_coverage_loss").is_empty(), got
+
+
+@pytest.mark.parametrize(("gate", "message"), [
+    ("{}", "signals[0].gate: give a feature (with above and/or below) and/or a fact (with op and value)"),
+    ('{ fact = "thp.enabled", op = "==", value = "never", above = 0.5 }',
+     "signals[0].gate.above: bounds a gate feature: give feature too"),
+    ('{ fact = "thp.enabled", op = "exists", value = 1 }', "signals[0].gate.op"),
+    ('{ fact = "thp.enabled", op = "==" }', "signals[0].gate.value: missing"),
+    ('{ fact = "THP", op = "==", value = "never" }', "signals[0].gate.fact"),
+])
+def test_gate_errors_name_the_field(gate: str, message: str) -> None:
+    signal = f'feature = "mem.hugepage_coverage"\ndirection = "down"\nrole = "required"\ngate = {gate}'
+    with pytest.raises(KBError, match=re.escape("xx.toml: " + message)):
+        parse_entry(tomllib.loads(_entry(signal)), "xx.toml")
+
+
 def test_quota_on_a_cgroup_v2_tree_created_after_the_agent_started(tmp_path: Path) -> None:
     # cgroup v2 (not on this VM): the real agent on a v2 tree whose files a writer advances
     # like the kernel does: a group appears after 2 s with a 0.2-CPU quota, throttled in

@@ -162,10 +162,15 @@ def test_a_fact_change_gives_a_single_host_its_reference_back() -> None:
     assert thp.height >= 55 and (thp["window_start"] >= ts(42)).all()
     assert "mem.hugepage_coverage" in thp["matched_signals"].to_list()[0][0]
     # the same data without the change: the host's own history is mostly "off", no reference
-    # says the coverage fell, so nothing matches (and no change = nothing to restore)
+    # says the coverage fell; on an idle host (page tables of ~2.5 % of RAM in 4 KiB pages)
+    # nothing matches, with a footprint the level itself names it (from 0.015 on, not before)
     f2, facts2 = _thp_host(change_at=None)
     facts2 = facts2.with_columns(pl.lit("never").alias("value"))
-    assert match_windows(f2, facts2, kb).filter(pl.col("entry_id") == "thp_coverage_loss").is_empty()
+    idle = f2.with_columns(pl.lit(5e-5).alias("mem.page_tables_share"))
+    assert match_windows(idle, facts2, kb).filter(pl.col("entry_id") == "thp_coverage_loss").is_empty()
+    loaded = match_windows(f2.with_columns(pl.lit(2e-4).alias("mem.page_tables_share")), facts2, kb)
+    level = loaded.filter((pl.col("rank") == 1) & (pl.col("entry_id") == "thp_coverage_loss"))
+    assert level.height == 60 and (level["window_start"] >= ts(40)).all()
 
 
 def test_remediation_restores_the_mode_in_force_before_the_change() -> None:
