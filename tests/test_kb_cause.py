@@ -384,6 +384,30 @@ def test_a_governor_that_costs_nothing_is_quiet(busy: float, governor: str, driv
     assert got.filter(pl.col("entry_id") == "cpu_governor_powersave").is_empty(), got
 
 
+def _clock_drop(busy_after: float) -> pl.DataFrame:
+    # node0: 60 windows at 2 890 MHz and 75 % busy, then 20 at 2 565 MHz (a drop of 325 MHz,
+    # z >> 3) and ``busy_after`` busy: a co-runner on node0 finishing (the busy share falls
+    # with the clocks) or a slower governor (the same work, as busy or more); node1 runs on
+    # unchanged, a third busy at 2 570 MHz (as the simulated host of the false incident did)
+    rng = np.random.default_rng(3)
+    def noise(v: float, sd: float, n: int) -> list[float | None]:
+        return [v + sd * rng.standard_normal() for _ in range(n)]
+    return _frame(80, {"cpu.freq_mhz@node0": noise(2890.0, 3, 60) + noise(2565.0, 3, 20),
+                       "cpu.busy_share@node0": noise(0.75, 0.005, 60) + [busy_after] * 20,
+                       "cpu.freq_mhz@node1": noise(2570.0, 3, 80), "cpu.busy_share@node1": noise(0.33, 0.005, 80)})
+
+
+@pytest.mark.parametrize(("busy_after", "governor", "named"), [
+    (0.32, "performance", False),  # the load left and the clocks followed it: no governor
+    (0.78, "performance", True),  # clocks down, the work as busy as before: a cap of some kind
+    (0.32, "powersave", True),  # the setting itself holds the clocks low: named whatever the load
+])
+def test_clocks_that_fall_with_the_load_are_no_governor(busy_after: float, governor: str, named: bool) -> None:
+    got = _rank1(match_windows(_clock_drop(busy_after), _power_facts(governor, "acpi-cpufreq"), load_kb()))
+    after = {v for t, v in got.items() if t >= T0 + timedelta(seconds=3 * 60)}
+    assert ("cpu_governor_powersave" in after) is named, got
+
+
 def _thp_facts(enabled: str) -> pl.DataFrame:
     return pl.DataFrame({"time": [T0 - timedelta(minutes=1)], "host": ["vm"], "category": ["thp"],
                          "device": [""], "key": ["enabled"], "value": [enabled], "value_num": [None]},
