@@ -5,10 +5,11 @@ grid) in chunks of at most ``chunk``, and commits each chunk through
 
 Per chunk ``[s, e)`` of a group of hosts sharing the watermark ``s``:
 
-* each host's features are computed alone (:func:`jobs.telemetry.host_features`, run by
-  the ``engine``): from its raw telemetry ``[s - L + 1us, e)`` only, its ``history`` read
-  back from the lake's ``features`` table (raw telemetry only where that lacks it), so
-  memory holds one host's raw rows at a time; they go to a file of the host's own in the
+* each host's features are computed as if alone (:func:`jobs.telemetry.batch_features`,
+  batches of hosts run by the ``engine``): from its raw telemetry ``[s - L + 1us, e)``
+  only, its ``history`` read back from the lake's ``features`` table (raw telemetry only
+  where that lacks it), so memory holds a batch's raw rows at a time (at most an hour of
+  one host's: a live one-minute chunk reads 60 hosts together); they go to a file of the host's own in the
   staging directory, and its judged windows to the staged ``features`` table; corrupt
   files are skipped and returned to the caller, who warns once per file. The windows
   ending in ``(s, e]`` are judged by the sweep step (:func:`jobs.step.sweep_step`; ``L`` =
@@ -69,11 +70,12 @@ from jobs.telemetry import (
     HostChunk,
     HostFeatures,
     Loaded,
+    batch_features,
+    batches,
     earliest,
     first_times,
     fleet_hosts,
     has_data,
-    host_features,
     joined,
     merge_corrupt,
 )
@@ -198,8 +200,9 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         # file of its own and its judged windows to the staged features table; the steps
         # then read batches of hosts from those files: no process holds the fleet's windows
         scratch.mkdir()
-        parts = per_host.map(host_features, [HostChunk(str(lake), h, first, e, a.history, a.window,
-                                                       scratch=str(scratch), stage=str(staged.root)) for h in hosts])
+        jobs = [HostChunk(str(lake), h, first, e, a.history, a.window, scratch=str(scratch), stage=str(staged.root))
+                for h in hosts]
+        parts = [p for got in per_host.map(batch_features, batches(jobs, per_host.workers)) for p in got]
         loaded = joined(parts)
         staged.files += [f for p in parts for f in p.staged]
     else:

@@ -25,7 +25,7 @@ from ingest.schema import HOST
 from jobs.config import SweepConfig
 from jobs.engine import make_engine
 from jobs.step import StepResult, sweep_step, with_time
-from jobs.telemetry import HostChunk, first_times, fleet_hosts, host_features, joined
+from jobs.telemetry import HostChunk, batch_features, batches, first_times, fleet_hosts, joined
 from knowledge_base.detector import DetectionConfig
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def run_sweep(
     names = list(hosts) if hosts else fleet_hosts(lake)
     jobs = [HostChunk(str(lake), h, start, end, config.history, config.window, stored_history=False) for h in names]
     with make_engine(engine if len(jobs) > 1 else "serial") as eng:
-        loaded = joined(eng.map(host_features, jobs))
+        loaded = joined([p for got in eng.map(batch_features, batches(jobs, eng.workers)) for p in got])
     det = sweep_step(loaded, cfg, kb or load_kb(), since=start, hosts=hosts,
                      history_known=first_times(lake, hosts), incidents=False)
     summary = summarize(det, start, end)

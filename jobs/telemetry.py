@@ -25,6 +25,7 @@ from analytics.features import (
     WindowSpec,
     compute_features,
     concat_features,
+    features_by_host,
 )
 from ingest import lake as lake_mod
 from ingest import schema
@@ -246,33 +247,91 @@ class HostFeatures:
     windows: int = 0  # judged windows (starting at or after ``first``, ending at or before ``end``)
 
 
-def _raw(lake: str, host: str, start: datetime, end: datetime, found: list[Corrupt]) -> dict[str, pl.LazyFrame]:
+def _raw(lake: str, hosts: Sequence[str], start: datetime, end: datetime,
+         found: list[Corrupt]) -> dict[str, pl.LazyFrame]:
     frames: dict[str, pl.LazyFrame] = {}
     for t in telemetry_tables(lake):
-        df = lake_mod.read(lake, t, start=start, end=end, hosts=[host], on_corrupt="skip", report=found)
+        df = lake_mod.read(lake, t, start=start, end=end, hosts=hosts, on_corrupt="skip", report=found)
         if df.height:
             frames[t] = df.lazy()
     return frames
 
 
-def _anchored(frames: dict[str, pl.LazyFrame], at: datetime) -> dict[str, pl.LazyFrame]:
-    """``frames`` with a copy of one real row moved to ``at``: a host's bucket grid then
-    starts there, as it does when its history is read with the chunk (a host resuming
+def _anchored(frames: dict[str, pl.LazyFrame], at: datetime, hosts: Sequence[str]) -> dict[str, pl.LazyFrame]:
+    """``frames`` with, for each of ``hosts``, a copy of one of its real rows moved to
+    ``at`` (its first row of the first table that has its rows): the host's bucket grid
+    then starts there, as it does when its history is read with the chunk (a host resuming
     after a gap gets the same windows). The copy's bucket ends before every judged window
     starts, so no judged value changes; it is a row of an existing device (no new column)."""
-    name = next(iter(frames))
-    row = frames[name].sort(schema.TIME).head(1).with_columns(pl.lit(at).cast(schema.TIME_DTYPE).alias(schema.TIME))
-    return {**frames, name: pl.concat([row, frames[name]], how="vertical_relaxed")}
+    out, left = dict(frames), set(hosts)
+    for name, lf in frames.items():
+        if not left:
+            break
+        rows = (lf.filter(pl.col(schema.HOST).is_in(sorted(left))).sort(schema.TIME)
+                .filter(pl.col(schema.HOST).is_first_distinct()).collect())
+        if rows.height:
+            left -= set(rows[schema.HOST].to_list())
+            rows = rows.with_columns(pl.lit(at).cast(schema.TIME_DTYPE).alias(schema.TIME))
+            out[name] = pl.concat([rows.lazy(), lf], how="vertical_relaxed")
+    return out
+
+
+def _by_host(df: pl.DataFrame | None) -> dict[str, pl.DataFrame]:
+    if df is None or df.is_empty() or schema.HOST not in df.columns:
+        return {}
+    return {str(k[0]): part for k, part in df.partition_by(schema.HOST, as_dict=True, maintain_order=True).items()}
+
+
+def _host_of(path: Path, hosts: Sequence[str]) -> str:
+    """The host whose partition ``path`` is in (the first of ``hosts`` when none is named)."""
+    for part in path.parts:
+        if part.startswith("host=") and part[5:] in hosts:
+            return part[5:]
+    return hosts[0]
+
+
+#: a batch of :func:`batch_features` reads at most this many host-minutes of raw
+#: telemetry at once (one host's hour: what a one-host call of an hour's chunk held)
+BATCH_HOST_MINUTES = 60
+
+
+def _hosts_per_read(span: timedelta) -> int:
+    """Hosts whose raw telemetry of ``span`` fit in :data:`BATCH_HOST_MINUTES`."""
+    return max(1, int(BATCH_HOST_MINUTES * 60 // max(span.total_seconds(), 1.0)))
+
+
+def batches(jobs: Sequence[HostChunk], workers: int = 1) -> list[list[HostChunk]]:
+    """``jobs`` (hosts of one chunk) cut into the batches of :func:`batch_features`: as
+    large as keep a batch's raw read within :data:`BATCH_HOST_MINUTES` (a live one-minute
+    chunk: 60 hosts; an hour's chunk, or one whose history is read raw: 1), and at least
+    ``workers`` of them (every worker gets one), of near-equal sizes, in order."""
+    if not jobs:
+        return []
+    j = jobs[0]
+    size = _hosts_per_read(j.end - j.first + (timedelta(0) if j.stored_history else j.history))
+    k = min(len(jobs), max(-(-len(jobs) // size), workers))
+    cuts = [round(i * len(jobs) / k) for i in range(k + 1)]
+    return [list(jobs[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 def host_features(job: HostChunk) -> HostFeatures:
-    """The features of one host over a chunk and its history (see :class:`HostChunk`).
+    """The features of one host over a chunk and its history (see :class:`HostChunk` and
+    :func:`batch_features`)."""
+    return batch_features([job])[0]
+
+
+def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
+    """The features of several hosts of one chunk, each over the chunk and its history
+    (see :class:`HostChunk`; the jobs differ only by host), in the jobs' order.
 
     The chunk's windows are computed from its raw telemetry ``[first, end)`` only (a
     window needs only its own rows); the history is read back from the lake's
     ``features`` table, which earlier chunks wrote, and computed from raw telemetry only
     where the table lacks it (the first chunk, history before the first sweep). Raw rows
-    are dropped once reduced: memory holds this host's chunk, not the fleet's.
+    are dropped once reduced: memory holds the raw rows of at most
+    :data:`BATCH_HOST_MINUTES` host-minutes. The hosts' tables are read and their chunk
+    featurised together (:func:`analytics.features.features_by_host`), each host's results
+    the ones it gets alone: a call's fixed cost is then paid once per batch, not per host.
 
     Values are those of the fleet-wide computation (``tests/test_sweep_per_host.py``);
     the column set may differ by columns without evidence: a stored file carries the
@@ -280,74 +339,111 @@ def host_features(job: HostChunk) -> HostFeatures:
     sent no rows in this interval (and a device whose only rows carry no value, a first
     sample, gets no column); such columns are null, or 0 for the zero-fill families,
     and the detectors ignore columns constant in their reference."""
+    if not jobs:
+        return []
+    j0 = jobs[0]
+    if any((j.lake, j.first, j.end, j.history, j.window, j.stored_history, j.scratch, j.stage)
+           != (j0.lake, j0.first, j0.end, j0.history, j0.window, j0.stored_history, j0.scratch, j0.stage)
+           for j in jobs) or len({j.host for j in jobs}) != len(jobs):
+        raise ValueError("batch_features: the jobs of a batch are distinct hosts of one chunk")
     found: list[Corrupt] = []
-    lake, h, win = job.lake, job.host, job.window
+    lake, win, hosts = j0.lake, j0.window, [j.host for j in jobs]
     w, stride = timedelta(seconds=win.length_s), timedelta(seconds=win.stride_s)
-    start = job.first - job.history
-    facts = None
-    if "host_facts" in lake_mod.tables(lake):
-        facts = lake_mod.read(lake, "host_facts", hosts=[h], on_corrupt="skip", report=found)
-    hist = pl.DataFrame()
-    if job.stored_history and job.history > timedelta(0) and "features" in lake_mod.tables(lake):
-        hist = lake_mod.read(lake, "features", start=start, end=job.first, hosts=[h], on_corrupt="skip",
+    start = j0.first - j0.history
+    tables = lake_mod.tables(lake)
+    facts_all = (lake_mod.read(lake, "host_facts", hosts=hosts, on_corrupt="skip", report=found)
+                 if "host_facts" in tables else None)
+    facts_of = _by_host(facts_all)
+    hist_of: dict[str, pl.DataFrame] = {}
+    if j0.stored_history and j0.history > timedelta(0) and "features" in tables:
+        hist = lake_mod.read(lake, "features", start=start, end=j0.first, hosts=hosts, on_corrupt="skip",
                              report=found)
         if hist.height:
-            hist = hist.drop(schema.TIME).filter(pl.col(WINDOW_START) >= start).sort(WINDOW_START)
+            hist = hist.drop(schema.TIME).filter(pl.col(WINDOW_START) >= start).sort(schema.HOST, WINDOW_START)
+            for h, part in _by_host(hist).items():  # (a column only other hosts have is theirs)
+                nulls = part.null_count().row(0)
+                hist_of[h] = part.select(c for c, n in zip(part.columns, nulls, strict=True) if n < part.height)
 
-    def raw_windows(lo: datetime, hi: datetime) -> pl.DataFrame:
+    def facts_for(h: str) -> pl.DataFrame | None:
+        return None if facts_all is None else facts_of.get(h, facts_all.clear())
+
+    def raw_windows(h: str, lo: datetime, hi: datetime) -> pl.DataFrame:
         """Windows starting in [lo, hi) from raw telemetry (rows through the last one's end)."""
-        frames = _raw(lake, h, lo, min(floor_grid(hi - US, win.stride_s) + w, job.end), found)
+        frames = _raw(lake, [h], lo, min(floor_grid(hi - US, win.stride_s) + w, j0.end), found)
         if not frames:
             return pl.DataFrame()
-        feats = compute_features(frames, win, host_facts=facts)
+        feats = compute_features(frames, win, host_facts=facts_for(h))
         return feats.filter((pl.col(WINDOW_START) >= lo) & (pl.col(WINDOW_START) < hi))
 
     # history the table lacks, from raw telemetry: before its first window (never swept),
     # and between two of its windows (a gap in the data across a chunk's start: the
     # fleet-wide computation has windows over it, as its grid spans the gap)
-    fresh: list[pl.DataFrame] = []
-    lo = job.first  # where the chunk's raw read starts
-    if hist.height:
-        ws = [utc(t) for t in hist[WINDOW_START].to_list()]
-        # (start is off the grid, s - window + 1 us - history: the grid's first window at
-        # or after it is no hole, and reading raw rows for it would find no window to add)
-        holes = [(start, ws[0])] if ws[0] > floor_grid(start - US, win.stride_s) + stride else []
-        holes += [(a + stride, b) for a, b in zip(ws, ws[1:], strict=False) if b - a > stride]
-        fresh = [raw_windows(a, b) for a, b in holes]
-        if ws[-1] + stride < job.first:  # the windows up to the chunk: with it (its rows end the gap)
-            lo = ws[-1] + stride
-    else:
-        lo = start  # no stored history: read it with the chunk, as the fleet-wide path does
-    frames = _raw(lake, h, lo, job.end, found)
-    chunk = pl.DataFrame()
-    if frames:
-        if hist.height:
-            frames = _anchored(frames, lo - US)
-        chunk = compute_features(frames, win, host_facts=facts).filter(pl.col(WINDOW_START) >= lo)
-        del frames
-    n_fresh = sum(f.height for f in fresh) + (chunk.filter(pl.col(WINDOW_START) < job.first).height
-                                               if lo < job.first and chunk.height else 0)
-    feats = concat_features([p for p in (*fresh, hist, chunk) if p.height])
-    own = [c for c in chunk.columns if c not in KEYS]
-    if facts is not None:  # (the features took every snapshot; the step needs the changes only)
-        facts = changes_only(facts)
-    out = HostFeatures(h, feats, facts, merge_corrupt([], sorted(found, key=lambda e: e.path)), own, hist.height,
-                       n_fresh, columns=[c for c in feats.columns if c not in KEYS])
-    judged = feats.filter((pl.col(WINDOW_START) >= job.first) & (pl.col("window_end") <= job.end))
-    out.windows = judged.height
-    if job.stage is not None and judged.height:
-        root = Path(job.stage)
-        out.staged = [str(p.relative_to(root)) for p in lake_mod.write_table(
-            root, "features", judged.select(pl.col(WINDOW_START).alias(schema.TIME), *KEYS, *own))]
-    if job.scratch is not None and feats.height:
-        name = hashlib.sha1(h.encode()).hexdigest()[:16]
-        out.path = str(Path(job.scratch) / f"{name}.arrow")
-        feats.write_ipc(out.path)  # uncompressed: read back memory-mapped
-        out.features = feats.clear()
-        if facts is not None and facts.height:
-            out.facts_path = str(Path(job.scratch) / f"{name}.facts.arrow")
-            facts.write_ipc(out.facts_path)
-            out.facts = None
+    fresh: dict[str, list[pl.DataFrame]] = {}
+    lo_of: dict[str, datetime] = {}  # where each host's raw read of the chunk starts
+    for h in hosts:
+        hist_h = hist_of.get(h)
+        lo_of[h] = j0.first
+        if hist_h is not None:
+            ws = hist_h[WINDOW_START]
+            first_ws, last_ws = utc(ws[0]), utc(ws[-1])
+            # (start is off the grid, s - window + 1 us - history: the grid's first window at
+            # or after it is no hole, and reading raw rows for it would find no window to add)
+            holes = [(start, first_ws)] if first_ws > floor_grid(start - US, win.stride_s) + stride else []
+            gaps = np.flatnonzero(np.diff(ws.dt.epoch("us").to_numpy()) > round(win.stride_s * 1e6))
+            holes += [(utc(ws[i]) + stride, utc(ws[i + 1])) for i in gaps.tolist()]
+            fresh[h] = [raw_windows(h, a, b) for a, b in holes]
+            if last_ws + stride < j0.first:  # the windows up to the chunk: with it (its rows end the gap)
+                lo_of[h] = last_ws + stride
+        else:
+            lo_of[h] = start  # no stored history: read it with the chunk, as the fleet-wide path does
+    # the chunk's raw rows, the hosts with the same start together, at most a batch's worth at once
+    chunk_of: dict[str, pl.DataFrame] = {}
+    groups: dict[datetime, list[str]] = {}
+    for h in hosts:
+        groups.setdefault(lo_of[h], []).append(h)
+    for lo, members in groups.items():
+        size = _hosts_per_read(j0.end - lo)
+        for k in range(0, len(members), size):
+            some = members[k:k + size]
+            frames = _raw(lake, some, lo, j0.end, found)
+            if not frames:
+                continue
+            anchored = [h for h in some if h in hist_of]
+            if anchored:
+                frames = _anchored(frames, lo - US, anchored)
+            for h, f in features_by_host(frames, win, host_facts=facts_all).items():
+                chunk_of[h] = f.filter(pl.col(WINDOW_START) >= lo)
+            del frames
+    changes = _by_host(changes_only(facts_all)) if facts_all is not None else {}
+    out: list[HostFeatures] = []
+    for h in hosts:
+        hist_h, chunk, lo = hist_of.get(h, pl.DataFrame()), chunk_of.get(h, pl.DataFrame()), lo_of[h]
+        n_fresh = sum(f.height for f in fresh.get(h, [])) + (
+            chunk.filter(pl.col(WINDOW_START) < j0.first).height if lo < j0.first and chunk.height else 0)
+        feats = concat_features([p for p in (*fresh.get(h, []), hist_h, chunk) if p.height])
+        own = [c for c in chunk.columns if c not in KEYS]
+        # (the features took every snapshot; the step needs the changes only)
+        facts = None if facts_all is None else changes.get(h, facts_all.clear())
+        one = HostFeatures(h, feats, facts, [c for c in found if _host_of(c.path, hosts) == h], own, hist_h.height,
+                           n_fresh, columns=[c for c in feats.columns if c not in KEYS])
+        judged = feats.filter((pl.col(WINDOW_START) >= j0.first) & (pl.col("window_end") <= j0.end))
+        one.windows = judged.height
+        if j0.stage is not None and judged.height:
+            root = Path(j0.stage)
+            one.staged = [str(p.relative_to(root)) for p in lake_mod.write_table(
+                root, "features", judged.select(pl.col(WINDOW_START).alias(schema.TIME), *KEYS, *own))]
+        if j0.scratch is not None and feats.height:
+            name = hashlib.sha1(h.encode()).hexdigest()[:16]
+            one.path = str(Path(j0.scratch) / f"{name}.arrow")
+            feats.write_ipc(one.path)  # uncompressed: read back memory-mapped
+            one.features = feats.clear()
+            if facts is not None and facts.height:
+                one.facts_path = str(Path(j0.scratch) / f"{name}.facts.arrow")
+                facts.write_ipc(one.facts_path)
+                one.facts = None
+        out.append(one)
+    for one in out:
+        one.corrupt = merge_corrupt([], sorted(one.corrupt, key=lambda e: e.path))
     return out
 
 

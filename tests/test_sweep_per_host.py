@@ -6,6 +6,7 @@ telemetry of ``[first - history, end)`` loaded at once and featurised together."
 
 from __future__ import annotations
 
+import functools
 import shutil
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,8 @@ from jobs.sweep import run_sweep
 from jobs.telemetry import (
     HostChunk,
     Loaded,
+    batch_features,
+    batches,
     first_times,
     host_features,
     load_lake,
@@ -134,9 +137,9 @@ def test_per_host_features_and_verdicts_equal_the_fleet_wide_path(swept: Path,
     import jobs.telemetry
 
     featurised: list[int] = []
-    real = jobs.telemetry.compute_features
-    monkeypatch.setattr(jobs.telemetry, "compute_features",
-                        lambda *a, **k: featurised.append(1) or real(*a, **k))
+    for name in ("compute_features", "features_by_host"):  # (one host's chunk, or a batch's)
+        monkeypatch.setattr(jobs.telemetry, name, functools.partial(
+            lambda real, *a, **k: featurised.append(1) or real(*a, **k), getattr(jobs.telemetry, name)))
     root, cfg = swept, _cfg()
     length = timedelta(seconds=cfg.analytics.window.length_s)
     for k in (1, MINUTES // 2 - 1):  # history from the table; and with chunk files older than the history
@@ -150,6 +153,82 @@ def test_per_host_features_and_verdicts_equal_the_fleet_wide_path(swept: Path,
         _same_features(got.features, ref.features)  # type: ignore[arg-type]
         assert reused > 0 and fresh == 0, k
         _same_verdicts(root, cfg, got, ref, first, e)
+
+
+def _without_gpu(src: Path, dst: Path, host: str, gpu: str) -> Path:
+    """``src`` with every row of ``host``'s GPU ``gpu`` removed (a host with one GPU fewer)."""
+    for t in [*telemetry_tables(src), "host_facts"]:
+        df = lake.read(src, t)
+        if t == "gpu":
+            df = df.filter(~((pl.col("host") == host) & (pl.col("gpu") == gpu)))
+        lake.write_table(dst, t, df.drop([c for c in ("date", "hour") if c in df.columns]))
+    return dst
+
+
+def test_a_batch_of_hosts_gets_what_each_host_gets_alone(template: Path, swept: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`batch_features` of three hosts: for each host, the features (the same
+    columns: a host lacking a GPU gets none of that GPU's columns), facts, staged windows
+    and counts of one call per host, with the chunk featurised once for the batch: history
+    from the features table, from raw telemetry (never swept), and on a host with one GPU
+    fewer than its batch."""
+    import jobs.telemetry
+
+    cfg = _cfg()
+    a = cfg.analytics
+    length = timedelta(seconds=a.window.length_s)
+    odd = _without_gpu(template, tmp_path / "odd", "sim-02", "3")
+    run_cycle(odd, cfg, now=T0 + timedelta(minutes=MINUTES))
+    calls: list[int] = []
+    real = jobs.telemetry.features_by_host
+    monkeypatch.setattr(jobs.telemetry, "features_by_host", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for root, minute, stored in ((swept, 6, True), (template, 7, False), (odd, 6, True), (odd, 4, False)):
+        first, end = T0 + timedelta(minutes=minute) - length + US, T0 + timedelta(minutes=minute + 2)
+        jobs_of = {}
+        for name in ("one", "batch"):
+            out = tmp_path / f"{root.name}-{minute}-{name}"
+            (out / "stage").mkdir(parents=True)
+            jobs_of[name] = [HostChunk(str(root), h, first, end, a.history, a.window, stored_history=stored,
+                                       stage=str(out / "stage")) for h in HOSTS]
+        alone = [host_features(j) for j in jobs_of["one"]]
+        calls.clear()
+        together = batch_features(jobs_of["batch"])
+        assert len(calls) == 1, (root.name, minute)
+        assert [p.host for p in together] == HOSTS
+        for x, y in zip(alone, together, strict=True):
+            assert_frame_equal(y.features, x.features)
+            assert y.columns == x.columns and y.chunk_columns == x.chunk_columns
+            assert (y.windows, y.reused, y.refeaturised) == (x.windows, x.reused, x.refeaturised) and x.windows
+            assert x.facts is not None and y.facts is not None
+            assert_frame_equal(y.facts, x.facts)
+            stage_x, stage_y = (Path(j[0].stage or "") for j in (jobs_of["one"], jobs_of["batch"]))
+            assert_frame_equal(*(pl.concat([pl.read_parquet(st / f) for f in p.staged])
+                                 for st, p in ((stage_y, y), (stage_x, x))))
+        if root is odd:
+            gpu3 = [c for c in together[2].chunk_columns if c.endswith("@gpu3")]
+            assert not gpu3 and any(c.endswith("@gpu3") for c in together[0].chunk_columns)
+
+
+def test_batches_hold_an_hour_of_raw_telemetry_and_feed_every_worker() -> None:
+    """One-minute chunks: 60 hosts a batch, at least one batch per worker, near-equal; an
+    hour's chunk, or one whose history is read raw: one host a batch."""
+    from analytics.features import WindowSpec
+
+    def jobs(n: int, chunk: timedelta, stored: bool = True) -> list[HostChunk]:
+        return [HostChunk("lake", f"h{i:03d}", T0, T0 + chunk, timedelta(hours=1), WindowSpec(), stored_history=stored)
+                for i in range(n)]
+
+    def sizes(n: int, chunk: timedelta, workers: int, stored: bool = True) -> list[int]:
+        got = batches(jobs(n, chunk, stored), workers)
+        assert [j.host for b in got for j in b] == [j.host for j in jobs(n, chunk, stored)]
+        return [len(b) for b in got]
+
+    assert sizes(64, timedelta(minutes=1), 2) == [32, 32]
+    assert sizes(256, timedelta(minutes=1), 2) == [51, 51, 52, 51, 51]
+    assert sizes(3, timedelta(minutes=1), 8) == [1, 1, 1]
+    assert sizes(4, timedelta(hours=1), 2) == [1, 1, 1, 1]
+    assert sizes(4, timedelta(minutes=1), 1, stored=False) == [1, 1, 1, 1]
+    assert batches([], 2) == []
 
 
 def test_history_the_features_table_lacks_is_featurised_from_raw(template: Path) -> None:

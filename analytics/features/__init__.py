@@ -13,8 +13,10 @@ from analytics.features.engine import (
     compute_features,
     concat_features,
     feature_columns,
+    features_by_host,
 )
 from analytics.features.plans import HOST, SKIPPED, THROTTLE_BITS, TIME, WindowSpec
 
 __all__ = ["HOST", "KEYS", "SKIPPED", "THROTTLE_BITS", "TIME", "WINDOW_END", "WINDOW_START",
-           "WindowSpec", "compute_features", "concat_features", "feature_columns"]
+           "WindowSpec", "compute_features", "concat_features", "feature_columns",
+           "features_by_host"]
