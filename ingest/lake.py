@@ -802,7 +802,11 @@ def _merge_schemas(schemas: Sequence[tuple[Path, pl.Schema]]) -> dict[str, pl.Da
     """Union of file schemas; a column whose dtype differs gets the common supertype."""
     out: dict[str, pl.DataType] = {}
     where: dict[str, Path] = {}
+    merged: set[int] = set()  # (files of one schema share one cached object: merged once)
     for path, s in schemas:
+        if id(s) in merged:
+            continue
+        merged.add(id(s))
         for c, dt in s.items():
             if c in PARTITION_COLUMNS:
                 continue

@@ -38,6 +38,7 @@ applies retention (the scheduler runs it on its own period).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -178,6 +179,54 @@ def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequ
     return out
 
 
+#: under the lake's state directory: each host's features file of the last chunk that
+#: committed it (history and judged windows), and ``manifest.json`` (host -> the chunk's end
+#: and its file; the window and history they were computed with). The next chunk of a host
+#: reads its history there instead of re-reading the ``features`` table: the same windows,
+#: as the chunk wrote them (a live one-minute cycle otherwise re-read the hour of every host)
+FEATURES_CACHE = "features-cache"
+
+
+def _cache_key(cfg: SweepConfig) -> dict[str, Any]:
+    a = cfg.analytics
+    return {"window_s": a.window.length_s, "stride_s": a.window.stride_s, "history_s": a.history.total_seconds()}
+
+
+def _cached_history(lake: str | os.PathLike[str], cfg: SweepConfig, s: datetime) -> dict[str, str]:
+    """host -> its features file of the committed chunk that ended at ``s`` (this chunk's
+    start), when it was kept with the same window and history; nothing else is trusted."""
+    d = wm.state_dir(lake) / FEATURES_CACHE
+    try:
+        doc = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("key") != _cache_key(cfg) or not isinstance(doc.get("hosts"), dict):
+        return {}
+    end = s.isoformat()
+    return {h: str(d / v[1]) for h, v in doc["hosts"].items()
+            if isinstance(v, list) and len(v) == 2 and v[0] == end and (d / str(v[1])).is_file()}
+
+
+def _keep_features(lake: str | os.PathLike[str], cfg: SweepConfig, kept: Path, e: datetime) -> None:
+    """After the commit: the chunk's host files (moved to ``kept`` before the seal) become
+    the hosts' cached history. Files first, then the manifest: a crash between the two
+    leaves entries whose end no chunk starts at (ignored)."""
+    d = wm.state_dir(lake) / FEATURES_CACHE
+    try:
+        doc = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or doc.get("key") != _cache_key(cfg) or not isinstance(doc.get("hosts"), dict):
+            doc = {}
+    except (OSError, ValueError):
+        doc = {}
+    hosts = dict(doc.get("hosts", {}))
+    names = json.loads((kept / "hosts.json").read_text(encoding="utf-8"))
+    for h, name in names.items():
+        os.replace(kept / name, d / name)
+        hosts[h] = [e.isoformat(), name]
+    wm.write_json_atomic(d / "manifest.json", {"key": _cache_key(cfg), "hosts": hosts})
+    shutil.rmtree(kept, ignore_errors=True)
+
+
 def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],
                   s: datetime, e: datetime, marks: Mapping[str, wm.HostMark], hook: wm.PublishHook | None,
                   queue_path: Path | None = None,
@@ -200,8 +249,9 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         # file of its own and its judged windows to the staged features table; the steps
         # then read batches of hosts from those files: no process holds the fleet's windows
         scratch.mkdir()
-        jobs = [HostChunk(str(lake), h, first, e, a.history, a.window, scratch=str(scratch), stage=str(staged.root))
-                for h in hosts]
+        cached = _cached_history(lake, cfg, s)
+        jobs = [HostChunk(str(lake), h, first, e, a.history, a.window, scratch=str(scratch), stage=str(staged.root),
+                          previous=cached.get(h)) for h in hosts]
         parts = [p for got in per_host.map(batch_features, batches(jobs, per_host.workers)) for p in got]
         loaded = joined(parts)
         staged.files += [f for p in parts for f in p.staged]
@@ -232,6 +282,19 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         staged.write("incidents", incidents.select(pl.col("start").alias(schema.TIME), pl.all()))
     if remediations.height:
         staged.write("remediations", remediations)
+    # the hosts' files become their cached history once the chunk commits (out of the
+    # staging directory, which the commit removes; a crash leaves only a stray directory)
+    cache = wm.state_dir(lake) / FEATURES_CACHE
+    for stray in cache.glob("pending-*") if cache.is_dir() else ():
+        shutil.rmtree(stray, ignore_errors=True)
+    kept = None
+    files = {p.host: Path(p.path) for p in parts if p.path is not None}
+    if files:
+        kept = cache / f"pending-{sid}"
+        kept.mkdir(parents=True)
+        for f in files.values():
+            os.replace(f, kept / f.name)
+        wm.write_json_atomic(kept / "hosts.json", {h: f.name for h, f in files.items()})
     shutil.rmtree(scratch, ignore_errors=True)  # (the proposals read the hosts' facts files)
     wm.checkpoint("before_seal")
     new = {h: wm.HostMark(e, open_since.get(h)) for h in hosts}
@@ -241,6 +304,8 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
                       "findings": summary.findings, "incidents": summary.incidents})
     wm.checkpoint("after_seal")
     wm.publish(lake, sid, hook)
+    if kept is not None:
+        _keep_features(lake, cfg, kept, e)
     log.info("sweep %s: %s..%s %d host(s): %d windows, %d findings, %d incidents, %d remediations", sid,
              s.isoformat(), e.isoformat(), len(hosts), summary.windows, summary.findings, summary.incidents,
              summary.remediations)

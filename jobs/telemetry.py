@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from ingest import schema
 from ingest.influx import InfluxConfig, InfluxSource
 from jobs.grid import US, floor_grid, utc
 from knowledge_base.facts import changes_only
+
+log = logging.getLogger(__name__)
 
 #: downstream tables the jobs write (never read as telemetry)
 NOT_TELEMETRY = frozenset(SKIPPED | {"audit", "matches"})
@@ -229,6 +232,10 @@ class HostChunk:
     #: a (staging) lake root: the judged windows' features (the host's own columns) are
     #: written to its ``features`` table (``HostFeatures.staged``)
     stage: str | None = None
+    #: the host's features file (``HostFeatures.path``) of the committed chunk that ended
+    #: where this one starts: its windows of the history are read there, not from the
+    #: ``features`` table (the same windows: that chunk wrote them; the scheduler's cache)
+    previous: str | None = None
 
 
 @dataclass
@@ -274,6 +281,26 @@ def _anchored(frames: dict[str, pl.LazyFrame], at: datetime, hosts: Sequence[str
             rows = rows.with_columns(pl.lit(at).cast(schema.TIME_DTYPE).alias(schema.TIME))
             out[name] = pl.concat([rows.lazy(), lf], how="vertical_relaxed")
     return out
+
+
+def _us(t: datetime) -> int:
+    return (utc(t) - datetime(1970, 1, 1, tzinfo=UTC)) // US
+
+
+def _kept_history(path: str, start: datetime, first: datetime) -> pl.DataFrame | None:
+    """The windows starting in ``[start, first)`` of a host's features file kept from its
+    previous chunk (sorted by window start: a slice of the memory map, which stays valid
+    when the file is replaced); None when it cannot be read."""
+    try:
+        with pa.memory_map(path) as src:
+            df = pl.from_arrow(pa.ipc.open_file(src).read_all(), rechunk=False)
+            assert isinstance(df, pl.DataFrame)
+            ws = df[WINDOW_START].dt.epoch("us").to_numpy()
+            lo, hi = np.searchsorted(ws, [_us(start), _us(first)])
+            return df.slice(int(lo), int(hi - lo))
+    except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as exc:
+        log.warning("features cache: cannot read %s (%s): the history is read from the lake", path, exc)
+        return None
 
 
 def _by_host(df: pl.DataFrame | None) -> dict[str, pl.DataFrame]:
@@ -355,8 +382,14 @@ def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
                  if "host_facts" in tables else None)
     facts_of = _by_host(facts_all)
     hist_of: dict[str, pl.DataFrame] = {}
-    if j0.stored_history and j0.history > timedelta(0) and "features" in tables:
-        hist = lake_mod.read(lake, "features", start=start, end=j0.first, hosts=hosts, on_corrupt="skip",
+    if j0.stored_history and j0.history > timedelta(0):
+        for j in jobs:
+            kept = None if j.previous is None else _kept_history(j.previous, start, j0.first)
+            if kept is not None and kept.height:
+                hist_of[j.host] = kept
+    table_hosts = [h for h in hosts if h not in hist_of]
+    if j0.stored_history and j0.history > timedelta(0) and "features" in tables and table_hosts:
+        hist = lake_mod.read(lake, "features", start=start, end=j0.first, hosts=table_hosts, on_corrupt="skip",
                              report=found)
         if hist.height:
             hist = hist.drop(schema.TIME).filter(pl.col(WINDOW_START) >= start).sort(schema.HOST, WINDOW_START)

@@ -209,6 +209,50 @@ def test_a_batch_of_hosts_gets_what_each_host_gets_alone(template: Path, swept: 
             assert not gpu3 and any(c.endswith("@gpu3") for c in together[0].chunk_columns)
 
 
+def test_the_next_chunk_reads_its_history_from_the_kept_files(template: Path, swept: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler keeps each host's features file of its last committed chunk; the next
+    chunk reads its history there, not from the ``features`` table: the lake gets the same
+    features, scores, findings and incidents as when every chunk reads the table. A file
+    kept for another chunk end, or another history, is not read."""
+    import jobs.cycle
+    import jobs.telemetry
+
+    used: list[int] = []
+    real = jobs.telemetry._kept_history
+    monkeypatch.setattr(jobs.telemetry, "_kept_history",
+                        lambda *a: (lambda got: used.append(0 if got is None else got.height) or got)(real(*a)))
+    cache = swept / "_state" / jobs.cycle.FEATURES_CACHE
+    assert (cache / "manifest.json").is_file() and len(list(cache.glob("*.arrow"))) == len(HOSTS)
+    assert not list(cache.glob("pending-*"))
+    # the swept lake used them (this test's spy came later): sweep a copy again, cache off
+    root = tmp_path / "lake"
+    shutil.copytree(template, root)
+    monkeypatch.setattr(jobs.cycle, "_cached_history", lambda *a: {})
+    run_cycle(root, _cfg(), now=T0 + timedelta(minutes=MINUTES))
+    for t in ("features", "scores", "findings", "incidents"):
+        keys = ["host", "window_start", *(["detector", "reference"] if t == "scores" else [])]
+        if t == "incidents":
+            keys = ["incident_id", "state", "updated"]
+        assert_frame_equal(lake.read(root, t).sort(keys), lake.read(swept, t).sort(keys), check_column_order=False)
+    monkeypatch.undo()
+    monkeypatch.setattr(jobs.telemetry, "_kept_history",
+                        lambda *a: (lambda got: used.append(0 if got is None else got.height) or got)(real(*a)))
+    root2 = tmp_path / "lake2"
+    shutil.copytree(template, root2)
+    run_cycle(root2, _cfg(), now=T0 + timedelta(minutes=4))
+    used.clear()
+    run_cycle(root2, _cfg(), now=T0 + timedelta(minutes=6))  # the chunk after a kept one
+    assert len(used) == len(HOSTS) and all(n > 0 for n in used)
+    # a manifest of another end, or another history, is not trusted
+    cfg = _cfg()
+    s = T0 + timedelta(minutes=6)
+    assert len(jobs.cycle._cached_history(root2, cfg, s)) == len(HOSTS)
+    assert jobs.cycle._cached_history(root2, cfg, s + timedelta(minutes=2)) == {}
+    other = SweepConfig(analytics=analytics_from_mapping({"history": "5m", "warmup": "30s"}))
+    assert jobs.cycle._cached_history(root2, other, s) == {}
+
+
 def test_batches_hold_an_hour_of_raw_telemetry_and_feed_every_worker() -> None:
     """One-minute chunks: 60 hosts a batch, at least one batch per worker, near-equal; an
     hour's chunk, or one whose history is read raw: one host a batch."""
