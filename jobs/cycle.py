@@ -192,18 +192,24 @@ def _cache_key(cfg: SweepConfig) -> dict[str, Any]:
     return {"window_s": a.window.length_s, "stride_s": a.window.stride_s, "history_s": a.history.total_seconds()}
 
 
-def _cached_history(lake: str | os.PathLike[str], cfg: SweepConfig, s: datetime) -> dict[str, str]:
-    """host -> its features file of the committed chunk that ended at ``s`` (this chunk's
-    start), when it was kept with the same window and history; nothing else is trusted."""
-    d = wm.state_dir(lake) / FEATURES_CACHE
+def _cache_entries(d: Path, cfg: SweepConfig) -> dict[str, Any]:
+    """The cache manifest's host entries when it was kept with ``cfg``'s window and
+    history, else none (unreadable, another configuration)."""
     try:
         doc = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict) or doc.get("key") != _cache_key(cfg) or not isinstance(doc.get("hosts"), dict):
         return {}
+    return dict(doc["hosts"])
+
+
+def _cached_history(lake: str | os.PathLike[str], cfg: SweepConfig, s: datetime) -> dict[str, str]:
+    """host -> its features file of the committed chunk that ended at ``s`` (this chunk's
+    start), when it was kept with the same window and history; nothing else is trusted."""
+    d = wm.state_dir(lake) / FEATURES_CACHE
     end = s.isoformat()
-    return {h: str(d / v[1]) for h, v in doc["hosts"].items()
+    return {h: str(d / v[1]) for h, v in _cache_entries(d, cfg).items()
             if isinstance(v, list) and len(v) == 2 and v[0] == end and (d / str(v[1])).is_file()}
 
 
@@ -212,13 +218,7 @@ def _keep_features(lake: str | os.PathLike[str], cfg: SweepConfig, kept: Path, e
     the hosts' cached history. Files first, then the manifest: a crash between the two
     leaves entries whose end no chunk starts at (ignored)."""
     d = wm.state_dir(lake) / FEATURES_CACHE
-    try:
-        doc = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
-        if not isinstance(doc, dict) or doc.get("key") != _cache_key(cfg) or not isinstance(doc.get("hosts"), dict):
-            doc = {}
-    except (OSError, ValueError):
-        doc = {}
-    hosts = dict(doc.get("hosts", {}))
+    hosts = _cache_entries(d, cfg)
     names = json.loads((kept / "hosts.json").read_text(encoding="utf-8"))
     for h, name in names.items():
         os.replace(kept / name, d / name)

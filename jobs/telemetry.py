@@ -382,13 +382,14 @@ def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
                  if "host_facts" in tables else None)
     facts_of = _by_host(facts_all)
     hist_of: dict[str, pl.DataFrame] = {}
-    if j0.stored_history and j0.history > timedelta(0):
+    stored = j0.stored_history and j0.history > timedelta(0)
+    if stored:
         for j in jobs:
             kept = None if j.previous is None else _kept_history(j.previous, start, j0.first)
             if kept is not None and kept.height:
                 hist_of[j.host] = kept
     table_hosts = [h for h in hosts if h not in hist_of]
-    if j0.stored_history and j0.history > timedelta(0) and "features" in tables and table_hosts:
+    if stored and "features" in tables and table_hosts:
         hist = lake_mod.read(lake, "features", start=start, end=j0.first, hosts=table_hosts, on_corrupt="skip",
                              report=found)
         if hist.height:
@@ -450,10 +451,11 @@ def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
     changes = _by_host(changes_only(facts_all)) if facts_all is not None else {}
     out: list[HostFeatures] = []
     for h in hosts:
-        hist_h, chunk, lo = hist_of.get(h, pl.DataFrame()), chunk_of.get(h, pl.DataFrame()), lo_of[h]
+        # (each host's frames are let go once its file is written, not at the batch's end)
+        hist_h, chunk, lo = hist_of.pop(h, pl.DataFrame()), chunk_of.pop(h, pl.DataFrame()), lo_of[h]
         n_fresh = sum(f.height for f in fresh.get(h, [])) + (
             chunk.filter(pl.col(WINDOW_START) < j0.first).height if lo < j0.first and chunk.height else 0)
-        feats = concat_features([p for p in (*fresh.get(h, []), hist_h, chunk) if p.height])
+        feats = concat_features([p for p in (*fresh.pop(h, []), hist_h, chunk) if p.height])
         own = [c for c in chunk.columns if c not in KEYS]
         # (the features took every snapshot; the step needs the changes only)
         facts = None if facts_all is None else changes.get(h, facts_all.clear())
