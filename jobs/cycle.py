@@ -185,6 +185,7 @@ def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequ
 #: reads its history there instead of re-reading the ``features`` table: the same windows,
 #: as the chunk wrote them (a live one-minute cycle otherwise re-read the hour of every host)
 FEATURES_CACHE = "features-cache"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _cache_key(cfg: SweepConfig) -> dict[str, Any]:
@@ -216,15 +217,32 @@ def _cached_history(lake: str | os.PathLike[str], cfg: SweepConfig, s: datetime)
 def _keep_features(lake: str | os.PathLike[str], cfg: SweepConfig, kept: Path, e: datetime) -> None:
     """After the commit: the chunk's host files (moved to ``kept`` before the seal) become
     the hosts' cached history. Files first, then the manifest: a crash between the two
-    leaves entries whose end no chunk starts at (ignored)."""
+    leaves entries whose end no chunk starts at (ignored).
+
+    Entries that ended ``history`` or more before ``e`` (a host that left the fleet, or
+    lags by more than its history) are dropped, and files no entry names are deleted
+    after the manifest: the cache holds about the fleet's current hosts, not every host
+    it ever saw (such a host's next chunk reads the ``features`` table)."""
     d = wm.state_dir(lake) / FEATURES_CACHE
-    hosts = _cache_entries(d, cfg)
+    hosts = {h: v for h, v in _cache_entries(d, cfg).items() if _entry_end(v) > e - cfg.analytics.history}
     names = json.loads((kept / "hosts.json").read_text(encoding="utf-8"))
     for h, name in names.items():
         os.replace(kept / name, d / name)
         hosts[h] = [e.isoformat(), name]
     wm.write_json_atomic(d / "manifest.json", {"key": _cache_key(cfg), "hosts": hosts})
     shutil.rmtree(kept, ignore_errors=True)
+    named = {str(v[1]) for v in hosts.values()}
+    for f in d.glob("*.arrow"):
+        if f.name not in named:
+            f.unlink(missing_ok=True)
+
+
+def _entry_end(v: Any) -> datetime:
+    """The chunk end of a cache manifest entry (the epoch when it is malformed)."""
+    try:
+        return utc(datetime.fromisoformat(v[0])) if isinstance(v, list) and len(v) == 2 else _EPOCH
+    except (TypeError, ValueError):
+        return _EPOCH
 
 
 def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],

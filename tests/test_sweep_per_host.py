@@ -253,6 +253,38 @@ def test_the_next_chunk_reads_its_history_from_the_kept_files(template: Path, sw
     assert jobs.cycle._cached_history(root2, other, s) == {}
 
 
+def test_the_kept_files_follow_the_fleet(tmp_path: Path) -> None:
+    """A committed chunk's files replace the hosts' entries; a host not swept for its
+    history (it left the fleet) loses its entry and file, and files no entry names (a
+    crash before the manifest, another configuration's) are deleted."""
+    import json
+
+    import jobs.cycle
+    from jobs import watermarks as wm
+
+    cfg = _cfg()  # 4 minutes of history
+    e = T0 + timedelta(hours=3)
+    d = wm.state_dir(tmp_path) / jobs.cycle.FEATURES_CACHE
+    d.mkdir(parents=True)
+    entries = {"gone": [(e - timedelta(minutes=4)).isoformat(), "gone.arrow"],
+               "lagging": [(e - timedelta(minutes=3)).isoformat(), "lagging.arrow"],
+               "sim-00": [(e - timedelta(minutes=1)).isoformat(), "sim-00.arrow"],
+               "broken": ["not a time", "broken.arrow"]}
+    for name in ("gone.arrow", "lagging.arrow", "sim-00.arrow", "broken.arrow", "orphan.arrow"):
+        (d / name).write_bytes(b"old")
+    wm.write_json_atomic(d / "manifest.json", {"key": jobs.cycle._cache_key(cfg), "hosts": entries})
+    kept = d / "pending-x"
+    kept.mkdir()
+    (kept / "sim-00.arrow").write_bytes(b"new")
+    wm.write_json_atomic(kept / "hosts.json", {"sim-00": "sim-00.arrow"})
+    jobs.cycle._keep_features(tmp_path, cfg, kept, e)
+    doc = json.loads((d / "manifest.json").read_text())
+    assert doc["hosts"] == {"lagging": entries["lagging"], "sim-00": [e.isoformat(), "sim-00.arrow"]}
+    assert sorted(f.name for f in d.iterdir()) == ["lagging.arrow", "manifest.json", "sim-00.arrow"]
+    assert (d / "sim-00.arrow").read_bytes() == b"new"
+    assert jobs.cycle._cached_history(tmp_path, cfg, e) == {"sim-00": str(d / "sim-00.arrow")}
+
+
 def test_batches_hold_an_hour_of_raw_telemetry_and_feed_every_worker() -> None:
     """One-minute chunks: 60 hosts a batch, at least one batch per worker, near-equal; an
     hour's chunk, or one whose history is read raw: one host a batch."""
