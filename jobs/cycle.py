@@ -180,12 +180,13 @@ def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequ
 
 
 #: under the lake's state directory: each host's features file of the last chunk that
-#: committed it (history and judged windows), and ``manifest.json`` (host -> the chunk's end
-#: and its file; the window and history they were computed with). The next chunk of a host
-#: reads its history there instead of re-reading the ``features`` table: the same windows,
-#: as the chunk wrote them (a live one-minute cycle otherwise re-read the hour of every host)
+#: committed it (history and judged windows) and its facts changes file, and
+#: ``manifest.json`` (host -> the chunk's end and its files; the window and history they
+#: were computed with). The next chunk of a host reads its history there instead of
+#: re-reading the ``features`` table (a live one-minute cycle otherwise re-read the hour of
+#: every host), and only the facts written since (otherwise every snapshot the agent ever
+#: wrote, ~540 rows a minute per host: a read that grew with the lake's age)
 FEATURES_CACHE = "features-cache"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _cache_key(cfg: SweepConfig) -> dict[str, Any]:
@@ -193,56 +194,64 @@ def _cache_key(cfg: SweepConfig) -> dict[str, Any]:
     return {"window_s": a.window.length_s, "stride_s": a.window.stride_s, "history_s": a.history.total_seconds()}
 
 
-def _cache_entries(d: Path, cfg: SweepConfig) -> dict[str, Any]:
-    """The cache manifest's host entries when it was kept with ``cfg``'s window and
-    history, else none (unreadable, another configuration)."""
+def _cache_entries(d: Path, cfg: SweepConfig) -> dict[str, tuple[datetime, str, str | None]]:
+    """The cache manifest's host entries (chunk end, features file, facts file or None)
+    when it was kept with ``cfg``'s window and history, else none (unreadable, another
+    configuration); a malformed entry is left out."""
     try:
         doc = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict) or doc.get("key") != _cache_key(cfg) or not isinstance(doc.get("hosts"), dict):
         return {}
-    return dict(doc["hosts"])
+    out: dict[str, tuple[datetime, str, str | None]] = {}
+    for h, v in doc["hosts"].items():
+        if isinstance(v, list) and len(v) in (2, 3) and isinstance(v[0], str) and isinstance(v[1], str):
+            try:
+                end = utc(datetime.fromisoformat(v[0]))
+            except ValueError:
+                continue
+            out[h] = (end, v[1], v[2] if len(v) == 3 and isinstance(v[2], str) else None)
+    return out
 
 
-def _cached_history(lake: str | os.PathLike[str], cfg: SweepConfig, s: datetime) -> dict[str, str]:
-    """host -> its features file of the committed chunk that ended at ``s`` (this chunk's
-    start), when it was kept with the same window and history; nothing else is trusted."""
+def _cached_history(lake: str | os.PathLike[str], cfg: SweepConfig, s: datetime
+                    ) -> dict[str, tuple[str, str | None]]:
+    """host -> its features file, and facts changes file (None: none kept), of the
+    committed chunk that ended at ``s`` (this chunk's start), when they were kept with the
+    same window and history; nothing else is trusted."""
     d = wm.state_dir(lake) / FEATURES_CACHE
-    end = s.isoformat()
-    return {h: str(d / v[1]) for h, v in _cache_entries(d, cfg).items()
-            if isinstance(v, list) and len(v) == 2 and v[0] == end and (d / str(v[1])).is_file()}
+    out: dict[str, tuple[str, str | None]] = {}
+    for h, (end, feats, facts) in _cache_entries(d, cfg).items():
+        if end == utc(s) and (d / feats).is_file():
+            out[h] = (str(d / feats), str(d / facts) if facts is not None and (d / facts).is_file() else None)
+    return out
 
 
 def _keep_features(lake: str | os.PathLike[str], cfg: SweepConfig, kept: Path, e: datetime) -> None:
     """After the commit: the chunk's host files (moved to ``kept`` before the seal) become
-    the hosts' cached history. Files first, then the manifest: a crash between the two
-    leaves entries whose end no chunk starts at (ignored).
+    the hosts' cached history and facts. Files first, then the manifest: a crash between
+    the two leaves entries whose end no chunk starts at (ignored).
 
     Entries that ended ``history`` or more before ``e`` (a host that left the fleet, or
     lags by more than its history) are dropped, and files no entry names are deleted
     after the manifest: the cache holds about the fleet's current hosts, not every host
     it ever saw (such a host's next chunk reads the ``features`` table)."""
     d = wm.state_dir(lake) / FEATURES_CACHE
-    hosts = {h: v for h, v in _cache_entries(d, cfg).items() if _entry_end(v) > e - cfg.analytics.history}
+    hosts = {h: [v[0].isoformat(), v[1], v[2]] for h, v in _cache_entries(d, cfg).items()
+             if v[0] > e - cfg.analytics.history}
     names = json.loads((kept / "hosts.json").read_text(encoding="utf-8"))
-    for h, name in names.items():
-        os.replace(kept / name, d / name)
-        hosts[h] = [e.isoformat(), name]
+    for h, (feats, facts) in names.items():
+        for name in (feats, facts):
+            if name is not None:
+                os.replace(kept / name, d / name)
+        hosts[h] = [e.isoformat(), feats, facts]
     wm.write_json_atomic(d / "manifest.json", {"key": _cache_key(cfg), "hosts": hosts})
     shutil.rmtree(kept, ignore_errors=True)
-    named = {str(v[1]) for v in hosts.values()}
+    named = {name for v in hosts.values() for name in v[1:] if name is not None}
     for f in d.glob("*.arrow"):
         if f.name not in named:
             f.unlink(missing_ok=True)
-
-
-def _entry_end(v: Any) -> datetime:
-    """The chunk end of a cache manifest entry (the epoch when it is malformed)."""
-    try:
-        return utc(datetime.fromisoformat(v[0])) if isinstance(v, list) and len(v) == 2 else _EPOCH
-    except (TypeError, ValueError):
-        return _EPOCH
 
 
 def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeBase, hosts: Sequence[str],
@@ -269,7 +278,9 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         scratch.mkdir()
         cached = _cached_history(lake, cfg, s)
         jobs = [HostChunk(str(lake), h, first, e, a.history, a.window, scratch=str(scratch), stage=str(staged.root),
-                          previous=cached.get(h)) for h in hosts]
+                          previous=cached[h][0] if h in cached else None,
+                          previous_facts=(ff, s) if h in cached and (ff := cached[h][1]) is not None else None)
+                for h in hosts]
         parts = [p for got in per_host.map(batch_features, batches(jobs, per_host.workers)) for p in got]
         loaded = joined(parts)
         staged.files += [f for p in parts for f in p.staged]
@@ -306,13 +317,15 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     for stray in cache.glob("pending-*") if cache.is_dir() else ():
         shutil.rmtree(stray, ignore_errors=True)
     kept = None
-    files = {p.host: Path(p.path) for p in parts if p.path is not None}
+    files = {p.host: [Path(p.path), None if p.facts_path is None else Path(p.facts_path)]
+             for p in parts if p.path is not None}
     if files:
         kept = cache / f"pending-{sid}"
         kept.mkdir(parents=True)
-        for f in files.values():
-            os.replace(f, kept / f.name)
-        wm.write_json_atomic(kept / "hosts.json", {h: f.name for h, f in files.items()})
+        for path in (path for pair in files.values() for path in pair if path is not None):
+            os.replace(path, kept / path.name)
+        wm.write_json_atomic(kept / "hosts.json", {h: [path.name if path else None for path in pair]
+                                                   for h, pair in files.items()})
     shutil.rmtree(scratch, ignore_errors=True)  # (the proposals read the hosts' facts files)
     wm.checkpoint("before_seal")
     new = {h: wm.HostMark(e, open_since.get(h)) for h in hosts}

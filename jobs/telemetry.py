@@ -236,6 +236,11 @@ class HostChunk:
     #: where this one starts: its windows of the history are read there, not from the
     #: ``features`` table (the same windows: that chunk wrote them; the scheduler's cache)
     previous: str | None = None
+    #: the host's facts changes (:func:`knowledge_base.facts.changes_only`) before a time,
+    #: as that chunk wrote them (``HostFeatures.facts_path``), and that time (its end):
+    #: only the ``host_facts`` rows from then on are read. Without it, every row is: the
+    #: agent writes ~540 facts a minute, so that read grows with the lake's age
+    previous_facts: tuple[str, datetime] | None = None
 
 
 @dataclass
@@ -301,6 +306,33 @@ def _kept_history(path: str, start: datetime, first: datetime) -> pl.DataFrame |
     except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as exc:
         log.warning("features cache: cannot read %s (%s): the history is read from the lake", path, exc)
         return None
+
+
+def _facts_changes(jobs: Sequence[HostChunk], found: list[Corrupt]) -> pl.DataFrame:
+    """The batch's host facts before its chunk's end, as their changes (what the features
+    and the step read: the facts at any time and when they changed, at ~1 % of the
+    snapshots' rows). A host with a changes file of the chunk before adds only the rows
+    from that file's end on (the same changes: a change is a row unlike the previous
+    reading of its fact, and the file keeps each fact's last value); an unreadable file
+    is logged and the host's rows are all read."""
+    lake, end = jobs[0].lake, jobs[0].end
+    since: dict[datetime | None, list[str]] = {}
+    parts: list[pl.DataFrame] = []
+    for j in jobs:
+        start = None
+        if j.previous_facts is not None:
+            path, until = j.previous_facts
+            try:
+                parts.append(pl.read_ipc(path))
+                start = until
+            except (OSError, pl.exceptions.PolarsError) as exc:
+                log.warning("facts cache: cannot read %s (%s): the host's facts are read from the lake", path, exc)
+        since.setdefault(start, []).append(j.host)
+    for start, hosts in since.items():
+        parts.append(lake_mod.read(lake, "host_facts", start=start, end=end, hosts=hosts, on_corrupt="skip",
+                                   report=found))
+    parts = [p for p in parts if p.width]
+    return changes_only(pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame())
 
 
 def _by_host(df: pl.DataFrame | None) -> dict[str, pl.DataFrame]:
@@ -378,8 +410,7 @@ def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
     w, stride = timedelta(seconds=win.length_s), timedelta(seconds=win.stride_s)
     start = j0.first - j0.history
     tables = lake_mod.tables(lake)
-    facts_all = (lake_mod.read(lake, "host_facts", hosts=hosts, on_corrupt="skip", report=found)
-                 if "host_facts" in tables else None)
+    facts_all = _facts_changes(jobs, found) if "host_facts" in tables else None
     facts_of = _by_host(facts_all)
     hist_of: dict[str, pl.DataFrame] = {}
     stored = j0.stored_history and j0.history > timedelta(0)
@@ -448,7 +479,6 @@ def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
             for h, f in features_by_host(frames, win, host_facts=facts_all).items():
                 chunk_of[h] = f.filter(pl.col(WINDOW_START) >= lo)
             del frames
-    changes = _by_host(changes_only(facts_all)) if facts_all is not None else {}
     out: list[HostFeatures] = []
     for h in hosts:
         # (each host's frames are let go once its file is written, not at the batch's end)
@@ -457,8 +487,7 @@ def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
             chunk.filter(pl.col(WINDOW_START) < j0.first).height if lo < j0.first and chunk.height else 0)
         feats = concat_features([p for p in (*fresh.pop(h, []), hist_h, chunk) if p.height])
         own = [c for c in chunk.columns if c not in KEYS]
-        # (the features took every snapshot; the step needs the changes only)
-        facts = None if facts_all is None else changes.get(h, facts_all.clear())
+        facts = facts_for(h)
         one = HostFeatures(h, feats, facts, [c for c in found if _host_of(c.path, hosts) == h], own, hist_h.height,
                            n_fresh, columns=[c for c in feats.columns if c not in KEYS])
         judged = feats.filter((pl.col(WINDOW_START) >= j0.first) & (pl.col("window_end") <= j0.end))

@@ -223,7 +223,8 @@ def test_the_next_chunk_reads_its_history_from_the_kept_files(template: Path, sw
     monkeypatch.setattr(jobs.telemetry, "_kept_history",
                         lambda *a: (lambda got: used.append(0 if got is None else got.height) or got)(real(*a)))
     cache = swept / "_state" / jobs.cycle.FEATURES_CACHE
-    assert (cache / "manifest.json").is_file() and len(list(cache.glob("*.arrow"))) == len(HOSTS)
+    assert (cache / "manifest.json").is_file() and len(list(cache.glob("*.arrow"))) == 2 * len(HOSTS)
+    assert len(list(cache.glob("*.facts.arrow"))) == len(HOSTS)
     assert not list(cache.glob("pending-*"))
     # the swept lake used them (this test's spy came later): sweep a copy again, cache off
     root = tmp_path / "lake"
@@ -247,10 +248,59 @@ def test_the_next_chunk_reads_its_history_from_the_kept_files(template: Path, sw
     # a manifest of another end, or another history, is not trusted
     cfg = _cfg()
     s = T0 + timedelta(minutes=6)
-    assert len(jobs.cycle._cached_history(root2, cfg, s)) == len(HOSTS)
+    cached = jobs.cycle._cached_history(root2, cfg, s)
+    assert len(cached) == len(HOSTS) and all(facts is not None for _, facts in cached.values())
     assert jobs.cycle._cached_history(root2, cfg, s + timedelta(minutes=2)) == {}
     other = SweepConfig(analytics=analytics_from_mapping({"history": "5m", "warmup": "30s"}))
     assert jobs.cycle._cached_history(root2, other, s) == {}
+
+
+def test_a_chunk_reads_the_facts_written_since_the_chunk_before(template: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The facts changes a chunk wrote (``HostFeatures.facts_path``), given to the next
+    chunk with its end (``HostChunk.previous_facts``), plus the ``host_facts`` rows from
+    that end on: the same changes as reading every row before the chunk's end, a change
+    after the boundary included, and only rows from the boundary on are read. Facts
+    written after the chunk's end are not its facts."""
+    import jobs.telemetry
+
+    a = _cfg().analytics
+    length = timedelta(seconds=a.window.length_s)
+    root = tmp_path / "lake"
+    shutil.copytree(template, root)
+    facts = lake.read(root, "host_facts")
+    last = facts.filter(pl.col("host") == "sim-01").sort("time").tail(1)
+    changed = last.with_columns(pl.lit(T0 + timedelta(minutes=7)).cast(facts["time"].dtype).alias("time"),
+                                pl.lit("changed").alias("value"))
+    later = changed.with_columns(pl.lit(T0 + timedelta(minutes=9)).cast(facts["time"].dtype).alias("time"),
+                                 pl.lit("after the chunk").alias("value"))
+    lake.write_table(root, "host_facts", pl.concat([changed, later]).drop(
+        [c for c in ("date", "hour") if c in facts.columns]))
+    boundary, end = T0 + timedelta(minutes=6), T0 + timedelta(minutes=8)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    before = batch_features([HostChunk(str(root), h, boundary - length + US, boundary, a.history, a.window,
+                                       stored_history=False, scratch=str(scratch)) for h in HOSTS])
+    assert all(p.facts_path is not None for p in before)
+    starts: list[object] = []
+    real = jobs.telemetry.lake_mod.read
+    monkeypatch.setattr(jobs.telemetry.lake_mod, "read", lambda root, table, **k: (
+        starts.append(k.get("start")) if table == "host_facts" else None) or real(root, table, **k))
+    first = end - timedelta(minutes=2) - length + US
+    kept = batch_features([HostChunk(str(root), p.host, first, end, a.history, a.window, stored_history=False,
+                                     previous_facts=(str(p.facts_path), boundary)) for p in before])
+    assert starts == [boundary]
+    starts.clear()
+    every = batch_features([HostChunk(str(root), h, first, end, a.history, a.window, stored_history=False)
+                            for h in HOSTS])
+    assert starts == [None]
+    for x, y in zip(every, kept, strict=True):
+        assert x.facts is not None and y.facts is not None and x.facts.height
+        assert_frame_equal(y.facts, x.facts)
+        assert x.facts["time"].max() < end  # type: ignore[operator]
+    got = kept[1].facts
+    assert got is not None and got.filter(pl.col("value") == "changed").height == 1
+    assert got.filter(pl.col("value") == "after the chunk").height == 0
 
 
 def test_the_kept_files_follow_the_fleet(tmp_path: Path) -> None:
@@ -276,13 +326,13 @@ def test_the_kept_files_follow_the_fleet(tmp_path: Path) -> None:
     kept = d / "pending-x"
     kept.mkdir()
     (kept / "sim-00.arrow").write_bytes(b"new")
-    wm.write_json_atomic(kept / "hosts.json", {"sim-00": "sim-00.arrow"})
+    wm.write_json_atomic(kept / "hosts.json", {"sim-00": ["sim-00.arrow", None]})
     jobs.cycle._keep_features(tmp_path, cfg, kept, e)
     doc = json.loads((d / "manifest.json").read_text())
-    assert doc["hosts"] == {"lagging": entries["lagging"], "sim-00": [e.isoformat(), "sim-00.arrow"]}
+    assert doc["hosts"] == {"lagging": [*entries["lagging"], None], "sim-00": [e.isoformat(), "sim-00.arrow", None]}
     assert sorted(f.name for f in d.iterdir()) == ["lagging.arrow", "manifest.json", "sim-00.arrow"]
     assert (d / "sim-00.arrow").read_bytes() == b"new"
-    assert jobs.cycle._cached_history(tmp_path, cfg, e) == {"sim-00": str(d / "sim-00.arrow")}
+    assert jobs.cycle._cached_history(tmp_path, cfg, e) == {"sim-00": (str(d / "sim-00.arrow"), None)}
 
 
 def test_batches_hold_an_hour_of_raw_telemetry_and_feed_every_worker() -> None:
