@@ -17,6 +17,7 @@ lines are not additive; "other" is the total minus the top-level stages).
     .venv/bin/python benchmarks/sweep_scale.py --hosts 8 16 --duration 30m [--profile] [--json F]
     .venv/bin/python benchmarks/sweep_scale.py --engine processes:1   # then processes:2: the speed-up
     .venv/bin/python benchmarks/sweep_scale.py --hosts 64 --duration 90m --live 30   # the live steady state
+    .venv/bin/python benchmarks/sweep_scale.py --hosts 16 --duration 75m --live 5 --facts-age 24h   # a day-old lake
 
 ``--live M`` times the live scheduler instead: the first ``duration - M`` of the data is
 swept as a catch-up, then the last M minutes one cycle per simulated minute (``--every K``:
@@ -26,6 +27,10 @@ time, counted in), so every step reads its full history (``[analytics] history``
 has run for an hour. It prints the CPU-s per host-hour of those cycles (the process and its
 pool's workers, psutil) and each cycle's wall time against its one-minute cadence: a
 worker keeps up with a fleet while its cycles stay under a minute.
+
+``--facts-age D`` (with ``--live``) first gives each host D of earlier ``host_facts``
+snapshots, one a minute, as the agent writes them (~540 facts a host), without the telemetry
+of that time: the sweep's cost on a lake that has collected facts for D.
 
 ``--engine SPEC`` is passed to the sweep (``unveil schedule --engine``; default: the command's,
 a process pool of every core). The fleets are simulated on a process pool of every core
@@ -105,6 +110,26 @@ def simulate_fleet(lake: Path, hosts: int, duration: timedelta, seed: int) -> tu
     with make_engine("processes") as engine:
         res = simulate(from_dict(doc), functools.partial(open_sinks, str(lake)), mapper=engine.map)
     return sum(res.rows.values()), time.perf_counter() - t
+
+
+def prepend_facts(lake: Path, before: timedelta) -> int:
+    """Each host's first ``host_facts`` snapshot repeated once a minute over ``before``
+    ahead of its telemetry: the facts an agent that ran that long wrote (every fact at every
+    snapshot), without the telemetry of that time (retention, or not simulated). Rows added."""
+    import polars as pl
+
+    from ingest import lake as lake_mod
+
+    facts = lake_mod.read(lake, "host_facts")
+    first = facts.filter(pl.col("time") == pl.col("time").min().over("host")).drop(
+        [c for c in ("date", "hour") if c in facts.columns])
+    minutes = int(before.total_seconds() // 60)
+    added = 0
+    for _, snap in first.partition_by("host", as_dict=True).items():  # (one host's day at a time)
+        rows = pl.concat([snap.with_columns(pl.col("time") - pl.duration(minutes=i)) for i in range(1, minutes + 1)])
+        lake_mod.write_table(lake, "host_facts", rows)
+        added += rows.height
+    return added
 
 
 def _env() -> dict[str, str]:
@@ -254,12 +279,15 @@ class LivePoint:
 
 
 def measure_live(hosts: int, duration: timedelta, minutes: int, seed: int, keep: Path | None,
-                 engine: str | None = None, every: int = 1) -> LivePoint:
+                 engine: str | None = None, every: int = 1, facts_before: timedelta | None = None) -> LivePoint:
     """The steady state of ``unveil schedule``: the last ``minutes`` of the data swept one
-    cycle per minute after a catch-up over the rest (so each step reads its full history)."""
+    cycle per minute after a catch-up over the rest (so each step reads its full history);
+    ``facts_before``: :func:`prepend_facts` first (a lake that old)."""
     with tempfile.TemporaryDirectory(prefix="sweep-live-", dir=keep) as d:
         lake = Path(d) / "lake"
         simulate_fleet(lake, hosts, duration, seed)
+        if facts_before:
+            prepend_facts(lake, facts_before)
         start = T0 + duration - timedelta(minutes=minutes)
         cmd = [sys.executable, "-c", LIVE_CHILD, str(lake), start.isoformat(), str(minutes), str(every),
                *([engine] if engine else [])]
@@ -313,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=1, metavar="MINUTES",
                     help="with --live: a cycle every MINUTES simulated minutes (unveil schedule --every), "
                     "each sweeping that many; --live must be a multiple of it (default 1)")
+    ap.add_argument("--facts-age", default=None, metavar="DURATION",
+                    help="with --live: first give each host this much of earlier host_facts snapshots, one a "
+                    "minute, as an agent that ran that long wrote them (e.g. 24h; the telemetry of that time "
+                    "is not simulated)")
     a = ap.parse_args(argv)
     from ingest.simulator.scenario import parse_duration_s
 
@@ -329,11 +361,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--live must be shorter than --duration (the rest is the history)")
         if a.every < 1 or a.live % a.every:
             ap.error("--live must be a multiple of --every")
+        facts_age = timedelta(seconds=parse_duration_s(a.facts_age, "--facts-age")) if a.facts_age else None
         print(f"live: the last {a.live} min swept one cycle every {a.every} min, after a catch-up over the first "
-              f"{duration.total_seconds() / 60 - a.live:.0f} min")
+              f"{duration.total_seconds() / 60 - a.live:.0f} min"
+              + (f"; {a.facts_age} of host_facts snapshots before the telemetry" if facts_age else ""))
         lives = []
         for n in sorted(a.hosts):
-            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine, a.every)
+            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine, a.every, facts_age)
             w = sorted(lp.cycle_wall_s)
             print(f"  {n} hosts: {lp.live_cpu_s:.1f} CPU-s in {len(w)} cycles ({lp.cpu_per_host_hour:.2f} per "
                   f"host-hour; catch-up {lp.catchup_cpu_s:.1f} CPU-s), cycle wall median {w[len(w) // 2]:.1f} s, "
