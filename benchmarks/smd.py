@@ -35,7 +35,7 @@ attribution by the squared robust z of each metric averaged over the flagged run
 Protocols and constants chosen without the reported labels (issue 16, docs/smd.md):
 
     python benchmarks/smd.py --nested [--protocol causal|standard|transductive]
-                             [--refit-every 240] [--spans 10080]
+                             [--refit-every 240] [--spans all,20160,10080]
                              [--rules "mad:8|quantile:0.01|pot:0.98:1e-4|tail:0.02:0.5"]
                              [--combos "mean(IF,Maha)|mean(Maha,Chan)"] [--gaps 0,30] [--transfer 5] [--cache DIR]
 
@@ -1157,8 +1157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     nest.add_argument("--gaps", type=lambda t: [int(x) for x in t.split(",") if x.strip()], default=[0, 30],
                       help="gap closings to choose from, rows (default 0,30)")
     nest.add_argument("--spans", type=lambda t: [None if x.strip() == "all" else int(x) for x in t.split(",")
-                                                 if x.strip()], default=[None],
-                      help="causal reference lengths to choose from, windows ('all' or a number; default all)")
+                                                 if x.strip()], default=[None, 20160, 10080],
+                      help="causal reference lengths to choose from, windows ('all': every window before, or "
+                      "a number: the most recent ones; default all,20160,10080: all, two weeks, one week)")
     nest.add_argument("--transfer", type=int, default=0,
                       help="also apply each group's choice to the group resampled this many times coarser")
     nest.add_argument("--cache", type=Path, help="cache the per-machine scores here")
