@@ -114,7 +114,7 @@ def test_nested_slice_end_to_end(tmp_path: Path) -> None:
         for name in ("machine-1-6", "machine-2-6"):
             shutil.copy(DATA / sub / "machine-1-6.txt", data / sub / f"{name}.txt")
     cache = tmp_path / "cache"
-    args = ["--data", str(data), "--nested", "--refit-every", "60", "--rules", "mad:8|quantile:0.02",
+    args = ["--data", str(data), "--nested", "--refit-every", "60", "--spans", "all", "--rules", "mad:8|quantile:0.02",
             "--cache", str(cache), "--transfer", "5"]
     assert smd.main(args) == 0
     # 2 machines at 1 min and at 5 min: scores and features
