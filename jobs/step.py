@@ -230,7 +230,8 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings(), loaded.corrupt)
     length = timedelta(seconds=a.window.length_s)
     bounds = list(steps(since + length - US, until, step))
-    n = 1 if engine is None or a.refit is not None else max(1, min(engine.workers, len(bounds)))
+    workers = 1 if engine is None or a.refit is not None else engine.workers
+    n = max(1, min(workers, len(bounds)))
     starts = _host_starts(keys)
     # two blocks per worker, the heaviest (most windows read) handed out first: a worker that
     # is done takes the next one. Steps read more history as a sweep moves away from the
@@ -242,20 +243,23 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     keep = None if hosts is None else list(hosts)
     known = None if history_known is None else dict(history_known)
     to = None if stage is None else str(stage)
-    if len(blocks) == 1 or engine is None:
-        done = run_steps(StepBlock(src, loaded.facts, kb, cfg, bounds, keep, known, starts, to))
+    whole = StepBlock(src, loaded.facts, kb, cfg, bounds, keep, known, starts, to)
+    if engine is None or workers == 1 or (len(bounds) == 1 and keys[HOST].n_unique() == 1):
+        done = run_steps(whole)
     else:
-        windows = _step_windows(bounds, starts, a)
-        heavy = sorted(range(len(blocks)), key=lambda j: -int(windows[j * per:(j + 1) * per].sum()))
         with contextlib.ExitStack() as stack:
             source: pl.DataFrame | str | HostFiles = src  # (the hosts' files: every worker reads them)
             if feats is not None:  # one Arrow file the workers map, not a pickled copy each
                 d = stack.enter_context(tempfile.TemporaryDirectory(prefix="step-features-", dir=scratch))
                 source = str(Path(d) / "features.arrow")
                 feats.write_ipc(source)
-            got = engine.map(run_steps, [StepBlock(source, loaded.facts, kb, cfg, blocks[j], keep, known, starts, to)
-                                         for j in heavy])
-        done = [r for _, rs in sorted(zip(heavy, got, strict=True), key=lambda jr: jr[0]) for r in rs]
+            if len(bounds) == 1:  # one step (a live cycle): its batches of hosts over the workers
+                done = [_split_step(whole, replace(whole, features=source), engine, workers)]
+            else:
+                windows = _step_windows(bounds, starts, a)
+                heavy = sorted(range(len(blocks)), key=lambda j: -int(windows[j * per:(j + 1) * per].sum()))
+                got = engine.map(run_steps, [replace(whole, features=source, bounds=blocks[j]) for j in heavy])
+                done = [r for _, rs in sorted(zip(heavy, got, strict=True), key=lambda jr: jr[0]) for r in rs]
     # the reported windows: the steps' windows together (the blocks do not send them back)
     reported = _keep(since, until, hosts)
     assert reported is not None  # (since and until are set)
@@ -293,22 +297,18 @@ def _step_windows(bounds: Sequence[tuple[datetime, datetime]], starts: Mapping[s
     return np.searchsorted(every, hi) - np.searchsorted(every, lo)
 
 
-def run_steps(job: StepBlock) -> list[StepResult]:
-    """The block's steps, one after the other (see :func:`sweep_step`); their results carry
-    no features (the caller has them)."""
-    a = job.cfg.analytics
+def _opened(job: StepBlock) -> tuple[pl.DataFrame | HostFiles, pl.DataFrame, pl.DataFrame | None]:
+    """The block's windows (mapped when a file), their keys and the hosts' facts."""
     feats = _mapped(job.features) if isinstance(job.features, str) else job.features
     every = feats.select(HOST, WS, WE) if isinstance(feats, pl.DataFrame) else feats.keys()
     facts = feats.facts_of(None) if isinstance(feats, HostFiles) else job.facts
-    length = timedelta(seconds=a.window.length_s)
-    # the running medians of a step's windows reach back half of `smooth` (more at the
-    # start of a host's data): the frame a step is scored on starts this far before it
-    lead = 2 * max(a.smooth, timedelta(seconds=a.window.stride_s)) + length
-    epochs: dict[datetime, Reference] = {}
-    with threadpool_limits(limits=1, user_api="blas"):  # (a worker process too: see sweep_step)
-        # one step at a time: a step's frames are freed before the next one's are cut
-        outs = [_one_step(job, feats, every, facts, b, b2, length, lead, epochs) for b, b2 in job.bounds]
-    if job.stage is not None:  # one write per block: a file per host and hour, not per step
+    return feats, every, facts
+
+
+def _stage_scores(job: StepBlock, outs: list[StepResult]) -> list[StepResult]:
+    """With ``job.stage``, the results' scores written there, one write (a file per host
+    and hour, not per step), the files named in the last result."""
+    if job.stage is not None:
         scores = _concat([o.scores for o in outs])
         for o in outs:
             o.scores = pl.DataFrame()
@@ -319,77 +319,194 @@ def run_steps(job: StepBlock) -> list[StepResult]:
     return outs
 
 
+def run_steps(job: StepBlock) -> list[StepResult]:
+    """The block's steps, one after the other (see :func:`sweep_step`); their results carry
+    no features (the caller has them)."""
+    feats, every, facts = _opened(job)
+    epochs: dict[datetime, Reference] = {}
+    with threadpool_limits(limits=1, user_api="blas"):  # (a worker process too: see sweep_step)
+        # one step at a time: a step's frames are freed before the next one's are cut
+        outs = [_one_step(job, feats, every, facts, b, b2, epochs) for b, b2 in job.bounds]
+    return _stage_scores(job, outs)
+
+
+@dataclass
+class _StepFrame:
+    """One analysis step ``[b, b2)`` over the sweep's windows: what every batch of its hosts
+    agrees on."""
+
+    b: datetime
+    b2: datetime
+    first: datetime  # the history's first window start
+    b_since: datetime  # the first window judged
+    since: datetime  # the first window scored (the running medians reach back from b_since)
+    keys: pl.DataFrame  # the windows of [first, b2), every host
+    first_of: dict[str, int]  # host -> its first window start in the history (warm-up), µs
+    hosts: list[str]  # in the order of the keys
+
+    @property
+    def in_step(self) -> pl.Expr:
+        return (pl.col(WS) >= self.first) & (pl.col(WE) <= self.b2)
+
+
+def _step_frame(job: StepBlock, every: pl.DataFrame, b: datetime, b2: datetime) -> _StepFrame | None:
+    a = job.cfg.analytics
+    length = timedelta(seconds=a.window.length_s)
+    # the running medians of a step's windows reach back half of `smooth` (more at the
+    # start of a host's data): the frame a step is scored on starts this far before it
+    lead = 2 * max(a.smooth, timedelta(seconds=a.window.stride_s)) + length
+    first = floor_grid(b - a.history, a.window.stride_s)
+    keys = every.filter((pl.col(WS) >= first) & (pl.col(WE) <= b2))
+    if keys.is_empty():
+        return None
+    b_since = b - length + US
+    # first window start of each host in the history (its warm-up), as analyze sees it
+    first_us = (first - datetime(1970, 1, 1, tzinfo=UTC)) // US
+    first_of = {h: int(s[i]) for h, s in job.starts.items() if (i := int(np.searchsorted(s, first_us))) < s.size}
+    return _StepFrame(b, b2, first, b_since, max(first, b_since - lead), keys, first_of,
+                      keys[HOST].unique(maintain_order=True).to_list())
+
+
+@dataclass
+class StepShared:
+    """What the batches of one analysis step share, formed once over all its hosts (plain
+    data: the workers that judge a step's batches get it)."""
+
+    cohort_of: dict[str, str]  # host -> behaviour cohort
+    refs: dict[str, CohortReference]  # the cohorts' references (their sampled hosts' windows of the step)
+    sampled: set[str]  # the cohorts' sampled hosts
+    hardware: dict[str, str]  # host -> hardware cohort (the matcher's)
+    matched: set[str]  # the matcher's sample
+    runs: pl.DataFrame  # the hosts' data runs (warm-up)
+
+
+def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.DataFrame | None, fr: _StepFrame,
+                 batches: Sequence[Sequence[str]]) -> StepShared:
+    a = job.cfg.analytics
+    # cohorts from per-host profiles, a batch at a time, on the columns they read
+    cols = [c for c in (feature_columns(feats) if isinstance(feats, pl.DataFrame) else feats.columns)
+            if lookup(c).family in BEHAVIOUR_FAMILIES or (lookup(c).family.startswith("gpu.") and "@" in c)]
+    cohort_of, hardware = batched_cohorts(a, (_rows(feats, batch, fr.in_step, cols) for batch in batches), facts,
+                                          len(fr.hosts))
+    # the cohorts' references, from their sampled hosts' windows of the step
+    sampled = cohort_samples(fr.keys.filter(pl.col(WS) >= fr.since), a, cohort_of, score_since=fr.b_since,
+                             first_us=fr.first_of)
+    refs = cohort_references(_rows(feats, sorted(sampled), fr.in_step & (pl.col(WS) >= fr.since)),
+                             a, cohort_of, score_since=fr.b_since, first_us=fr.first_of) if sampled else {}
+    have = set(fr.hosts)
+    hardware = {h: lab for h, lab in hardware.items() if h in have}
+    runs = data_starts(fr.keys, frame_start=fr.first, history_known=job.history_known,
+                       restart_gap_s=job.cfg.detection.restart_gap_s, slack=timedelta(seconds=2 * a.window.length_s))
+    return StepShared(dict(cohort_of), dict(refs), set(sampled), hardware,
+                      set(matcher_sample(hardware, cohort_of, a.cohort_sample)), runs)
+
+
+def _verdicts(job: StepBlock, facts: pl.DataFrame | None, fr: _StepFrame, res: AnalysisResult,
+            batch: Sequence[str] | None, runs: pl.DataFrame | None, match: MatchConfig) -> StepResult:
+    # the signature matcher judges a window against the host's own past only (the
+    # block's one facts frame: the matcher's facts index is built once per frame object)
+    mine = job.hosts if batch is None else [h for h in batch if job.hosts is None or h in job.hosts]
+    det = detect(res, facts, job.kb, job.cfg.detection, keep=_keep(fr.b_since, fr.b2, mine), frame_start=fr.first,
+                 history_known=job.history_known, match_config=match, runs=runs)
+    return StepResult(pl.DataFrame(), det.scores, det.findings, [], det.suppressed)
+
+
 def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFrame, facts: pl.DataFrame | None,
-              b: datetime, b2: datetime, length: timedelta, lead: timedelta,
-              epochs: dict[datetime, Reference]) -> StepResult:
+              b: datetime, b2: datetime, epochs: dict[datetime, Reference]) -> StepResult:
     """One analysis step. Its hosts are judged in batches of ``batch_hosts``: a batch's
     frame holds its hosts' windows of the step and its history, the windows the cohort
     reference reads (the cohorts' sampled hosts, from ``lead`` before the step) and those
     the matcher's cohort reference reads (its sampled hosts' history). The cohorts, their
     samples and references, and the hosts' data runs (warm-up) are formed once per step
-    over every host, so a host's verdict does not depend on the batch it falls in."""
-    a = job.cfg.analytics
-    first = floor_grid(b - a.history, a.window.stride_s)
-    in_step = (pl.col(WS) >= first) & (pl.col(WE) <= b2)
-    keys = every.filter(in_step)
-    if keys.is_empty():
+    over every host (:func:`_step_shared`), so a host's verdict does not depend on the
+    batch it falls in."""
+    fr = _step_frame(job, every, b, b2)
+    if fr is None:
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings())
-    b_since = b - length + US
-    since = max(first, b_since - lead)  # the windows a step is scored on (running medians)
-    # first window start of each host in the history (its warm-up), as analyze sees it
-    first_us = (first - datetime(1970, 1, 1, tzinfo=UTC)) // US
-    first_of = {h: int(s[i]) for h, s in job.starts.items() if (i := int(np.searchsorted(s, first_us))) < s.size}
-    hosts = keys[HOST].unique(maintain_order=True).to_list()
-    n = job.cfg.batch_hosts
-    batches = [hosts[i:i + n] for i in range(0, len(hosts), n)]
-    match = MatchConfig(reference_before=b_since, cohort_sample=a.cohort_sample)
-
-    def judged(res: AnalysisResult, batch: Sequence[str] | None, runs: pl.DataFrame | None) -> StepResult:
-        # the signature matcher judges a window against the host's own past only (the
-        # block's one facts frame: the matcher's facts index is built once per frame object)
-        mine = job.hosts if batch is None else [h for h in batch if job.hosts is None or h in job.hosts]
-        det = detect(res, facts, job.kb, job.cfg.detection, keep=_keep(b_since, b2, mine), frame_start=first,
-                     history_known=job.history_known, match_config=match, runs=runs)
-        return StepResult(pl.DataFrame(), det.scores, det.findings, [], det.suppressed)
-
+    a = job.cfg.analytics
+    batches = _batches(fr.hosts, job.cfg.batch_hosts)
     if len(batches) == 1:
-        part = _rows(feats, None, in_step)
-        return judged(_analysed(feats, part, a, b, b2, b_since, since, first_of, epochs,
-                                frame_cohorts(a, part, facts), None, hosts), None, None)
-    # cohorts from per-host profiles, a batch at a time, on the columns they read
-    cols = [c for c in (feature_columns(feats) if isinstance(feats, pl.DataFrame) else feats.columns)
-            if lookup(c).family in BEHAVIOUR_FAMILIES or (lookup(c).family.startswith("gpu.") and "@" in c)]
-    cohort_of, hardware = batched_cohorts(a, (_rows(feats, batch, in_step, cols) for batch in batches), facts,
-                                          len(hosts))
-    # the cohorts' references, from their sampled hosts' windows of the step
-    sampled = cohort_samples(keys.filter(pl.col(WS) >= since), a, cohort_of, score_since=b_since, first_us=first_of)
-    refs = cohort_references(_rows(feats, sorted(sampled), in_step & (pl.col(WS) >= since)),
-                             a, cohort_of, score_since=b_since, first_us=first_of) if sampled else {}
-    have = set(hosts)
-    hardware = {h: lab for h, lab in hardware.items() if h in have}
-    matched = matcher_sample(hardware, cohort_of, a.cohort_sample)
+        part = _rows(feats, None, fr.in_step)
+        res = _analysed(feats, part, a, fr, epochs, frame_cohorts(a, part, facts), None, fr.hosts)
+        return _verdicts(job, facts, fr, res, None, None, MatchConfig(reference_before=fr.b_since,
+                                                                     cohort_sample=a.cohort_sample))
+    return _judge_batches(job, feats, facts, fr, _step_shared(job, feats, facts, fr, batches), batches, epochs)
+
+
+def _batches(hosts: Sequence[str], size: int) -> list[list[str]]:
+    return [list(hosts[i:i + size]) for i in range(0, len(hosts), size)]
+
+
+def _judge_batches(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.DataFrame | None, fr: _StepFrame,
+                   shared: StepShared, batches: Sequence[Sequence[str]],
+                   epochs: dict[datetime, Reference]) -> StepResult:
+    """The step's ``batches`` of hosts, one after the other, judged with the step's shared
+    part."""
+    a = job.cfg.analytics
     # the matcher's cohort references, from its sample's history, once for the step: a
     # batch's frame then holds its own hosts (and the cohorts' recent windows), not the
     # sample's history again (256 hosts: 16 of every batch's 48 hosts with history)
     ref_cols = reference_columns(feats.columns, job.kb)
-    match = replace(match, sampled=frozenset(matched),
-                    peers=cohort_peers(_rows(feats, sorted(matched), in_step, ref_cols), hardware, job.kb)
-                    if matched else None)
-    runs = data_starts(keys, frame_start=first, history_known=job.history_known,
-                       restart_gap_s=job.cfg.detection.restart_gap_s, slack=timedelta(seconds=2 * a.window.length_s))
+    matched = shared.matched
+    match = MatchConfig(reference_before=fr.b_since, cohort_sample=a.cohort_sample, sampled=frozenset(matched),
+                        peers=cohort_peers(_rows(feats, sorted(matched), fr.in_step, ref_cols), shared.hardware,
+                                           job.kb) if matched else None)
     outs = []
     for batch in batches:
         whole = sorted(batch)
-        short = sorted(sampled - set(whole))
-        part = _rows_by(feats, [(whole, in_step), (short, in_step & (pl.col(WS) >= since))])
-        res = _analysed(feats, part, a, b, b2, b_since, since, first_of, epochs, cohort_of, refs, batch)
+        short = sorted(shared.sampled - set(whole))
+        part = _rows_by(feats, [(whole, fr.in_step), (short, fr.in_step & (pl.col(WS) >= fr.since))])
+        res = _analysed(feats, part, a, fr, epochs, shared.cohort_of, shared.refs, batch)
         # a batch's frame goes before the next one is read (a name keeps it until rebound)
         del part
-        outs.append(judged(res, batch, runs))
+        outs.append(_verdicts(job, facts, fr, res, batch, shared.runs, match))
         del res
     return StepResult(pl.DataFrame(), _concat([o.scores for o in outs]),
                       _concat([o.findings for o in outs]) if any(o.findings.height for o in outs) else empty_findings(),
                       [], sum(o.suppressed for o in outs))
+
+
+@dataclass
+class BatchBlock:
+    """Some of the batches of one analysis step (``step.bounds``: that one step), judged
+    with the step's shared part (plain data: it runs in a worker)."""
+
+    step: StepBlock
+    shared: StepShared
+    batches: list[list[str]]
+
+
+def run_batches(job: BatchBlock) -> StepResult:
+    """The block's batches (:func:`_judge_batches`), its scores staged as :func:`run_steps`
+    stages a block's."""
+    feats, every, facts = _opened(job.step)
+    (b, b2), = job.step.bounds
+    fr = _step_frame(job.step, every, b, b2)
+    assert fr is not None  # (the caller found windows in the step)
+    with threadpool_limits(limits=1, user_api="blas"):
+        out = _judge_batches(job.step, feats, facts, fr, job.shared, job.batches, {})
+    return _stage_scores(job.step, [out])[0]
+
+
+def _split_step(here: StepBlock, there: StepBlock, engine: Engine, workers: int) -> StepResult:
+    """One analysis step judged by several workers: its shared part (cohorts, their
+    references, samples, data runs) formed here, then its hosts in contiguous slices, one a
+    worker, each in batches of at most ``batch_hosts`` (:class:`BatchBlock`). A live cycle
+    is one step: without this its batches ran here one after the other while the pool
+    idled. ``here``: the step as this process reads it; ``there``: as the workers do."""
+    feats, every, facts = _opened(here)
+    (b, b2), = here.bounds
+    fr = _step_frame(here, every, b, b2)
+    if fr is None:
+        return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings())
+    shared = _step_shared(here, feats, facts, fr, _batches(fr.hosts, here.cfg.batch_hosts))
+    k = min(workers, len(fr.hosts))
+    per = -(-len(fr.hosts) // k)
+    slices = [fr.hosts[i:i + per] for i in range(0, len(fr.hosts), per)]
+    got = engine.map(run_batches, [BatchBlock(there, shared, _batches(s, here.cfg.batch_hosts)) for s in slices])
+    return StepResult(pl.DataFrame(), _concat([o.scores for o in got]),
+                      _concat([o.findings for o in got]) if any(o.findings.height for o in got) else empty_findings(),
+                      [], sum(o.suppressed for o in got), staged=[f for o in got for f in o.staged])
 
 
 def _mapped(path: str) -> pl.DataFrame:
@@ -428,15 +545,14 @@ def _host_starts(feats: pl.DataFrame) -> dict[str, np.ndarray]:
     return {str(h): g["_us"].to_numpy() for (h,), g in ws.group_by([HOST], maintain_order=True)}
 
 
-def _analysed(feats: pl.DataFrame | HostFiles, part: pl.DataFrame, a: AnalyticsConfig, b: datetime, b2: datetime,
-              b_since: datetime, since: datetime, first_of: Mapping[str, int], epochs: dict[datetime, Reference],
-              cohort_of: Mapping[str, str], cohort_refs: Mapping[str, CohortReference] | None,
-              hosts: Sequence[str]) -> AnalysisResult:
-    """The analysis of the windows of ``hosts`` in one step ``[b, b2)`` (they start at or
-    after ``b_since``; ``part`` holds the step's windows with their history and is scored
-    from ``since`` on; ``first_of``: host -> its first window start, the warm-up): fit
+def _analysed(feats: pl.DataFrame | HostFiles, part: pl.DataFrame, a: AnalyticsConfig, fr: _StepFrame,
+              epochs: dict[datetime, Reference], cohort_of: Mapping[str, str],
+              cohort_refs: Mapping[str, CohortReference] | None, hosts: Sequence[str]) -> AnalysisResult:
+    """The analysis of the windows of ``hosts`` in the step ``fr`` (they start at or after
+    ``fr.b_since``; ``part`` holds the step's windows with their history and is scored from
+    ``fr.since`` on; ``fr.first_of``: host -> its first window start, the warm-up): fit
     once, score many. A host's own reference (``self``)
-    is that of the refit epoch ``e`` (``b`` floored to ``analytics.refit`` on the clock),
+    is that of the refit epoch ``e`` (``fr.b`` floored to ``analytics.refit`` on the clock),
     fitted on its windows of ``[e + refit - history, e)`` (the part of the history that
     every step of the epoch has loaded) and reused by every step of the epoch; a
     host with less than its warm-up (at least ``min_windows``) of windows there (a new
@@ -446,11 +562,11 @@ def _analysed(feats: pl.DataFrame | HostFiles, part: pl.DataFrame, a: AnalyticsC
     for the step when ``part`` holds a batch of its hosts). All of it depends on the
     clock only, not on how a sweep cuts time."""
     mine = set(hosts)
-    step_hosts = [h for h in part.filter(pl.col(WS) >= b_since)[HOST].unique().to_list() if h in mine]
+    step_hosts = [h for h in part.filter(pl.col(WS) >= fr.b_since)[HOST].unique().to_list() if h in mine]
     refs: dict[str, Reference] = {}
     if "self" in a.references:
         if a.refit is not None and a.refit < a.history:  # (else no history is loaded by every step of an epoch)
-            e = floor_grid(b, a.refit.total_seconds())
+            e = floor_grid(fr.b, a.refit.total_seconds())
             epoch = _epoch_reference(feats, floor_grid(e + a.refit - a.history, a.window.stride_s), e, a, epochs)
             need = max(a.min_windows, round(a.warmup.total_seconds() / a.window.stride_s))
             refs = {h: epoch for h in step_hosts if epoch.windows.get(h, 0) >= need}
@@ -459,8 +575,8 @@ def _analysed(feats: pl.DataFrame | HostFiles, part: pl.DataFrame, a: AnalyticsC
             whole = len(cold) == part[HOST].n_unique()  # (every host: no copy of the history)
             now = fit(part if whole else part.filter(pl.col(HOST).is_in(cold)), a)
             refs.update({h: now for h in cold})
-    frame = part.filter(pl.col(WS) >= since)
-    res = score(frame, a, refs, score_since=b_since, first_us=first_of, cohort_of=cohort_of, host_facts=None,
+    frame = part.filter(pl.col(WS) >= fr.since)
+    res = score(frame, a, refs, score_since=fr.b_since, first_us=fr.first_of, cohort_of=cohort_of, host_facts=None,
                 cohort_refs=cohort_refs, judge=mine if cohort_refs is not None else None)
     # downstream (warm-up runs, the matcher's references) reads the whole history
     return replace(res, features=part)

@@ -439,8 +439,9 @@ def test_unveil_simulate_writes_the_same_lake_on_every_engine(tmp_path: Path, ra
 
 def test_unveil_schedule_writes_the_same_verdicts_on_every_engine(tmp_path: Path, ray_address: str,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    """The sweep's two map steps (per-host features, blocks of analysis steps) on 2 worker
-    processes and on the Ray cluster: the same features, scores and findings as serially."""
+    """The sweep's two map steps (per-host features, blocks of analysis steps; a cycle of
+    one minute, one step: slices of its hosts) on 2 worker processes and on the Ray
+    cluster: the same features, scores and findings as serially."""
     scenario = tmp_path / "three.toml"
     scenario.write_text(SCENARIO)
     template = tmp_path / "template"
@@ -449,8 +450,9 @@ def test_unveil_schedule_writes_the_same_verdicts_on_every_engine(tmp_path: Path
     for spec in ("serial", "processes:2", ray_address):
         lake = tmp_path / spec.replace(":", "_").replace("/", "")
         shutil.copytree(template, lake)
-        assert main(["schedule", "--once", "--lake", str(lake), "--until", "2026-01-05T09:01:00Z", "--no-progress",
-                     "--engine", spec]) == 0
+        for until in ("2026-01-05T09:00:00Z", "2026-01-05T09:01:00Z"):  # (the live scheduler's minutes)
+            assert main(["schedule", "--once", "--lake", str(lake), "--until", until, "--no-progress",
+                         "--engine", spec]) == 0
         capsys.readouterr()
         tables = _tables(lake)
         got[spec] = {t: tables[t].select(sorted(tables[t].columns)) for t in ("features", "scores", "findings")}

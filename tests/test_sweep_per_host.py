@@ -555,3 +555,32 @@ def test_hosts_first_times_are_read_once_per_process(template: Path, tmp_path: P
     for minute in (8, 9, 10):
         assert run_cycle(root, _cfg(), now=T0 + timedelta(minutes=minute)) is not None
     assert sorted(read) == HOSTS
+
+
+def test_one_step_on_a_pool_splits_its_hosts_and_gives_the_same_verdicts(template: Path, tmp_path: Path) -> None:
+    """A live cycle is one analysis step: on a pool of two its hosts go to the workers in two
+    slices (the step's cohorts, samples and references formed once, here), each slice stages
+    its own scores, and scores, findings and incidents equal the step run here."""
+    cfg = _cfg()  # (here one batch of the three hosts)
+    end = T0 + timedelta(minutes=MINUTES)
+    first = end - timedelta(minutes=1) - timedelta(seconds=cfg.analytics.window.length_s) + US
+    loaded, _, _ = _per_host(template, cfg, first, end)
+    kb = load_kb()
+    kw: dict[str, Any] = {"since": first, "until": end, "hosts": HOSTS, "horizon": end,
+                          "history_known": first_times(template, HOSTS)}
+    here = sweep_step(loaded, cfg, kb, **kw)
+    assert here.findings.height > 0 and here.findings["host"].unique().to_list() == ["sim-01"]
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    with make_engine("processes:2") as pool:
+        eng = _Recording(pool)
+        pooled = sweep_step(loaded, cfg, kb, engine=eng, scratch=tmp_path, stage=stage, **kw)
+    assert [type(b).__name__ for b in eng.items] == ["BatchBlock", "BatchBlock"]
+    slices = [[h for batch in b.batches for h in batch] for b in eng.items]
+    assert slices == [["sim-00", "sim-01"], ["sim-02"]]
+    assert pooled.scores.is_empty() and len(pooled.staged) >= 2
+    staged = lake.read(stage, "scores").drop("time")
+    keys = staged.columns
+    assert_frame_equal(staged.sort(keys), here.scores.select(staged.columns).sort(keys), check_dtypes=False)
+    for t in ("findings", "incidents"):
+        assert_frame_equal(getattr(pooled, t), getattr(here, t))
