@@ -124,7 +124,9 @@ def sweep_step(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, *, since: da
 
     ``engine``: runs the analysis steps in contiguous blocks, up to two per worker (the steps are
     independent: each reads its own history), when there are several steps and workers
-    and no ``analytics.refit`` (whose epochs span steps); None: here. The blocks read the
+    and no ``analytics.refit`` (whose epochs span steps); one step (the live scheduler's
+    one-minute cycle) goes to the workers as slices of its hosts (:func:`_split_step`);
+    None: here. The blocks read the
     features from one Arrow IPC file written to ``scratch`` (a directory every worker can
     read: the scheduler passes its staging directory in the lake; None: the system's temp
     directory), memory-mapped, and send back scores (unless ``stage``) and findings: the parent holds one
@@ -244,7 +246,10 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     known = None if history_known is None else dict(history_known)
     to = None if stage is None else str(stage)
     whole = StepBlock(src, loaded.facts, kb, cfg, bounds, keep, known, starts, to)
-    if engine is None or workers == 1 or (len(bounds) == 1 and keys[HOST].n_unique() == 1):
+    # a step's slices of hosts: at least half a batch each (a slice also reads the keys and
+    # facts of every host and the matcher's sample: many small slices would repeat that)
+    slices = min(workers, -(-2 * keys[HOST].n_unique() // cfg.batch_hosts))
+    if engine is None or workers == 1 or (len(bounds) == 1 and slices < 2):
         done = run_steps(whole)
     else:
         with contextlib.ExitStack() as stack:
@@ -254,7 +259,7 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
                 source = str(Path(d) / "features.arrow")
                 feats.write_ipc(source)
             if len(bounds) == 1:  # one step (a live cycle): its batches of hosts over the workers
-                done = [_split_step(whole, replace(whole, features=source), engine, workers)]
+                done = [_split_step(whole, replace(whole, features=source), engine, slices)]
             else:
                 windows = _step_windows(bounds, starts, a)
                 heavy = sorted(range(len(blocks)), key=lambda j: -int(windows[j * per:(j + 1) * per].sum()))
@@ -488,10 +493,11 @@ def run_batches(job: BatchBlock) -> StepResult:
     return _stage_scores(job.step, [out])[0]
 
 
-def _split_step(here: StepBlock, there: StepBlock, engine: Engine, workers: int) -> StepResult:
+def _split_step(here: StepBlock, there: StepBlock, engine: Engine, slices: int) -> StepResult:
     """One analysis step judged by several workers: its shared part (cohorts, their
-    references, samples, data runs) formed here, then its hosts in contiguous slices, one a
-    worker, each in batches of at most ``batch_hosts`` (:class:`BatchBlock`). A live cycle
+    references, samples, data runs) formed here, then its hosts in up to ``slices``
+    contiguous slices, one an item, each in batches of at most ``batch_hosts``
+    (:class:`BatchBlock`). A live cycle
     is one step: without this its batches ran here one after the other while the pool
     idled. ``here``: the step as this process reads it; ``there``: as the workers do."""
     feats, every, facts = _opened(here)
@@ -500,10 +506,10 @@ def _split_step(here: StepBlock, there: StepBlock, engine: Engine, workers: int)
     if fr is None:
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings())
     shared = _step_shared(here, feats, facts, fr, _batches(fr.hosts, here.cfg.batch_hosts))
-    k = min(workers, len(fr.hosts))
+    k = min(slices, len(fr.hosts))
     per = -(-len(fr.hosts) // k)
-    slices = [fr.hosts[i:i + per] for i in range(0, len(fr.hosts), per)]
-    got = engine.map(run_batches, [BatchBlock(there, shared, _batches(s, here.cfg.batch_hosts)) for s in slices])
+    parts = [fr.hosts[i:i + per] for i in range(0, len(fr.hosts), per)]
+    got = engine.map(run_batches, [BatchBlock(there, shared, _batches(p, here.cfg.batch_hosts)) for p in parts])
     return StepResult(pl.DataFrame(), _concat([o.scores for o in got]),
                       _concat([o.findings for o in got]) if any(o.findings.height for o in got) else empty_findings(),
                       [], sum(o.suppressed for o in got), staged=[f for o in got for f in o.staged])

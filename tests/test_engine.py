@@ -446,13 +446,15 @@ def test_unveil_schedule_writes_the_same_verdicts_on_every_engine(tmp_path: Path
     scenario.write_text(SCENARIO)
     template = tmp_path / "template"
     assert main(["simulate", "--lake", str(template), "--scenario", str(scenario), "--engine", "serial"]) == 0
+    config = tmp_path / "unveil.toml"  # (a slice of a step is at least half a batch: 3 hosts make 2 slices)
+    config.write_text("[scheduler]\nbatch_hosts = 2\n")
     got = {}
     for spec in ("serial", "processes:2", ray_address):
         lake = tmp_path / spec.replace(":", "_").replace("/", "")
         shutil.copytree(template, lake)
         for until in ("2026-01-05T09:00:00Z", "2026-01-05T09:01:00Z"):  # (the live scheduler's minutes)
-            assert main(["schedule", "--once", "--lake", str(lake), "--until", until, "--no-progress",
-                         "--engine", spec]) == 0
+            assert main(["--config", str(config), "schedule", "--once", "--lake", str(lake), "--until", until,
+                         "--no-progress", "--engine", spec]) == 0
         capsys.readouterr()
         tables = _tables(lake)
         got[spec] = {t: tables[t].select(sorted(tables[t].columns)) for t in ("features", "scores", "findings")}

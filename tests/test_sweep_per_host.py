@@ -561,7 +561,7 @@ def test_one_step_on_a_pool_splits_its_hosts_and_gives_the_same_verdicts(templat
     """A live cycle is one analysis step: on a pool of two its hosts go to the workers in two
     slices (the step's cohorts, samples and references formed once, here), each slice stages
     its own scores, and scores, findings and incidents equal the step run here."""
-    cfg = _cfg()  # (here one batch of the three hosts)
+    cfg = _cfg(batch_hosts=2)  # (a slice is at least half a batch: two slices of three hosts)
     end = T0 + timedelta(minutes=MINUTES)
     first = end - timedelta(minutes=1) - timedelta(seconds=cfg.analytics.window.length_s) + US
     loaded, _, _ = _per_host(template, cfg, first, end)
