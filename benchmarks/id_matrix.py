@@ -605,6 +605,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default="serial",
                    help="where each cycle's per-host work runs (unveil schedule --engine; default serial): "
                         "the verdicts must not depend on it")
+    p.add_argument("--batch-hosts", type=int, default=None, metavar="N",
+                   help="the sweep's [scheduler] batch_hosts (default: production's, 32); a small N makes every "
+                        "step several batches and, with --engine processes:2, a live step two slices of hosts: "
+                        "run it serially and on 2 workers to check the verdicts do not depend on either")
     p.add_argument("--only", metavar="REGEX", help="run only the cells whose name matches (re.search)")
     p.add_argument("--list", action="store_true", help="print the cells and exit")
     args = p.parse_args(argv)
@@ -632,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SweepConfig(queue_remediations=False, compact_every=None)
     if args.lag is not None:
         cfg = replace(cfg, lag=timedelta(seconds=args.lag))
+    if args.batch_hosts is not None:
+        cfg = replace(cfg, batch_hosts=args.batch_hosts)
     sets = [("tuning", args.tuning_seeds), ("held-out", args.held_out_seeds)]
     sets = [s for s in sets if args.sets in ("both", s[0])]
     plan = [(name, seeds, quick_cells(seeds) if args.quick else full_cells(seeds, types)) for name, seeds in sets]
