@@ -259,7 +259,7 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
                 source = str(Path(d) / "features.arrow")
                 feats.write_ipc(source)
             if len(bounds) == 1:  # one step (a live cycle): its batches of hosts over the workers
-                done = [_split_step(whole, replace(whole, features=source), engine, slices)]
+                done = [_split_step(whole, replace(whole, features=source), keys, engine, slices)]
             else:
                 windows = _step_windows(bounds, starts, a)
                 heavy = sorted(range(len(blocks)), key=lambda j: -int(windows[j * per:(j + 1) * per].sum()))
@@ -466,9 +466,15 @@ def _judge_batches(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.Da
         del part
         outs.append(_verdicts(job, facts, fr, res, batch, shared.runs, match))
         del res
+    return _merged(outs)
+
+
+def _merged(outs: Sequence[StepResult]) -> StepResult:
+    """Results of parts of one step (batches, slices) as one: scores, findings, suppressed
+    counts and staged files together."""
     return StepResult(pl.DataFrame(), _concat([o.scores for o in outs]),
                       _concat([o.findings for o in outs]) if any(o.findings.height for o in outs) else empty_findings(),
-                      [], sum(o.suppressed for o in outs))
+                      [], sum(o.suppressed for o in outs), staged=[f for o in outs for f in o.staged])
 
 
 @dataclass
@@ -493,14 +499,17 @@ def run_batches(job: BatchBlock) -> StepResult:
     return _stage_scores(job.step, [out])[0]
 
 
-def _split_step(here: StepBlock, there: StepBlock, engine: Engine, slices: int) -> StepResult:
+def _split_step(here: StepBlock, there: StepBlock, every: pl.DataFrame, engine: Engine, slices: int) -> StepResult:
     """One analysis step judged by several workers: its shared part (cohorts, their
     references, samples, data runs) formed here, then its hosts in up to ``slices``
     contiguous slices, one an item, each in batches of at most ``batch_hosts``
     (:class:`BatchBlock`). A live cycle
     is one step: without this its batches ran here one after the other while the pool
-    idled. ``here``: the step as this process reads it; ``there``: as the workers do."""
-    feats, every, facts = _opened(here)
+    idled. ``here``: the step as this process reads it; ``there``: as the workers do;
+    ``every``: the keys of its windows, as the caller read them."""
+    feats = here.features
+    assert not isinstance(feats, str)  # (this process holds the frame or the hosts' files)
+    facts = feats.facts_of(None) if isinstance(feats, HostFiles) else here.facts
     (b, b2), = here.bounds
     fr = _step_frame(here, every, b, b2)
     if fr is None:
@@ -510,9 +519,7 @@ def _split_step(here: StepBlock, there: StepBlock, engine: Engine, slices: int) 
     per = -(-len(fr.hosts) // k)
     parts = [fr.hosts[i:i + per] for i in range(0, len(fr.hosts), per)]
     got = engine.map(run_batches, [BatchBlock(there, shared, _batches(p, here.cfg.batch_hosts)) for p in parts])
-    return StepResult(pl.DataFrame(), _concat([o.scores for o in got]),
-                      _concat([o.findings for o in got]) if any(o.findings.height for o in got) else empty_findings(),
-                      [], sum(o.suppressed for o in got), staged=[f for o in got for f in o.staged])
+    return _merged(got)
 
 
 def _mapped(path: str) -> pl.DataFrame:
