@@ -34,6 +34,7 @@ from typing import Any
 import polars as pl
 
 from ingest import journal as journal_mod
+from ingest import lake as lake_mod
 from ingest import schema
 from ingest.collectors.base import Block, Collector, CollectorError, Reading, SourceUnavailable
 from ingest.counters import CounterStats, CounterTracker
@@ -59,7 +60,7 @@ MAX_DEFERRED_BYTES = 32 << 20
 
 @dataclass
 class AgentConfig:
-    lake: Path | None = None
+    lake: str | Path | None = None  # a directory, or an s3:// URL (its journal: lake.state_root)
     host: str = field(default_factory=socket.gethostname)
     root: str = "/"
     interval_s: float = 0.1
@@ -239,19 +240,21 @@ class _Buffer:
         return written
 
 
-_COMPACT = "import sys\nfrom ingest import lake\nprint(lake.compact(sys.argv[1]))"
+_COMPACT = "import sys\nfrom ingest import lake\nprint(lake.compact(sys.argv[1], hosts=sys.argv[2:] or None))"
 
 
-def compact_in_child(root: Path) -> str:
-    """``lake.compact(root)`` in a fresh interpreter (this one's, with this ``ingest``
-    importable); returns its stats as text. Raises LakeError when it fails."""
+def compact_in_child(root: str | Path, hosts: Sequence[str] | None = None) -> str:
+    """``lake.compact(root, hosts=hosts)`` in a fresh interpreter (this one's, with this
+    ``ingest`` importable, and the object-storage endpoint configured here); returns its
+    stats as text. Raises LakeError when it fails."""
+    from ingest import objstore
     from ingest.lake import LakeError
 
-    env = dict(os.environ)
+    env = dict(os.environ) | objstore.worker_env()
     here = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-c", _COMPACT, str(root)], env=env, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run([sys.executable, "-c", _COMPACT, str(root), *(hosts or ())], env=env,
+                          capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
         raise LakeError(f"compaction of {root} (child process) failed: {tail[0]}")
@@ -275,12 +278,13 @@ class Agent:
         self._lake: LakeSink | None = next((s for s in self.sinks if isinstance(s, LakeSink)), None)
         self._streams = [s for s in self.sinks if s is not self._lake]
         self._journal: Journal | None = None
-        if self._lake is not None and self._lake.url is not None:
-            # its journal would land in a local directory named like the bucket
-            raise SinkError(f"agent: lake {self._lake.url} is on object storage; the agent's journal and "
-                            "compaction need a lake directory (docs/lake.md, \"Object storage\")")
         if self._lake is not None:
-            self._journal = Journal(journal_mod.host_dir(self._lake.root, config.host), durable=self._lake.durable)
+            # on object storage the journal is in the lake's local state directory
+            try:
+                local = self._lake.root if self._lake.url is None else lake_mod.state_root(self._lake.url)
+            except lake_mod.LakeError as exc:
+                raise SinkError(f"agent: {exc}") from None
+            self._journal = Journal(journal_mod.host_dir(local, config.host), durable=self._lake.durable)
         self.stats = AgentStats()
         self._clock = clock
         self._stop = threading.Event()
@@ -391,17 +395,19 @@ class Agent:
         agent's resident memory once loaded (+12 MB, for a job of seconds once an hour).
         The child is started only when a closed partition has files that the last
         compaction did not leave there (a listing, every ``compact_every_s``)."""
-        from ingest import lake
+        from ingest import lake, objstore
 
         assert self.config.lake is not None
+        # on object storage (no lock) each host compacts its own partitions only
+        hosts = [self.config.host] if objstore.is_url(self.config.lake) else None
         left: dict[Path, frozenset[str]] = {}
         while not self._stop.wait(self.config.compact_every_s):
             try:
-                todo = lake.compaction_candidates(self.config.lake)
+                todo = lake.compaction_candidates(self.config.lake, hosts=hosts)
                 if all(left.get(p) == files for p, files in todo.items()):
                     continue
-                log.info("compaction: %s", compact_in_child(self.config.lake))
-                left = lake.compaction_candidates(self.config.lake)
+                log.info("compaction: %s", compact_in_child(self.config.lake, hosts))
+                left = lake.compaction_candidates(self.config.lake, hosts=hosts)
             except Exception:  # compaction failing must not stop sampling
                 log.exception("compaction of %s failed", self.config.lake)
 

@@ -181,6 +181,57 @@ def _remote(root: str | os.PathLike[str]) -> objstore.ObjectStore | None:
         raise LakeError(str(exc)) from exc
 
 
+def as_root(root: str | os.PathLike[str]) -> str | Path:
+    """A lake root as every function here takes it: an object-storage URL stays a string
+    (``Path("s3://b/p")`` would collapse the ``//`` into a relative directory), anything
+    else becomes a Path."""
+    return str(root) if objstore.is_url(root) else Path(root)
+
+
+#: lake URL -> the directory of its local state (:func:`set_state_root`)
+_STATE_ROOTS: dict[str, Path] = {}
+
+
+def set_state_root(root: str, directory: str | os.PathLike[str]) -> None:
+    """Keep the local state of the object-storage lake ``root`` in ``directory`` (this
+    process): a sweep's watermarks, scheduler lock, staged outputs and features cache, the
+    remediation queue, the write-back spool. They need a file system (rename, flock,
+    SQLite), which object storage is not; one directory per lake, shared by every process
+    that sweeps it (``[lake] state``, ``unveil schedule --state``)."""
+    if not objstore.is_url(root):
+        raise LakeError(f"lake {root} is a directory: its state lives in it (a state directory is for s3:// lakes)")
+    _STATE_ROOTS[str(root).rstrip("/")] = Path(directory)
+
+
+def state_root(root: str | os.PathLike[str]) -> Path:
+    """The directory that holds a lake's local state: the lake directory itself, or for a
+    lake on object storage the one given to :func:`set_state_root` (an error naming the
+    setting when none was)."""
+    if not objstore.is_url(root):
+        return Path(root)
+    got = _STATE_ROOTS.get(str(root).rstrip("/"))
+    if got is None:
+        raise LakeError(f"lake {root} is on object storage: its local state (a sweep's watermarks, lock, staged "
+                        "outputs and remediation queue; an agent's journal) needs a directory: set [lake] state "
+                        "in the config or pass --state DIR")
+    return got
+
+
+def upload(root: str, rel: Path, src: Path) -> Path:
+    """PUT the local file ``src`` at ``rel`` (a path relative to the lake root, e.g. a
+    staged sweep output's) of the object-storage lake ``root``: one object, visible whole
+    or not at all; putting the same file again writes the same object (idempotent)."""
+    st = _remote(root)
+    if st is None:
+        raise LakeError(f"upload: lake {root} is not on object storage")
+    dst = st.root / rel
+    try:
+        st.put(dst, src.read_bytes())
+    except (OSError, pl.exceptions.ComputeError) as exc:
+        raise OSError(f"cannot upload {src} to {st.uri(dst)}: {exc}") from exc
+    return dst
+
+
 def makedirs(path: Path, *, durable: bool = True) -> None:
     """mkdir -p with mode DIR_MODE for every directory created (never the umask's), fsyncing
     the parent of each so it survives a crash (``durable=False``: no fsync, like the files of
@@ -219,6 +270,13 @@ def write_json_atomic(path: Path, obj: Any, *, pretty: bool = False) -> None:
 
 def _write_json_atomic(obj: dict[str, Any], path: Path) -> None:
     write_json_atomic(path, obj)
+
+
+def exists(root: str | os.PathLike[str]) -> bool:
+    """True when the lake root is there: its directory, or an object-storage lake's bucket
+    (the prefix may hold nothing yet)."""
+    st = _remote(root)
+    return st.is_dir(st.root) if st is not None else Path(root).is_dir()
 
 
 def _root(root: str | os.PathLike[str]) -> Path:
@@ -1321,14 +1379,16 @@ def _compact_remote(root: str | os.PathLike[str], st: objstore.ObjectStore, tabl
 
 
 def compaction_candidates(root: str | os.PathLike[str], *, older_than: timedelta = timedelta(minutes=5),
-                          now: datetime | None = None) -> dict[Path, frozenset[str]]:
+                          now: datetime | None = None, hosts: Sequence[str] | None = None
+                          ) -> dict[Path, frozenset[str]]:
     """The partitions :func:`compact` would look into (closed ``older_than`` ago, two files
-    or more), with their files: a listing, no file opened. Lets a caller skip a compaction
-    that would find nothing new, without loading the Parquet reader."""
+    or more; ``hosts``: only theirs), with their files: a listing, no file opened. Lets a
+    caller skip a compaction that would find nothing new, without loading the Parquet
+    reader."""
     cutoff = (_utc(now) if now is not None else _now()) - older_than
     out: dict[Path, frozenset[str]] = {}
     for t in tables(root):
-        for part in _iter_partitions(_table_dir(root, t), end=cutoff, fs=_fs_of(root)):
+        for part in _iter_partitions(_table_dir(root, t), hosts=hosts, end=cutoff, fs=_fs_of(root)):
             if part.end <= cutoff and len(part.files) >= 2:
                 out[part.path] = frozenset(part.files)
     return out

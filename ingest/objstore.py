@@ -67,6 +67,18 @@ def configure(*, endpoint: str | None = None, region: str | None = None) -> None
     _configured = Settings(endpoint, region)
 
 
+def worker_env() -> dict[str, str]:
+    """The variables that give a process started from this one (a sweep's spawned or Ray
+    workers) the endpoint and region :func:`configure` set here: such a process imports
+    this module afresh and would read only the AWS variables."""
+    out = {}
+    if _configured.endpoint:
+        out["AWS_ENDPOINT_URL_S3"] = _configured.endpoint
+    if _configured.region:
+        out["AWS_REGION"] = _configured.region
+    return out
+
+
 def _settings() -> Settings:
     env = os.environ
     endpoint = _configured.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None

@@ -56,6 +56,9 @@ class Config:
     #: the AWS variables); credentials come from the AWS variables only, never from this file
     lake_endpoint: str | None = None
     lake_region: str | None = None
+    #: ``[lake] state``: the directory that holds an ``s3://`` lake's local state (a sweep's
+    #: watermarks, lock, staged outputs, remediation queue): :func:`ingest.lake.state_root`
+    lake_state: str | None = None
     agent: AgentConfig = field(default_factory=AgentConfig)
     influx: InfluxConfig = field(default_factory=InfluxConfig)  # url None: no InfluxDB
     drill: DrillSection = field(default_factory=DrillSection)
@@ -449,7 +452,7 @@ def load(path: str | os.PathLike[str] | None = None, *, analysis: bool = True) -
                 raise ConfigError(f"{p}: unknown top-level key {key!r} (known: {', '.join(sorted(SECTIONS))})")
         cfg.source = p
     cfg.lake = _lake_path(p, raw.get("lake", {}))
-    cfg.lake_endpoint, cfg.lake_region = _lake_storage(p, raw.get("lake", {}))
+    cfg.lake_endpoint, cfg.lake_region, cfg.lake_state = _lake_storage(p, raw.get("lake", {}))
     tables = {name: _table(p, raw, name) for name in SECTIONS if name != "lake"}
     cfg.agent = _agent(p, tables["agent"])
     influx = _checked(p, "influx", tables["influx"])
@@ -513,23 +516,26 @@ def _lake_path(p: Path, lake: Any) -> str | None:
     return path
 
 
-LAKE_KEYS = ("path", "endpoint", "region")
+LAKE_KEYS = ("path", "endpoint", "region", "state")
 
 
-def _lake_storage(p: Path, lake: Any) -> tuple[str | None, str | None]:
-    """``[lake] endpoint`` (http(s)://host:port) and ``region``, for a lake on object storage."""
+def _lake_storage(p: Path, lake: Any) -> tuple[str | None, str | None, str | None]:
+    """``[lake] endpoint`` (http(s)://host:port), ``region`` and ``state`` (a directory), for
+    a lake on object storage."""
     if not isinstance(lake, dict):
-        return None, None
+        return None, None, None
     out: list[str | None] = []
-    for key in ("endpoint", "region"):
+    for key in ("endpoint", "region", "state"):
         v = lake.get(key)
         if v is not None and (not isinstance(v, str) or not v.strip()):
             raise ConfigError(f"{p}: [lake].{key} must be a non-empty string, got {v!r}")
         out.append(v)
-    endpoint, region = out
+    endpoint, region, state = out
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"{p}: [lake].endpoint must start with http:// or https://, got {endpoint!r}")
-    return endpoint, region
+    if state is not None and state.startswith("s3://"):
+        raise ConfigError(f"{p}: [lake].state must be a directory (local or shared disk), got {state!r}")
+    return endpoint, region, state
 
 
 def use_lake_storage(cfg: Config) -> None:
@@ -540,6 +546,31 @@ def use_lake_storage(cfg: Config) -> None:
     objstore.configure(endpoint=cfg.lake_endpoint, region=cfg.lake_region)
 
 
+def resolve_lake_and_state(flag: str | None, state_flag: str | None, cfg: Config) -> str | Path:
+    """:func:`resolve_lake` for the commands that also run on a lake on object storage
+    (``unveil schedule``, ``unveil agent``): such a lake's local state (a sweep's
+    watermarks, lock, staged outputs and remediation queue; an agent's journal) goes to
+    ``state_flag`` or ``[lake] state`` (required there, refused for a lake directory,
+    which holds its own), and its endpoint comes from the config. Returns the URL of such
+    a lake, else the directory."""
+    value = flag or cfg.lake
+    if not value or not value.startswith("s3://"):
+        if state_flag:
+            raise ConfigError("--state is for a lake on object storage (s3://...): a lake directory keeps its "
+                              "state in <lake>/_state")
+        return resolve_lake(flag, cfg)
+    state = state_flag or cfg.lake_state
+    if not state:
+        raise ConfigError(f"lake {value} is on object storage: its local state (a sweep's watermarks, lock, staged "
+                          "outputs and remediation queue; an agent's journal) needs a directory: pass --state DIR "
+                          "or set [lake] state")
+    from ingest import lake as lake_mod
+
+    use_lake_storage(cfg)
+    lake_mod.set_state_root(value, Path(state))
+    return value
+
+
 def resolve_lake(flag: str | None, cfg: Config) -> Path:
     """The lake path from the flag, else $UNVEIL_LAKE / the config file; an error when none,
     and for a lake on object storage, which only ``unveil query`` reads so far."""
@@ -548,7 +579,8 @@ def resolve_lake(flag: str | None, cfg: Config) -> Path:
         raise ConfigError("no lake path: pass --lake PATH, set UNVEIL_LAKE, or set [lake] path in the config")
     if value.startswith("s3://"):
         raise ConfigError(f"lake {value} is on object storage: this command needs a lake directory (local or "
-                          "shared disk). Sweeps stage their outputs and publish them by rename, and the agent "
-                          "journals next to its lake; `unveil query` and the ingest.lake API read and write "
+                          "shared disk): post-mortems, drills, remediation and one-shot sweeps stage their "
+                          "outputs and state there. `unveil schedule` and `unveil agent` (with a state "
+                          "directory), `unveil query`, `unveil simulate` and the ingest.lake API read and write "
                           "s3:// lakes (docs/lake.md, \"Object storage\")")
     return Path(value)

@@ -132,7 +132,7 @@ def sweep_id(start: datetime, end: datetime, hosts: Sequence[str]) -> str:
     return f"sw-{stamp(start)}-{stamp(end)}-{h}"
 
 
-def _read_open_findings(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequence[str],
+def _read_open_findings(lake: str | os.PathLike[str], marks: Mapping[str, wm.HostMark], hosts: Sequence[str],
                         before: datetime, corrupt: list[Corrupt]) -> pl.DataFrame:
     parts = []
     if "findings" not in lake_mod.tables(lake):
@@ -149,7 +149,7 @@ def _read_open_findings(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Seq
     return pl.concat(parts, how="diagonal_relaxed")
 
 
-def _changed_incidents(lake: Path, marks: Mapping[str, wm.HostMark], hosts: Sequence[str],
+def _changed_incidents(lake: str | os.PathLike[str], marks: Mapping[str, wm.HostMark], hosts: Sequence[str],
                        incidents: pl.DataFrame, corrupt: list[Corrupt], horizon: datetime) -> pl.DataFrame:
     """``incidents`` without the rows that repeat the latest stored row of the same incident
     (an open incident no window joined since the last sweep): the table gets a row per change.
@@ -264,7 +264,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     ``engine``: runs the per-host features and the blocks of analysis steps (None: here)."""
     # (one host's features are not worth a pickle round trip to a worker)
     per_host = engine if engine is not None and len(hosts) > 1 else SerialEngine()
-    lake_p = Path(lake)
+    lake_p = lake_mod.as_root(lake)
     a = cfg.analytics
     sid = sweep_id(s, e, hosts)
     first = s - timedelta(seconds=a.window.length_s) + US  # the first window ending after s
@@ -378,10 +378,12 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
     between chunks (SIGTERM during a long catch-up stops after the current chunk).
     ``engine``: where each chunk's parallel work runs (:func:`process_chunk`)."""
     cfg = cfg or SweepConfig()
-    if objstore.is_url(lake):  # staged outputs and watermarks publish by rename (docs/lake.md)
-        raise ValueError(f"lake {lake} is on object storage: sweeps need a lake directory (local or shared disk)")
-    lake_p = Path(lake)
-    if not lake_p.is_dir():
+    lake_p = lake_mod.as_root(lake)
+    if objstore.is_url(lake_p):  # (its state: a directory of this machine's, lake_mod.state_root)
+        if not lake_mod.exists(lake_p):
+            raise ValueError(f"lake {lake_p}: its bucket does not exist or is not reachable")
+        lake_mod.state_root(lake_p).mkdir(parents=True, exist_ok=True)
+    elif not Path(lake_p).is_dir():
         raise ValueError(f"lake {lake_p} does not exist or is not a directory")
     with wm.scheduler_lock(lake_p) as got:
         if not got:
@@ -390,7 +392,7 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
             return None
         wm.checkpoint("after_lock")
         kb = load_kb(cfg.kb_path) if cfg.kb_path else load_kb()
-        hook = WriteBack(lake_p, cfg.influx)
+        hook = WriteBack(cfg.influx)
         summary = CycleSummary()
         try:
             summary.recovered = wm.recover(lake_p, hook)
@@ -412,7 +414,7 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
             horizon = floor_grid(horizon, stride)
             summary.horizon = horizon
             # (a host's first telemetry time never moves later: kept for the process's next cycles)
-            first_times = _FIRST_TIMES.setdefault(str(lake_p.resolve()), {})
+            first_times = _FIRST_TIMES.setdefault(str(lake_p if isinstance(lake_p, str) else lake_p.resolve()), {})
             total = _chunks_left(marks, horizon, cfg.chunk)
             if cfg.max_chunks is not None:
                 total = min(total, cfg.max_chunks)
@@ -462,15 +464,37 @@ def _plan(marks: dict[str, wm.HostMark], horizon: datetime,
         yield group, s, e
 
 
+#: the tables a sweep writes: on object storage, the ones its maintenance compacts
+SWEEP_TABLES = ("features", "scores", "findings", "incidents", "remediations")
+
+
 def maintain(lake: str | os.PathLike[str], cfg: SweepConfig) -> dict[str, Any]:
-    """Compaction of every table, then retention per configured table."""
+    """Compaction of every table, then retention per configured table.
+
+    On object storage (no lock: each host partition has one writer) only the tables the
+    sweep writes are compacted, for every host, and retention is left to the bucket's
+    lifecycle rules (docs/lake.md): the agents compact their own telemetry."""
     out: dict[str, Any] = {}
-    stats = lake_mod.compact(lake)
+    root = lake_mod.as_root(lake)
+    remote = objstore.is_url(root)
+    if remote:
+        stats = lake_mod.CompactionStats()
+        have = lake_mod.tables(root)
+        for t in (t for t in SWEEP_TABLES if t in have):
+            got = lake_mod.compact(root, t, hosts=lake_mod.hosts(root, t))
+            stats.merges += got.merges
+            stats.files_before += got.files_before
+            stats.files_after += got.files_after
+    else:
+        stats = lake_mod.compact(root)
     out["compaction"] = {"merges": stats.merges, "files_before": stats.files_before, "files_after": stats.files_after}
     removed = {}
     for table, keep in cfg.retention.items():
-        if table in lake_mod.tables(lake):
-            removed[table] = lake_mod.retention(lake, table, keep=keep)
+        if remote:
+            log.warning("retention of %s on %s: not applied on object storage (use a bucket lifecycle rule)",
+                        table, root)
+        elif table in lake_mod.tables(root):
+            removed[table] = lake_mod.retention(root, table, keep=keep)
     out["retention"] = removed
     log.info("maintenance: %s", out)
     return out

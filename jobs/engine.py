@@ -39,6 +39,8 @@ from concurrent.futures.process import BrokenProcessPool
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ingest import objstore
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -173,17 +175,23 @@ def _check_picklable(fn: Callable[..., Any], engine: str) -> None:
 
 @contextlib.contextmanager
 def _worker_env(polars_threads: int) -> Iterator[None]:
-    """``POLARS_MAX_THREADS`` for the workers spawned meanwhile (Polars reads it at import,
-    which a spawned worker does before anything of ours runs in it)."""
-    key, old = "POLARS_MAX_THREADS", os.environ.get("POLARS_MAX_THREADS")
-    if old is not None:  # the operator's setting wins
-        yield
-        return
-    os.environ[key] = str(polars_threads)
+    """The environment of the workers spawned meanwhile: ``POLARS_MAX_THREADS`` (Polars reads
+    it at import, which a spawned worker does before anything of ours runs in it; the
+    operator's setting wins) and the object-storage endpoint and region configured here
+    (:func:`ingest.objstore.worker_env`: the config file's ``[lake]`` keys)."""
+    env = objstore.worker_env()
+    if "POLARS_MAX_THREADS" not in os.environ:
+        env["POLARS_MAX_THREADS"] = str(polars_threads)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
-        os.environ.pop(key, None)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -303,6 +311,8 @@ class RayEngine(Engine):
         self._owned = not ray.is_initialized()
         if self._owned:
             kw: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False, **(init_kwargs or {})}
+            if objstore.worker_env():  # (the config's lake endpoint: Ray's workers read the variables)
+                kw.setdefault("runtime_env", {"env_vars": objstore.worker_env()})
             if address is None:
                 kw.setdefault("include_dashboard", False)
                 if num_cpus is not None:

@@ -44,7 +44,7 @@ def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, fa
     if matched.is_empty():
         return pl.DataFrame()
     ids: list[int] = []
-    with Queue(queue_path or default_path(Path(lake))) as q:
+    with Queue(queue_path or default_path(lake)) as q:
         for inc in matched.iter_rows(named=True):
             entry = kb.by_id.get(inc["entry_id"])
             if entry is None or entry.remediation is None or entry.remediation.script is None:
@@ -83,7 +83,7 @@ def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, fa
     return rows.with_columns(pl.col("created").alias(schema.TIME)).select(schema.TIME, pl.exclude(schema.TIME))
 
 
-def new_remediation_rows(lake: Path, rows: pl.DataFrame, corrupt: list[Corrupt]) -> pl.DataFrame:
+def new_remediation_rows(lake: str | os.PathLike[str], rows: pl.DataFrame, corrupt: list[Corrupt]) -> pl.DataFrame:
     """``rows`` (queue_remediations') without the actions whose row the lake already has
     unchanged: an open incident asks for its proposal every sweep, the table gets it once."""
     if rows.is_empty() or "remediations" not in lake_mod.tables(lake):
@@ -97,7 +97,7 @@ def new_remediation_rows(lake: Path, rows: pl.DataFrame, corrupt: list[Corrupt])
                      on=["action_id", "updated", "attached_incidents"], how="anti", nulls_equal=True)
 
 
-def auto_remediate(lake: Path, queue_path: Path | None, root: str = "/") -> None:
+def auto_remediate(lake: str | os.PathLike[str], queue_path: Path | None, root: str = "/") -> None:
     """Run the queued actions the executor may run unattended (``auto_remediate``)."""
     from remediation.executor import Executor, ExecutorConfig
     from remediation.queue import Queue, default_path
@@ -118,7 +118,7 @@ def export_remediations(lake: str | os.PathLike[str], queue_path: Path | None = 
     the two sends them again next cycle, the same points, which InfluxDB stores once."""
     from remediation.queue import Queue, default_path
 
-    lake_p = Path(lake)
+    lake_p = lake_mod.as_root(lake)
     qpath = queue_path or default_path(lake_p)
     if not qpath.is_file():
         return 0
@@ -140,7 +140,8 @@ def export_remediations(lake: str | os.PathLike[str], queue_path: Path | None = 
     return frame.height
 
 
-def conclude_due_verifications(lake: Path, queue_path: Path | None, now: datetime, root: str) -> dict[str, int]:
+def conclude_due_verifications(lake: str | os.PathLike[str], queue_path: Path | None, now: datetime,
+                               root: str) -> dict[str, int]:
     """Each cycle: judge the verifying actions that are due (jobs.verification); returns
     outcome state -> count. A failure here is logged and does not undo the cycle's sweeps."""
     from jobs.verification import conclude_verifications

@@ -27,6 +27,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from ingest import lake as lake_mod
 from jobs.config import SweepConfig
 from jobs.cycle import CycleSummary, maintain, run_cycle
 from jobs.engine import Engine, make_engine
@@ -60,7 +61,7 @@ class Scheduler:
                  max_cycles: int | None = None, lake_poll: float = 1.0) -> None:
         if every <= timedelta(0):
             raise ValueError(f"--every must be positive, not {every}")
-        self.lake = Path(lake)
+        self.lake = lake_mod.as_root(lake)
         self.cfg = cfg
         self.every = every
         self.until = until
@@ -108,10 +109,11 @@ class Scheduler:
     def _wait_for_lake(self) -> bool:
         """Block until the lake directory exists: under a service manager the scheduler may
         start before the agent's first commit creates it. Says so once; False when stopped
-        while waiting. A path that exists but is no directory is an error, not a wait."""
+        while waiting. A path that exists but is no directory is an error, not a wait (on
+        object storage: the lake's bucket, which an operator creates)."""
         said = False
-        while not self.lake.is_dir():
-            if self.lake.exists():
+        while not lake_mod.exists(self.lake):
+            if isinstance(self.lake, Path) and self.lake.exists():
                 raise ValueError(f"lake {self.lake} exists but is not a directory")
             if not said:
                 log.warning("waiting for the lake at %s (the agent creates it at its first commit)", self.lake)

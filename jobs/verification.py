@@ -51,7 +51,7 @@ def applied_at(queue: Queue, action: Action) -> datetime | None:
     return None if us is None else datetime.fromtimestamp(us / 1e6, UTC)
 
 
-def _features(lake: Path, host: str, start: datetime, end: datetime) -> pl.DataFrame:
+def _features(lake: str | os.PathLike[str], host: str, start: datetime, end: datetime) -> pl.DataFrame:
     """The host's feature windows lying wholly inside [start, end]."""
     if "features" not in lake_mod.tables(lake):
         return pl.DataFrame()
@@ -61,14 +61,14 @@ def _features(lake: Path, host: str, start: datetime, end: datetime) -> pl.DataF
     return df.filter((pl.col("window_start") >= start) & (pl.col("window_end") <= end))
 
 
-def _latest_window_end(lake: Path, host: str, since: datetime) -> datetime | None:
+def _latest_window_end(lake: str | os.PathLike[str], host: str, since: datetime) -> datetime | None:
     if "features" not in lake_mod.tables(lake):
         return None
     df = lake_mod.read(lake, "features", start=since, hosts=[host], columns=["window_end"], on_corrupt="skip")
     return None if df.is_empty() else df["window_end"].max()  # type: ignore[return-value]
 
 
-def _degraded_since(lake: Path, action: Action, lo: datetime, t_apply: datetime) -> datetime:
+def _degraded_since(lake: str | os.PathLike[str], action: Action, lo: datetime, t_apply: datetime) -> datetime:
     """Where the before-windows start: ``lo`` (``within_s`` before the apply), or the start
     of the action's incident when that is later. A fix applied soon after the onset would
     otherwise be judged against healthy windows from before the fault (seen on a real
@@ -82,7 +82,7 @@ def _degraded_since(lake: Path, action: Action, lo: datetime, t_apply: datetime)
     return max(lo, onset) if isinstance(onset, datetime) and onset < t_apply else lo
 
 
-def conclude(lake: Path, executor: Executor, action: Action, *, now: datetime, grace_s: float = GRACE_S,
+def conclude(lake: str | os.PathLike[str], executor: Executor, action: Action, *, now: datetime, grace_s: float = GRACE_S,
              actor: str = "scheduler", force: bool = False) -> Outcome:
     """Judge one ``verifying`` action when it is due (``force``: now, whatever its due time)."""
     q = executor.queue
@@ -131,7 +131,7 @@ def conclude_verifications(lake: str | os.PathLike[str], queue_path: Path | None
                            force: bool = False) -> list[Outcome]:
     """Every ``verifying`` action of the queue (or ``action_id`` only) judged if due; no queue
     file: nothing to do (a lake that never queued a remediation gets none)."""
-    lake_p = Path(lake)
+    lake_p = lake_mod.as_root(lake)
     qpath = queue_path or default_path(lake_p)
     if not qpath.is_file():
         return []

@@ -23,6 +23,12 @@ Recovery (at the start of every cycle, under the lock): a staging directory with
 ``COMMIT.json`` is deleted (nothing of it was visible); one with it is rolled forward
 (steps 3-5; a file already moved is simply absent from staging). A crash anywhere
 therefore leaves each window either processed once or not at all, never twice.
+
+A lake on object storage (``s3://``) keeps this state in the directory configured for it
+(:func:`ingest.lake.state_root`: ``[lake] state``), and step 3 is a PUT of each staged file
+to its key instead of a rename: an object appears whole when its PUT succeeds, and a
+roll-forward puts the same bytes at the same key again. The staged files stay until step 5
+(the write-back reads them there).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from typing import Any
 import polars as pl
 
 from ingest import lake as lake_mod
+from ingest import objstore
 from ingest.atomic import fsync_path
 
 log = logging.getLogger(__name__)
@@ -79,7 +86,8 @@ def checkpoint(point: str) -> None:
 
 
 def state_dir(lake: str | os.PathLike[str]) -> Path:
-    return Path(lake) / STATE_DIR
+    """``_state`` of the lake's local state directory (the lake itself when it is one)."""
+    return lake_mod.state_root(lake) / STATE_DIR
 
 
 def _iso(ts: datetime) -> str:
@@ -183,7 +191,6 @@ class StagedSweep:
     """The outputs of one sweep, staged under ``_state/staging/<sweep_id>``."""
 
     def __init__(self, lake: str | os.PathLike[str], sweep_id: str) -> None:
-        self.lake = Path(lake)
         self.sweep_id = sweep_id
         self.dir = state_dir(lake) / STAGING / sweep_id
         self.root = self.dir / "lake"
@@ -209,9 +216,10 @@ class StagedSweep:
 @dataclass
 class Published:
     sweep_id: str
-    files: list[Path]  # the files' paths in the lake
+    files: list[Path]  # the files, readable here: in the lake directory, or (object storage) staged
     marks: dict[str, HostMark]
     meta: dict[str, Any]
+    root: Path  # what ``files`` are relative to (their table is the first part)
 
 
 PublishHook = Callable[[Published], None]
@@ -232,14 +240,20 @@ def publish(lake: str | os.PathLike[str], sweep_id: str, hook: PublishHook | Non
     """Steps 3-5 of the protocol for a sealed sweep; idempotent (safe to repeat after a crash).
     ``hook`` runs after the files are in the lake and before the watermarks move (it must be
     idempotent too: write-back to InfluxDB overwrites identical points)."""
-    lake_p = Path(lake)
     sdir = state_dir(lake) / STAGING / sweep_id
     doc = _read_commit(sdir)
     root = sdir / "lake"
     targets: list[Path] = []
     touched: set[Path] = set()
+    remote = objstore.is_url(lake)
     for rel in doc["files"]:
-        src, dst = root / rel, lake_p / rel
+        src = root / rel
+        if remote:  # (a PUT of the same bytes again after a crash: the same object)
+            lake_mod.upload(str(lake), Path(rel), src)
+            checkpoint("mid_publish")
+            targets.append(src)
+            continue
+        dst = Path(lake) / rel
         if src.exists():  # absent: moved before a crash
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)
@@ -251,7 +265,7 @@ def publish(lake: str | os.PathLike[str], sweep_id: str, hook: PublishHook | Non
     marks = {h: HostMark(_parse(m["watermark"], str(sdir)) or datetime.now(UTC),
                          _parse(m.get("open_since"), str(sdir)))
              for h, m in doc.get("hosts", {}).items()}
-    pub = Published(sweep_id, targets, marks, dict(doc.get("meta", {})))
+    pub = Published(sweep_id, targets, marks, dict(doc.get("meta", {})), root if remote else Path(lake))
     checkpoint("after_publish")
     if hook is not None:
         hook(pub)

@@ -5,7 +5,6 @@ configured. The lake stays the record: a failed write-back is logged, never rais
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import polars as pl
@@ -30,8 +29,8 @@ def _host_of(path: Path) -> str | None:
     return next((p[5:] for p in path.parts if p.startswith("host=")), None)
 
 
-def _table_of(lake: Path, path: Path) -> str:
-    return path.relative_to(lake).parts[0]
+def _table_of(root: Path, path: Path) -> str:
+    return path.relative_to(root).parts[0]
 
 
 def influx_frame(table: str, df: pl.DataFrame) -> pl.DataFrame:
@@ -57,8 +56,7 @@ class WriteBack:
     """Publishes a sweep's findings, incidents and remediations to InfluxDB (idempotent:
     the same point written twice is stored once)."""
 
-    def __init__(self, lake: str | os.PathLike[str], influx: InfluxConfig | None) -> None:
-        self.lake = Path(lake)
+    def __init__(self, influx: InfluxConfig | None) -> None:
         self.sink = InfluxSink(influx) if influx is not None else None
         self.points = 0
 
@@ -74,7 +72,7 @@ class WriteBack:
     def _write(self, pub: wm.Published) -> None:
         assert self.sink is not None
         for path in pub.files:
-            table = _table_of(self.lake, path)
+            table = _table_of(pub.root, path)
             if table not in INFLUX_MEASUREMENTS:
                 continue
             df = pl.read_parquet(path)

@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 
 import polars as pl
 
-from ingest.lake import FILE_MODE, makedirs
+from ingest.lake import FILE_MODE, makedirs, state_root
 from remediation import registry
 from remediation.errors import ActionNotFound, FaultValueError, ParamError, TransitionError
 from remediation.verify import parse_spec, spec_to_dict
@@ -159,8 +159,10 @@ class AuditEvent:
     details: dict[str, Any]
 
 
-def default_path(lake: str | Path) -> Path:
-    return Path(lake) / "_remediation" / "queue.db"
+def default_path(lake: str | os.PathLike[str]) -> Path:
+    """The lake's queue: in its local state directory (the lake directory itself, or the
+    state directory of a lake on object storage: :func:`ingest.lake.state_root`)."""
+    return state_root(lake) / "_remediation" / "queue.db"
 
 
 def _create(path: Path) -> None:

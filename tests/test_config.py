@@ -46,6 +46,9 @@ def _td(v: object) -> timedelta:
 _SAME = lambda v: v  # noqa: E731
 _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Callable[[Any], object]]]] = {
     ("lake", "path"): [(lambda c: c.lake, _SAME)],
+    ("lake", "endpoint"): [(lambda c: c.lake_endpoint, _SAME)],
+    ("lake", "region"): [(lambda c: c.lake_region, _SAME)],
+    ("lake", "state"): [(lambda c: c.lake_state, _SAME)],
     **{("agent", k): [(lambda c, k=k: getattr(c.agent, k), _SAME)] for k in (
         "host", "root", "interval_s", "flush_interval_s", "commit_interval_s", "durable", "max_buffered_rows",
         "compact_every_s", "tiers")},
@@ -117,6 +120,7 @@ def test_sample_with_every_commented_key_enabled_arrives_in_the_tree(
         ("[remediation]\ntimeout_s = -1\n", r"\[remediation\] timeout_s: expected a positive number"),
         ("[remediation]\nqueue = 5\n", r"\[remediation\] queue: expected a file path"),
         ("[influx]\nurl = 'ftp://x'\n", r"\[influx\] url: expected http"),
+        ("[lake]\nstate = 's3://b/state'\n", r"\[lake\]\.state must be a directory"),
     ],
 )
 def test_every_section_is_validated_at_load_naming_file_and_key(tmp_path: Path, text: str, message: str) -> None:

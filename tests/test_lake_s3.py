@@ -4,12 +4,15 @@ server mode, a separate process: tests/s3server.py). Each test has its own bucke
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import re
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -19,7 +22,10 @@ from polars.testing import assert_frame_equal
 
 from ingest import lake, objstore
 from tests.s3server import S3Server, s3_server  # noqa: F401  (the session fixture)
+from tests.servers import InfluxdServer
 from tests.test_lake import T0, cpu_rows, sample
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -282,16 +288,20 @@ def test_commands_that_need_a_lake_directory_refuse_an_s3_lake_clearly(
     from jobs.cli import main
     from jobs.cycle import run_cycle
 
-    for cmd in (["schedule", "--once"], ["agent"], ["sweep"]):
+    for cmd in (["sweep"], ["postmortem", "--from", "2026-01-05T08:00:00Z", "--to", "2026-01-05T09:00:00Z"]):
         assert main([*cmd, "--lake", s3_lake]) == 2
         err = capsys.readouterr().err
         assert "is on object storage: this command needs a lake directory" in err, (cmd, err)
-    with pytest.raises(ValueError, match="sweeps need a lake directory"):
+    # the scheduled sweep and the agent take one, with a directory for their local state
+    for cmd in (["schedule", "--once"], ["agent", "--duration", "1"]):
+        assert main([*cmd, "--lake", s3_lake]) == 2
+        assert "needs a directory: pass --state DIR or set [lake] state" in capsys.readouterr().err
+    with pytest.raises(lake.LakeError, match=r"set \[lake\] state in the config or pass --state DIR"):
         run_cycle(s3_lake)
     from ingest.agent import Agent, AgentConfig
     from ingest.sink import SinkError
 
-    with pytest.raises(SinkError, match="is on object storage; the agent's journal"):
+    with pytest.raises(SinkError, match=r"agent: lake s3://.* needs a directory: set \[lake\] state"):
         Agent(AgentConfig(host="h1", duration_s=0.1), [lake.LakeSink(s3_lake)], [])
     assert not Path("s3:").exists()
 
@@ -364,3 +374,167 @@ def test_unveil_simulate_writes_a_fleet_into_an_s3_lake(s3_lake: str, capsys: py
     assert main(["query", "--lake", s3_lake, "--format", "csv", "SELECT count(*) AS n FROM gpu"]) == 0
     n = int(capsys.readouterr().out.splitlines()[1])
     assert n == 2 * 8 * 1200  # 2 hosts x 8 GPUs x 2 min of 100 ms samples
+
+
+SWEPT = """
+name = "three"
+seed = 4
+start = "2026-01-05T08:59:00Z"   # crosses an hour: two partitions per host
+duration = "2m"
+
+[[hosts]]
+name = "a-00"
+workload = "training"
+
+[[hosts]]
+name = "a-01"
+workload = "llm_serving"
+
+[[hosts]]
+name = "a-02"
+workload = "training"
+
+[[injections]]
+type = "thermal_throttle"
+host = "a-01"
+devices = ["5"]
+start = "30s"
+duration = "60s"
+severity = 0.7
+"""
+LIVE_MINUTES = ("2026-01-05T09:00:00Z", "2026-01-05T09:01:00Z")  # two cycles of the live scheduler
+
+
+def _simulated(tmp_path: Path, *roots: str) -> None:
+    from jobs.cli import main
+
+    scenario = tmp_path / "three.toml"
+    scenario.write_text(SWEPT)
+    for root in roots:
+        assert main(["simulate", "--lake", root, "--scenario", str(scenario), "--engine", "serial"]) == 0
+
+
+def _swept(root: str) -> dict[str, pl.DataFrame]:
+    out = {}
+    for t in ("features", "scores", "findings"):
+        df = lake.read(root, t)
+        out[t] = df.select(sorted(df.columns)).sort(sorted(df.columns))
+    return out
+
+
+def _keys(s3_lake: str) -> list[str]:
+    st = objstore.store(s3_lake)
+    infos = st.fs.get_file_info(pafs.FileSelector(st.root.as_posix(), recursive=True))
+    return [i.path for i in infos if i.type == pafs.FileType.File]
+
+
+def test_unveil_schedule_sweeps_an_s3_lake_as_it_sweeps_a_directory(
+        s3_lake: str, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Telemetry and the sweep's outputs on S3 (its features history read back from there),
+    its state in a directory: two live cycles write what they write to a local lake. The
+    endpoint is in the config file only, and the per-host work runs on 2 spawned workers,
+    which get it from the command."""
+    from jobs import watermarks as wm
+    from jobs.cli import main
+
+    local = str(tmp_path / "lake")
+    _simulated(tmp_path, local, s3_lake)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    state = tmp_path / "state"
+    config = tmp_path / "unveil.toml"
+    config.write_text(f'[lake]\nendpoint = "{s3_server.endpoint}"\nstate = "{state}"\n')
+    try:
+        for until in LIVE_MINUTES:
+            assert main(["schedule", "--once", "--lake", local, "--until", until, "--no-progress",
+                         "--engine", "serial"]) == 0
+            assert main(["--config", str(config), "schedule", "--once", "--lake", s3_lake, "--until", until,
+                         "--no-progress", "--engine", "processes:2", "--maintain"]) == 0
+        keys, want, got = _keys(s3_lake), _swept(local), _swept(s3_lake)
+    finally:
+        objstore.configure()
+    out = capsys.readouterr().out
+    assert out.count("cycle to 2026-01-05T09:01:00+00:00: 1 chunk(s), 180 windows") == 2, out
+    # maintenance compacts the sweep's own tables there (the tables above read after it)
+    merges = [int(m) for m in re.findall(r"compaction: (\d+) merge\(s\)", out)]
+    assert len(merges) == 2 and sum(merges) > 0, out
+    assert want["findings"].height > 0 and want["features"]["host"].n_unique() == 3
+    for t, df in want.items():
+        assert got[t].equals(df), f"table {t} differs"
+    # the state is in the directory, none of it in the bucket
+    assert wm.load(s3_lake) == wm.load(local) and len(wm.load(local)) == 3
+    assert (state / "_state" / "watermarks.json").is_file() and wm.pending(s3_lake) == []
+    assert not [k for k in keys if {"_state", "_remediation", "_spool"} & set(k.split("/"))], keys
+    assert any("/features/host=a-01/" in k for k in keys)
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_a_sweep_killed_while_publishing_to_s3_is_published_once_by_the_next_cycle(
+        s3_lake: str, tmp_path: Path, influxd_server: InfluxdServer) -> None:
+    """kill -9 after the first upload of a sealed sweep: the next cycle puts the staged
+    files again (the same keys: objects are replaced, not added) and moves the watermarks;
+    every window is in the bucket once, as a local lake swept without a crash has it. The
+    write-back to InfluxDB reads the published findings from the staged copies."""
+    from ingest.influx import InfluxConfig, InfluxSource
+    from jobs import watermarks as wm
+    from jobs.cli import main
+
+    local = str(tmp_path / "lake")
+    _simulated(tmp_path, local, s3_lake)
+    until = LIVE_MINUTES[0]
+    assert main(["schedule", "--once", "--lake", local, "--until", until, "--no-progress", "--engine", "serial"]) == 0
+    state = tmp_path / "state"
+    args = [sys.executable, "-m", "jobs.cli", "schedule", "--once", "--lake", s3_lake, "--state", str(state),
+            "--until", until, "--no-progress", "--engine", "serial", "--influx-url", influxd_server.url,
+            "--influx-database", "s3_sweep"]
+    crashed = subprocess.run(args, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, wm.CRASH_ENV: "mid_publish"})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    lake.set_state_root(s3_lake, state)
+    staged = wm.pending(s3_lake)
+    assert len(staged) == 1 and wm.load(s3_lake) == {}
+    assert len([k for k in _keys(s3_lake) if "/features/" in k]) == 1  # the first file, before the kill
+    rerun = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"recovered interrupted sweep(s): {staged[0]}" in rerun.stdout
+    want, got = _swept(local), _swept(s3_lake)
+    for t, df in want.items():
+        assert got[t].equals(df), f"table {t} differs"
+    assert wm.load(s3_lake) == wm.load(local) and wm.pending(s3_lake) == []
+    src = InfluxSource(InfluxConfig(url=influxd_server.url, database="s3_sweep"))
+    try:
+        back = src.read("unveil_findings", start=datetime(2026, 1, 5, tzinfo=UTC), end=datetime(2026, 1, 6, tzinfo=UTC))
+    finally:
+        src.close()
+    assert back.height == want["findings"].height > 0
+
+
+@pytest.mark.host
+@pytest.mark.slow
+def test_unveil_agent_samples_this_host_into_an_s3_lake_and_replays_its_journal_after_kill_9(
+        s3_lake: str, tmp_path: Path) -> None:
+    """The agent on an s3:// lake: its journal in the state directory, its commits PUT to
+    the bucket. Killed (-9) before its first commit, it loses nothing it journaled: the
+    next start replays those rows into the bucket, once."""
+    state = tmp_path / "state"
+    cmd = [sys.executable, "-m", "jobs.cli", "agent", "--lake", s3_lake, "--state", str(state), "--host", "s3h",
+           "--collectors", "cpu", "--flush-interval", "0.5", "--commit-interval", "600"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # start-up (imports) can take seconds on a loaded machine
+        if "sampling" in line:
+            break
+    time.sleep(3.0)
+    proc.kill()
+    proc.wait(timeout=30)
+    killed_at = datetime.now(UTC)
+    assert any((state / "_journal" / "s3h").iterdir())
+    assert "cpu" not in lake.tables(s3_lake)  # journaled, never committed
+    again = subprocess.run([*cmd, "--duration", "1"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    cpu = lake.read(s3_lake, "cpu", hosts=["s3h"])
+    before = cpu.filter(pl.col("time") < killed_at)
+    assert before.height >= 20 * (os.cpu_count() or 1)  # >= 2 s of 100 ms samples per CPU
+    assert cpu.select("time", "cpu").is_unique().all()
+    assert not any(k for k in _keys(s3_lake) if "/_journal/" in k)

@@ -374,7 +374,7 @@ def test_influx_keeps_one_point_per_incident_when_its_entry_changes(tmp_path: Pa
     from jobs.writeback import WriteBack
 
     matches, findings = _frames(thp_off_story())
-    wb = WriteBack(tmp_path, InfluxConfig(url=influxd_server.url, database="one_cause"))
+    wb = WriteBack(InfluxConfig(url=influxd_server.url, database="one_cause"))
     rows = []
     for upto, state in ((20, "open"), (60, "open"), (120, "closed")):
         keep = pl.col("window_start") < T0 + timedelta(seconds=upto)

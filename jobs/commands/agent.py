@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from ingest import lake as lake_mod
 from ingest.agent import Agent, AgentConfig, install_signal_handlers
 from ingest.sink import Sink
 from jobs import config as config_mod
@@ -22,7 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Runs in the foreground until SIGTERM (or --duration). The lake path can "
         "also come from the config file or UNVEIL_LAKE.",
     )
-    p.add_argument("--lake", metavar="PATH", help="lake directory")
+    p.add_argument("--lake", metavar="PATH", help="lake directory, or s3://bucket/prefix (with --state)")
+    p.add_argument("--state", metavar="DIR",
+                   help="for a lake on object storage: the directory of this agent's journal "
+                   "(default: [lake] state)")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="fast-tier period (default 0.1)")
     p.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long")
     p.add_argument("--influx-url", action="append", metavar="URL", default=None,
@@ -50,11 +54,11 @@ def _positive_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} must be a positive number of seconds, got {value:g}")
 
 
-def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], Path]:
+def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], str | Path]:
     """The config file's [agent] and [influx], the flags overlaid."""
     _positive_flags(args)
     cfg = config_mod.load(args.config, analysis=False)  # the agent does not carry the analytics
-    lake = config_mod.resolve_lake(args.lake, cfg)
+    lake = config_mod.resolve_lake_and_state(args.lake, args.state, cfg)
     a = cfg.agent
     # `is not None`, not `or`: a flag given is used as given (and was checked above)
     flush_s = args.flush_interval if args.flush_interval is not None else a.flush_interval_s
@@ -80,7 +84,7 @@ def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], Path]:
         from ingest.influx import InfluxSink
 
         for i, url in enumerate(urls):
-            spool = cfg.influx.spool_dir or lake / "_spool" / f"influx{i}"
+            spool = cfg.influx.spool_dir or lake_mod.state_root(lake) / "_spool" / f"influx{i}"
             sinks.append(InfluxSink(replace(cfg.influx, url=url, spool_dir=spool,
                                             database=args.influx_database or cfg.influx.database)))
     return acfg, sinks, lake
@@ -108,11 +112,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def summarize_lake(lake: Path, host: str) -> str:
+def summarize_lake(lake: str | Path, host: str) -> str:
     """Rows per table for one host: what landed."""
     import polars as pl
-
-    from ingest import lake as lake_mod
 
     lines = [f"lake {lake}:"]
     for table in lake_mod.tables(lake):

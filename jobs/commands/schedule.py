@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from ingest import lake as lake_mod
 from jobs import config as config_mod
 from jobs.commands import warn_corrupt
 from jobs.config import SweepConfig, duration
@@ -41,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-chunks", type=int, metavar="N", help="at most N chunks per cycle (bounded catch-up)")
     p.add_argument("--hosts", nargs="+", metavar="HOST", help="only these hosts (default: every host in the lake)")
     p.add_argument("--no-remediation", action="store_true", help="do not queue remediations")
+    p.add_argument("--state", metavar="DIR",
+                   help="for a lake on object storage (s3://...): the directory of its sweep state (watermarks, "
+                   "lock, staged outputs, remediation queue; default: [lake] state)")
     add_engine(p)
     p.set_defaults(func=run)
 
@@ -52,14 +56,15 @@ def add_engine(p: argparse.ArgumentParser) -> None:
                    "ray://HOST:PORT (a Ray cluster) (default: [scheduler] engine, else processes: every local core)")
 
 
-def sweep_config(args: argparse.Namespace, cfg: config_mod.Config, lake: Path) -> SweepConfig:
+def sweep_config(args: argparse.Namespace, cfg: config_mod.Config, lake: str | Path) -> SweepConfig:
     """The config tree's sweep ([scheduler], [analytics], [remediation]) with [influx] and the
     flags overlaid."""
     over: dict[str, object] = {}
     url = getattr(args, "influx_url", None) or cfg.influx.url
     if url:
-        # a spool in the lake survives a crash of the scheduler (a temp dir would not)
-        over["influx"] = replace(cfg.influx, url=url, spool_dir=cfg.influx.spool_dir or lake / "_spool" / "writeback",
+        # a spool in the lake's state survives a crash of the scheduler (a temp dir would not)
+        spool = cfg.influx.spool_dir or lake_mod.state_root(lake) / "_spool" / "writeback"
+        over["influx"] = replace(cfg.influx, url=url, spool_dir=spool,
                                  database=getattr(args, "influx_database", None) or cfg.influx.database)
     for flag in ("chunk", "lag"):
         v = getattr(args, flag, None)
@@ -99,10 +104,10 @@ def print_summary(s: CycleSummary | None, seen: set[Path] | None = None) -> None
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config)
-    lake = config_mod.resolve_lake(args.lake, cfg)
-    if lake.exists() and not lake.is_dir():
+    lake = config_mod.resolve_lake_and_state(args.lake, args.state, cfg)
+    if isinstance(lake, Path) and lake.exists() and not lake.is_dir():
         raise config_mod.ConfigError(f"lake {lake} exists but is not a directory")
-    if args.once and not lake.is_dir():
+    if args.once and not lake_mod.exists(lake):
         # one cycle must not hang a cron job: the next run finds the lake
         raise config_mod.ConfigError(f"lake {lake} does not exist (yet): --once does not wait for it "
                                      "(without --once the scheduler waits for the agent's first commit)")
