@@ -274,15 +274,22 @@ def _write_json_atomic(obj: dict[str, Any], path: Path) -> None:
 
 def exists(root: str | os.PathLike[str]) -> bool:
     """True when the lake root is there: its directory, or an object-storage lake's bucket
-    (the prefix may hold nothing yet)."""
+    (the prefix may hold nothing yet; a server that does not answer is a LakeError)."""
     st = _remote(root)
-    return st.is_dir(st.root) if st is not None else Path(root).is_dir()
+    return _bucket_there(st) if st is not None else Path(root).is_dir()
+
+
+def _bucket_there(st: objstore.ObjectStore) -> bool:
+    try:
+        return st.is_dir(st.root)
+    except OSError as exc:
+        raise LakeError(f"lake {st.url}: cannot reach {st.settings.endpoint or 'AWS'}: {exc}") from exc
 
 
 def _root(root: str | os.PathLike[str]) -> Path:
     st = _remote(root)
     if st is not None:
-        if not st.is_dir(st.root):
+        if not _bucket_there(st):
             raise LakeError(f"lake root {root}: bucket {st.root.parts[0]!r} does not exist or is not "
                             f"reachable at {st.settings.endpoint or 'AWS'}")
         return st.root

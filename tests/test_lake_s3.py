@@ -538,3 +538,17 @@ def test_unveil_agent_samples_this_host_into_an_s3_lake_and_replays_its_journal_
     assert before.height >= 20 * (os.cpu_count() or 1)  # >= 2 s of 100 ms samples per CPU
     assert cpu.select("time", "cpu").is_unique().all()
     assert not any(k for k in _keys(s3_lake) if "/_journal/" in k)
+
+
+def test_a_sweep_of_an_s3_lake_whose_server_does_not_answer_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import main
+    from tests.servers import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"  # (nothing listens there)
+    for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "x",
+                 "AWS_SECRET_ACCESS_KEY": "x"}.items():
+        monkeypatch.setenv(k, v)
+    assert main(["schedule", "--once", "--lake", "s3://lake-down/lake", "--state", str(tmp_path / "state")]) == 2
+    err = capsys.readouterr().err
+    assert f"unveil schedule: error: lake s3://lake-down/lake: cannot reach {endpoint}" in err, err

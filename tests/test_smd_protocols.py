@@ -107,7 +107,7 @@ def test_resample_averages_rows_and_maps_labels(tmp_path: Path) -> None:
     assert smd.rescale(smd.Setting(10, ("mahalanobis",), smd.parse_rule("mad:8"), 30), 5).window == 2
 
 
-def test_nested_slice_end_to_end(tmp_path: Path) -> None:
+def test_nested_slice_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "smd"
     for sub in ("train", "test", "test_label", "interpretation_label"):
         (data / sub).mkdir(parents=True)
@@ -117,6 +117,9 @@ def test_nested_slice_end_to_end(tmp_path: Path) -> None:
     args = ["--data", str(data), "--nested", "--refit-every", "60", "--spans", "all", "--rules", "mad:8|quantile:0.02",
             "--cache", str(cache), "--transfer", "5"]
     assert smd.main(args) == 0
+    out = capsys.readouterr().out
+    # the shipped default at 5 min: the same setting counted in 5-min rows
+    assert "The shipped default at 5 min" in out and "w1 mean(Maha) quantile:0.02 gaps6 incident" in out
     # 2 machines at 1 min and at 5 min: scores and features
     assert len(list(cache.glob("*.features.npz"))) == 4 and len(list(cache.glob("*causal*.npz"))) == 4
     a = smd.scored_machine(data, "machine-1-6", refit_every=60, cache=cache)  # from the cache

@@ -115,7 +115,12 @@ def run(args: argparse.Namespace) -> int:
     until = parse_time(args.until) if args.until else None
     if args.once:
         with make_engine(sc.engine) as engine:
-            summary = run_cycle(lake, sc, until=until, hosts=args.hosts, progress=args.progress, engine=engine)
+            try:
+                summary = run_cycle(lake, sc, until=until, hosts=args.hosts, progress=args.progress, engine=engine)
+            except OSError as exc:  # (a disk, or an object store that stopped answering)
+                raise lake_mod.LakeError(f"the cycle on {lake} stopped: {exc}. Nothing it had not committed is "
+                                         "visible; the next cycle resumes from the watermarks (a sealed sweep is "
+                                         "published first)") from exc
         print_summary(summary)
         if args.maintain and summary is not None:
             out = maintain(lake, sc)
