@@ -46,6 +46,19 @@ def _moto() -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError(f"moto did not start on {url}")
 
 
+def moto_bucket(bucket: str) -> subprocess.Popen[bytes]:
+    """Start moto on loopback, point this process and its children at it (the AWS
+    variables) and create ``bucket``; the caller stops the returned process."""
+    proc, endpoint = _moto()
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_REGION="us-east-1", AWS_ACCESS_KEY_ID="bench",
+                      AWS_SECRET_ACCESS_KEY="bench")
+    import pyarrow.fs as pafs
+
+    pafs.S3FileSystem(access_key="bench", secret_key="bench", region="us-east-1", endpoint_override=endpoint,
+                      allow_bucket_creation=True).create_dir(bucket)
+    return proc
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", type=int, default=3)
@@ -56,13 +69,7 @@ def main() -> int:
     args = ap.parse_args()
     proc = None
     if args.endpoint is None:
-        proc, endpoint = _moto()
-        os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_REGION="us-east-1", AWS_ACCESS_KEY_ID="bench",
-                          AWS_SECRET_ACCESS_KEY="bench")
-        import pyarrow.fs as pafs
-
-        pafs.S3FileSystem(access_key="bench", secret_key="bench", region="us-east-1", endpoint_override=endpoint,
-                          allow_bucket_creation=True).create_dir(args.bucket)
+        proc = moto_bucket(args.bucket)
     else:
         os.environ["AWS_ENDPOINT_URL"] = args.endpoint
     hosts = [f"h{i:02d}" for i in range(args.hosts)]

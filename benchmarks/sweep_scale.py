@@ -97,7 +97,7 @@ class Point:
         return self.cpu_s / self.host_hours
 
 
-def simulate_fleet(lake: Path, hosts: int, duration: timedelta, seed: int) -> tuple[int, float]:
+def simulate_fleet(lake: str | Path, hosts: int, duration: timedelta, seed: int) -> tuple[int, float]:
     """N healthy hosts of mixed workloads into ``lake``, one host per worker of a process
     pool of every core; (rows written, seconds)."""
     from ingest.simulator import from_dict, simulate
@@ -138,10 +138,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def schedule_cmd(lake: Path, until: datetime, engine: str | None = None) -> list[str]:
+def schedule_cmd(lake: str | Path, until: datetime, engine: str | None = None, state: Path | None = None
+                 ) -> list[str]:
     return [sys.executable, "-c", "import sys; from jobs.cli import main; sys.exit(main())", "schedule",
             "--once", "--no-progress", "--lake", str(lake), "--until", until.isoformat(),
-            *(["--engine", engine] if engine else [])]
+            *(["--engine", engine] if engine else []), *(["--state", str(state)] if state else [])]
 
 
 def run_child(cmd: list[str], cwd: Path) -> tuple[float, float, float]:
@@ -158,7 +159,7 @@ def run_child(cmd: list[str], cwd: Path) -> tuple[float, float, float]:
     return ru.ru_utime + ru.ru_stime, wall, ru.ru_maxrss / 1024
 
 
-def verdicts(lake: Path) -> dict[str, int]:
+def verdicts(lake: str | Path) -> dict[str, int]:
     """Findings and distinct incidents the sweep wrote (all false: the fleet is healthy)."""
     from ingest import lake as lake_mod
 
@@ -195,17 +196,20 @@ def stage_split(prof: Path) -> dict[str, float]:
 
 
 def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Path | None,
-            engine: str | None = None) -> Point:
+            engine: str | None = None, bucket: str | None = None) -> Point:
+    """``bucket``: the lake in it (object storage; the sweep's state in the scratch
+    directory) instead of a directory."""
     with tempfile.TemporaryDirectory(prefix="sweep-scale-", dir=keep) as d:
         base = Path(d)
-        lake = base / "lake"
+        lake: str | Path = base / "lake" if bucket is None else f"s3://{bucket}/lake-{hosts}-{time.time_ns()}"
+        state = None if bucket is None else base / "state"
         rows, sim_s = simulate_fleet(lake, hosts, duration, seed)
         prof_lake = None
         if profile:
             prof_lake = base / "lake-prof"
             shutil.copytree(lake, prof_lake)
         until = T0 + duration
-        cpu, wall, rss = run_child(schedule_cmd(lake, until, engine), base)
+        cpu, wall, rss = run_child(schedule_cmd(lake, until, engine, state), base)
         pt = Point(hosts, hosts * duration.total_seconds() / 3600, rows, cpu, wall, rss, sim_s,
                    engine=engine or "default", **verdicts(lake))
         if prof_lake is not None:
@@ -345,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --live: first give each host this much of earlier host_facts snapshots, one a "
                     "minute, as an agent that ran that long wrote them (e.g. 24h; the telemetry of that time "
                     "is not simulated)")
+    ap.add_argument("--s3", action="store_true",
+                    help="the lake on object storage: a bucket of moto's S3 server started on loopback (an "
+                    "in-memory Python server: its times are not a real object store's), the sweep's state "
+                    "in a scratch directory (unveil schedule --state); not with --live or --profile")
     a = ap.parse_args(argv)
     from ingest.simulator.scenario import parse_duration_s
 
@@ -357,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
           f"8-GPU hosts per fleet, seed {a.seed}, engine {a.engine or 'default'}; load {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs")
     if a.live:
+        if a.s3:
+            ap.error("--s3 does not take --live")
         if timedelta(minutes=a.live) >= duration:
             ap.error("--live must be shorter than --duration (the rest is the history)")
         if a.every < 1 or a.live % a.every:
@@ -379,11 +389,24 @@ def main(argv: list[str] | None = None) -> int:
                                          indent=2))
         return 0
     points = []
-    for n in sorted(a.hosts):
-        p = measure(n, duration, a.seed, a.profile, a.tmp, a.engine)
-        print(f"  {n} hosts: {p.cpu_s:.1f} CPU-s ({p.cpu_per_host_hour:.2f} per host-hour), {p.wall_s:.1f} s wall, "
-              f"peak RSS {p.peak_rss_mb:.0f} MiB (simulated in {p.simulate_s:.0f} s)", flush=True)
-        points.append(p)
+    moto = None
+    if a.s3:
+        if a.profile:
+            ap.error("--s3 does not take --profile")
+        from benchmarks.lake_s3 import moto_bucket
+
+        moto = moto_bucket("sweep-scale")
+        print("lake: s3://sweep-scale/... on moto (loopback)")
+    try:
+        for n in sorted(a.hosts):
+            points.append(measure(n, duration, a.seed, a.profile, a.tmp, a.engine, "sweep-scale" if a.s3 else None))
+            p = points[-1]
+            print(f"  {n} hosts: {p.cpu_s:.1f} CPU-s ({p.cpu_per_host_hour:.2f} per host-hour), {p.wall_s:.1f} s "
+                  f"wall, peak RSS {p.peak_rss_mb:.0f} MiB (simulated in {p.simulate_s:.0f} s)", flush=True)
+    finally:
+        if moto is not None:
+            moto.terminate()
+            moto.wait()
     print(render(points))
     if a.json:
         a.json.write_text(json.dumps([asdict(p) | {"cpu_per_host_hour": p.cpu_per_host_hour} for p in points],
