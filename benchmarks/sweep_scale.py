@@ -18,6 +18,7 @@ lines are not additive; "other" is the total minus the top-level stages).
     .venv/bin/python benchmarks/sweep_scale.py --engine processes:1   # then processes:2: the speed-up
     .venv/bin/python benchmarks/sweep_scale.py --hosts 64 --duration 90m --live 30   # the live steady state
     .venv/bin/python benchmarks/sweep_scale.py --hosts 16 --duration 75m --live 5 --facts-age 24h   # a day-old lake
+    .venv/bin/python benchmarks/sweep_scale.py --hosts 64 --s3   # the lake in a bucket (moto on loopback)
 
 ``--live M`` times the live scheduler instead: the first ``duration - M`` of the data is
 swept as a catch-up, then the last M minutes one cycle per simulated minute (``--every K``:
