@@ -23,6 +23,7 @@ from polars.testing import assert_frame_equal
 from ingest import lake, objstore
 from tests.s3server import S3Server, s3_server  # noqa: F401  (the session fixture)
 from tests.servers import InfluxdServer
+from tests.test_engine import SCENARIO
 from tests.test_lake import T0, cpu_rows, sample
 
 REPO = Path(__file__).resolve().parents[1]
@@ -376,32 +377,6 @@ def test_unveil_simulate_writes_a_fleet_into_an_s3_lake(s3_lake: str, capsys: py
     assert n == 2 * 8 * 1200  # 2 hosts x 8 GPUs x 2 min of 100 ms samples
 
 
-SWEPT = """
-name = "three"
-seed = 4
-start = "2026-01-05T08:59:00Z"   # crosses an hour: two partitions per host
-duration = "2m"
-
-[[hosts]]
-name = "a-00"
-workload = "training"
-
-[[hosts]]
-name = "a-01"
-workload = "llm_serving"
-
-[[hosts]]
-name = "a-02"
-workload = "training"
-
-[[injections]]
-type = "thermal_throttle"
-host = "a-01"
-devices = ["5"]
-start = "30s"
-duration = "60s"
-severity = 0.7
-"""
 LIVE_MINUTES = ("2026-01-05T09:00:00Z", "2026-01-05T09:01:00Z")  # two cycles of the live scheduler
 
 
@@ -409,7 +384,7 @@ def _simulated(tmp_path: Path, *roots: str) -> None:
     from jobs.cli import main
 
     scenario = tmp_path / "three.toml"
-    scenario.write_text(SWEPT)
+    scenario.write_text(SCENARIO)  # (three hosts, one thermal throttle)
     for root in roots:
         assert main(["simulate", "--lake", root, "--scenario", str(scenario), "--engine", "serial"]) == 0
 
