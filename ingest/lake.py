@@ -194,10 +194,11 @@ _STATE_ROOTS: dict[str, Path] = {}
 
 def set_state_root(root: str, directory: str | os.PathLike[str]) -> None:
     """Keep the local state of the object-storage lake ``root`` in ``directory`` (this
-    process): a sweep's watermarks, scheduler lock, staged outputs and features cache, the
-    remediation queue, the write-back spool. They need a file system (rename, flock,
-    SQLite), which object storage is not; one directory per lake, shared by every process
-    that sweeps it (``[lake] state``, ``unveil schedule --state``)."""
+    process): an agent's journal; a sweep's watermarks, scheduler lock, staged outputs and
+    features cache; the remediation queue; the InfluxDB spools. They need a file system
+    (append, rename, flock, SQLite), which object storage is not. An agent's is a directory
+    of its host; a sweep's is one per lake, shared by every process that sweeps it
+    (``[lake] state``, ``--state``)."""
     if not objstore.is_url(root):
         raise LakeError(f"lake {root} is a directory: its state lives in it (a state directory is for s3:// lakes)")
     _STATE_ROOTS[str(root).rstrip("/")] = Path(directory)
@@ -227,7 +228,7 @@ def upload(root: str, rel: Path, src: Path) -> Path:
     dst = st.root / rel
     try:
         st.put(dst, src.read_bytes())
-    except (OSError, pl.exceptions.ComputeError) as exc:
+    except OSError as exc:
         raise OSError(f"cannot upload {src} to {st.uri(dst)}: {exc}") from exc
     return dst
 

@@ -56,8 +56,9 @@ class Config:
     #: the AWS variables); credentials come from the AWS variables only, never from this file
     lake_endpoint: str | None = None
     lake_region: str | None = None
-    #: ``[lake] state``: the directory that holds an ``s3://`` lake's local state (a sweep's
-    #: watermarks, lock, staged outputs, remediation queue): :func:`ingest.lake.state_root`
+    #: ``[lake] state``: the directory that holds an ``s3://`` lake's local state (an agent's
+    #: journal; a sweep's watermarks, lock, staged outputs, remediation queue):
+    #: :func:`ingest.lake.state_root`
     lake_state: str | None = None
     agent: AgentConfig = field(default_factory=AgentConfig)
     influx: InfluxConfig = field(default_factory=InfluxConfig)  # url None: no InfluxDB
