@@ -50,6 +50,14 @@ def frame_stats(n: int) -> tuple[int, float, str]:
     return df.height, float(df["y"].sum()), f"item-{n}"
 
 
+def lake_settings(_: int) -> tuple[str | None, str | None]:
+    """The object-storage endpoint and region a worker's stores would use."""
+    from ingest import objstore
+
+    st = objstore._settings()
+    return st.endpoint, st.region
+
+
 def pid_of(_: int) -> int:
     time.sleep(0.2)  # long enough that both workers take items
     return os.getpid()
@@ -327,13 +335,24 @@ def test_a_function_that_cannot_reach_a_worker_is_named() -> None:
 
 
 def test_a_local_ray_listens_on_loopback_with_the_cpus_asked(bounded: None) -> None:
-    with make_engine("ray:2") as eng:
-        assert isinstance(eng, RayEngine) and eng.workers == 2
-        import ray
+    """... and its workers, like a spawned pool's, reach the object-storage endpoint the
+    config file named (ingest.objstore.configure), which they do not import."""
+    from ingest import objstore
 
-        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
-        assert eng.map(frame_stats, [4, 2]) == [frame_stats(4), frame_stats(2)]
-    assert not ray.is_initialized()  # the engine started it, the engine shut it down
+    objstore.configure(endpoint="http://127.0.0.1:9", region="eu-test-1")
+    try:
+        with make_engine("ray:2") as eng:
+            assert isinstance(eng, RayEngine) and eng.workers == 2
+            import ray
+
+            assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+            assert eng.map(frame_stats, [4, 2]) == [frame_stats(4), frame_stats(2)]
+            assert eng.map(lake_settings, [0]) == [("http://127.0.0.1:9", "eu-test-1")]
+        assert not ray.is_initialized()  # the engine started it, the engine shut it down
+        with make_engine("processes:1") as eng:
+            assert eng.map(lake_settings, [0]) == [("http://127.0.0.1:9", "eu-test-1")]
+    finally:
+        objstore.configure()
 
 
 @pytest.mark.filterwarnings("ignore:Ray Client connection timed out")
