@@ -218,19 +218,31 @@ def state_root(root: str | os.PathLike[str]) -> Path:
     return got
 
 
-def upload(root: str, rel: Path, src: Path) -> Path:
-    """PUT the local file ``src`` at ``rel`` (a path relative to the lake root, e.g. a
-    staged sweep output's) of the object-storage lake ``root``: one object, visible whole
-    or not at all; putting the same file again writes the same object (idempotent)."""
+def put_object(root: str, rel: Path, data: bytes) -> Path:
+    """PUT ``data`` at ``rel`` (a path relative to the root: a staged sweep output's, or a
+    small record) of the object-storage lake ``root``: one object, visible whole or not at
+    all; putting the same bytes again leaves the same object (idempotent)."""
     st = _remote(root)
     if st is None:
-        raise LakeError(f"upload: lake {root} is not on object storage")
+        raise LakeError(f"put_object: lake {root} is not on object storage")
     dst = st.root / rel
     try:
-        st.put(dst, src.read_bytes())
+        st.put(dst, data)
     except OSError as exc:
-        raise OSError(f"cannot upload {src} to {st.uri(dst)}: {exc}") from exc
+        raise OSError(f"cannot put {st.uri(dst)}: {exc}") from exc
     return dst
+
+
+def get_object(root: str, rel: Path) -> bytes | None:
+    """The object at ``rel`` of the object-storage lake ``root`` (None when there is none)."""
+    st = _remote(root)
+    if st is None:
+        raise LakeError(f"get_object: lake {root} is not on object storage")
+    path = st.root / rel
+    try:
+        return st.read_bytes(path) if st.exists(path) else None
+    except FileNotFoundError:
+        return None
 
 
 def makedirs(path: Path, *, durable: bool = True) -> None:

@@ -391,6 +391,7 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                         wm.state_dir(lake_p) / wm.LOCK)
             return None
         wm.checkpoint("after_lock")
+        wm.claim(lake_p)
         kb = load_kb(cfg.kb_path) if cfg.kb_path else load_kb()
         hook = WriteBack(cfg.influx)
         summary = CycleSummary()

@@ -39,8 +39,10 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +63,7 @@ WATERMARKS = "watermarks.json"
 LOCK = "scheduler.lock"
 STAGING = "staging"
 COMMIT = "COMMIT.json"
+OWNER = "owner.json"  # (object storage: which state directory sweeps the lake, see claim)
 VERSION = 1
 
 #: test-only hooks: make the process SIGKILL itself (or sleep) at a named point
@@ -184,6 +187,42 @@ def scheduler_lock(lake: str | os.PathLike[str]) -> Iterator[bool]:
         os.close(fd)
 
 
+def claim(lake: str | os.PathLike[str]) -> None:
+    """For a lake on object storage, under the lock: make sure this state directory is the
+    one that sweeps it. Each state directory sweeps every window once, so two (a standby on
+    another machine with its own disk, a state directory lost and made anew) would store
+    every window twice. The first sweep puts ``_state/owner.json`` (this directory's id,
+    host and path; invisible to readers) in the bucket; a sweep from a directory with
+    another id stops and names the owner. (Two first sweeps at the same moment can both
+    claim: pyarrow.fs has no conditional put; the later one stops at its next cycle.)
+    A lake directory holds its own state: nothing to claim."""
+    if not objstore.is_url(lake):
+        return
+    here = state_dir(lake) / OWNER
+    try:
+        mine = json.loads(here.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        mine = {"id": secrets.token_hex(8), "host": socket.gethostname(), "state": str(here.parent.parent.resolve())}
+        write_json_atomic(here, mine)
+    except (OSError, ValueError) as exc:
+        raise StateError(f"state owner file {here} is unreadable: {exc}") from exc
+    key = Path(STATE_DIR) / OWNER
+    got = lake_mod.get_object(str(lake), key)
+    if got is None:
+        lake_mod.put_object(str(lake), key, json.dumps(mine, indent=2).encode())
+        return
+    try:
+        theirs = json.loads(got)
+    except ValueError as exc:
+        raise StateError(f"{lake}/{key.as_posix()} is unreadable: {exc}") from exc
+    if theirs.get("id") != mine.get("id"):
+        raise StateError(f"lake {lake} is swept from another state directory ({theirs.get('state')} on host "
+                         f"{theirs.get('host')}, id {theirs.get('id')}): sweeping it from {mine.get('state')} too "
+                         f"would store every window twice. Use that directory; to move the sweep here for good, "
+                         f"stop the other scheduler and delete {lake}/{key.as_posix()} (the windows its watermarks "
+                         "passed are swept again from here)")
+
+
 # ---------------------------------------------------------------------- staging
 
 
@@ -249,7 +288,7 @@ def publish(lake: str | os.PathLike[str], sweep_id: str, hook: PublishHook | Non
     for rel in doc["files"]:
         src = root / rel
         if remote:  # (a PUT of the same bytes again after a crash: the same object)
-            lake_mod.upload(str(lake), Path(rel), src)
+            lake_mod.put_object(str(lake), Path(rel), src.read_bytes())
             checkpoint("mid_publish")
             targets.append(src)
             continue

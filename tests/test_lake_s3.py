@@ -436,10 +436,11 @@ def test_unveil_schedule_sweeps_an_s3_lake_as_it_sweeps_a_directory(
     assert want["findings"].height > 0 and want["features"]["host"].n_unique() == 3
     for t, df in want.items():
         assert got[t].equals(df), f"table {t} differs"
-    # the state is in the directory, none of it in the bucket
+    # the state is in the directory; the bucket has only the name of the directory that sweeps it
     assert wm.load(s3_lake) == wm.load(local) and len(wm.load(local)) == 3
     assert (state / "_state" / "watermarks.json").is_file() and wm.pending(s3_lake) == []
-    assert not [k for k in keys if {"_state", "_remediation", "_spool"} & set(k.split("/"))], keys
+    assert [k.split("/lake/", 1)[1] for k in keys if {"_state", "_remediation", "_spool"} & set(k.split("/"))] \
+        == ["_state/owner.json"], keys
     assert any("/features/host=a-01/" in k for k in keys)
 
 
@@ -527,3 +528,25 @@ def test_a_sweep_of_an_s3_lake_whose_server_does_not_answer_says_so(
     assert main(["schedule", "--once", "--lake", "s3://lake-down/lake", "--state", str(tmp_path / "state")]) == 2
     err = capsys.readouterr().err
     assert f"unveil schedule: error: lake s3://lake-down/lake: cannot reach {endpoint}" in err, err
+
+
+def test_a_second_state_directory_does_not_sweep_an_s3_lake_twice(
+        s3_lake: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A standby on another machine, or a state directory made anew, would sweep every
+    window again: the bucket names the directory that sweeps it, and another one stops
+    before it writes anything."""
+    from jobs.cli import main
+
+    _simulated(tmp_path, s3_lake)
+    args = ["schedule", "--once", "--lake", s3_lake, "--until", LIVE_MINUTES[0], "--no-progress", "--engine", "serial"]
+    assert main([*args, "--state", str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    before = _swept(s3_lake)
+    assert main([*args, "--state", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert f"is swept from another state directory ({tmp_path / 'a'} on host" in err, err
+    assert f"delete {s3_lake}/_state/owner.json" in err
+    after = _swept(s3_lake)
+    for t, df in before.items():
+        assert after[t].equals(df), f"table {t} changed"
+    assert main([*args, "--state", str(tmp_path / "a")]) == 0  # the owner goes on
