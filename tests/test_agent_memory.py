@@ -232,9 +232,10 @@ def test_agent_compacts_in_a_child_process_and_only_when_needed(tmp_path: Path,
     calls: list[str] = []
     real = agent_mod.compact_in_child
 
-    def counted(root: Path) -> str:
+    def counted(root: Path, hosts: list[str] | None = None) -> str:
         calls.append(str(root))
-        return real(root)
+        assert hosts is None  # (a lake directory has a lock: every host's partitions)
+        return real(root, hosts)
 
     monkeypatch.setattr(lake, "compact", in_process)
     monkeypatch.setattr(agent_mod, "compact_in_child", counted)
