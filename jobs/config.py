@@ -549,8 +549,9 @@ def use_lake_storage(cfg: Config) -> None:
 
 def resolve_lake_and_state(flag: str | None, state_flag: str | None, cfg: Config) -> str | Path:
     """:func:`resolve_lake` for the commands that also run on a lake on object storage
-    (``unveil schedule``, ``unveil agent``): such a lake's local state (a sweep's
-    watermarks, lock, staged outputs and remediation queue; an agent's journal) goes to
+    (``unveil schedule``, ``agent``, ``postmortem``): such a lake's local state (a sweep's
+    watermarks, lock, staged outputs and remediation queue; an agent's journal; the
+    post-mortems' results) goes to
     ``state_flag`` or ``[lake] state`` (required there, refused for a lake directory,
     which holds its own), and its endpoint comes from the config. Returns the URL of such
     a lake, else the directory."""
@@ -563,8 +564,8 @@ def resolve_lake_and_state(flag: str | None, state_flag: str | None, cfg: Config
     state = state_flag or cfg.lake_state
     if not state:
         raise ConfigError(f"lake {value} is on object storage: its local state (a sweep's watermarks, lock, staged "
-                          "outputs and remediation queue; an agent's journal) needs a directory: pass --state DIR "
-                          "or set [lake] state")
+                          "outputs and remediation queue; an agent's journal; post-mortems) needs a directory: "
+                          "pass --state DIR or set [lake] state")
     from ingest import lake as lake_mod
 
     use_lake_storage(cfg)
@@ -580,8 +581,8 @@ def resolve_lake(flag: str | None, cfg: Config) -> Path:
         raise ConfigError("no lake path: pass --lake PATH, set UNVEIL_LAKE, or set [lake] path in the config")
     if value.startswith("s3://"):
         raise ConfigError(f"lake {value} is on object storage: this command needs a lake directory (local or "
-                          "shared disk): post-mortems, drills, remediation and one-shot sweeps stage their "
-                          "outputs and state there. `unveil schedule` and `unveil agent` (with a state "
+                          "shared disk): drills, remediation, reports and one-shot sweeps keep their outputs "
+                          "and state there. `unveil schedule`, `agent` and `postmortem` (with a state "
                           "directory), `unveil query`, `unveil simulate` and the ingest.lake API read and write "
                           "s3:// lakes (docs/lake.md, \"Object storage\")")
     return Path(value)

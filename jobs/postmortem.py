@@ -1,7 +1,8 @@
 """Post-mortems: the sweep step re-run over a past interval of some hosts (from the lake,
 or from InfluxDB when the lake lacks it) into a lake of its own under
 ``<lake>/_postmortem/<id>/`` (features, scores, findings, closed incidents, the facts and
-labels of the interval), written atomically."""
+labels of the interval), written atomically. For a lake on object storage that directory
+is under the lake's state directory (:func:`ingest.lake.state_root`)."""
 
 from __future__ import annotations
 
@@ -57,13 +58,15 @@ def postmortem_id(hosts: Sequence[str], start: datetime, end: datetime, label: s
 
 
 def postmortem_dir(lake: str | os.PathLike[str], pm_id: str) -> Path:
-    """``<lake>/_postmortem/<pm_id>``, after checking the id against a strict pattern and
-    that the directory (symlinks resolved) lies inside the lake. Touches nothing."""
+    """``<lake>/_postmortem/<pm_id>`` (``<state>/_postmortem/<pm_id>`` for a lake on object
+    storage), after checking the id against a strict pattern and that the directory
+    (symlinks resolved) lies inside the lake (its state directory). Touches nothing."""
+    local = lake_mod.state_root(lake)
     if not isinstance(pm_id, str) or not _PM_ID.fullmatch(pm_id):
         raise ValueError(f"bad post-mortem id {pm_id!r}: 1-200 of A-Z a-z 0-9 _ . - starting with a letter or "
-                         f"digit (it names a directory under {Path(lake) / POSTMORTEM_DIR})")
-    root = Path(lake).resolve()
-    final = Path(lake) / POSTMORTEM_DIR / pm_id
+                         f"digit (it names a directory under {local / POSTMORTEM_DIR})")
+    root = local.resolve()
+    final = local / POSTMORTEM_DIR / pm_id
     for p in (final.parent, final):  # a symlinked _postmortem/ or <id> must not lead out
         real = p.resolve()
         if not real.is_relative_to(root):
@@ -90,10 +93,11 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
                peers: bool = True, progress: bool | None = None) -> PostmortemResult:
     """Re-run the analytics over [start, end) for ``hosts`` (with the other hosts of the lake
     as cohort peers when ``peers``), from the lake, or from InfluxDB when the lake holds no
-    telemetry of those hosts there. Writes ``<lake>/_postmortem/<id>/`` atomically
-    (replacing an earlier run of the same id)."""
+    telemetry of those hosts there. Writes ``<lake>/_postmortem/<id>/`` (for a lake on
+    object storage, under its state directory) atomically (replacing an earlier run of the
+    same id)."""
     cfg = cfg or SweepConfig()
-    lake_p = Path(lake)
+    lake_p = lake_mod.as_root(lake)
     start, end = utc(start), utc(end)
     if start >= end:
         raise ValueError(f"empty interval: {start.isoformat()} is not before {end.isoformat()}")
@@ -101,10 +105,11 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
         raise ValueError("postmortem: give at least one host")
     pid = pm_id if pm_id is not None else postmortem_id(hosts, start, end)
     final = postmortem_dir(lake_p, pid)  # before any filesystem operation
+    results = final.parent
     a = cfg.analytics
     length = timedelta(seconds=a.window.length_s)
     source = "lake"
-    if not (lake_p.is_dir() and has_data(lake_p, start, end, hosts)):
+    if not (lake_mod.exists(lake_p) and has_data(lake_p, start, end, hosts)):
         if influx is None:
             raise ValueError(f"the lake {lake_p} holds no telemetry of {', '.join(hosts)} in "
                              f"[{start.isoformat()}, {end.isoformat()}) and no InfluxDB URL was given (--influx-url)")
@@ -120,7 +125,7 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
     while t < end:
         bounds.append((t, min(t + cfg.chunk, end)))
         t += cfg.chunk
-    tmp = lake_p / POSTMORTEM_DIR / f".tmp-{pid}"
+    tmp = results / f".tmp-{pid}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -171,7 +176,7 @@ def postmortem(lake: str | os.PathLike[str], hosts: Sequence[str], start: dateti
         "corrupt": [{"path": str(e.path), "reason": e.reason} for e in corrupt], "created": datetime.now(UTC).isoformat(),
     })
     if final.exists():  # replace an earlier run: old moved aside, new renamed in, old removed
-        old = lake_p / POSTMORTEM_DIR / f".old-{pid}"
+        old = results / f".old-{pid}"
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
         os.replace(tmp, final)

@@ -162,8 +162,11 @@ def _remediations(lake: str | os.PathLike[str], available: Sequence[str],
     else the remediations table."""
     from remediation.queue import Queue, default_path
 
-    qpath = default_path(Path(lake))
-    if qpath.is_file():
+    try:
+        qpath: Path | None = default_path(lake)
+    except lake_mod.LakeError:  # a lake on object storage, no state directory here: its table
+        qpath = None
+    if qpath is not None and qpath.is_file():
         with Queue(qpath) as q:
             df = q.to_frame()
     elif "remediations" in available:

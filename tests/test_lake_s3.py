@@ -289,12 +289,13 @@ def test_commands_that_need_a_lake_directory_refuse_an_s3_lake_clearly(
     from jobs.cli import main
     from jobs.cycle import run_cycle
 
-    for cmd in (["sweep"], ["postmortem", "--from", "2026-01-05T08:00:00Z", "--to", "2026-01-05T09:00:00Z"]):
+    for cmd in (["sweep"], ["drill", "--restore"]):
         assert main([*cmd, "--lake", s3_lake]) == 2
         err = capsys.readouterr().err
         assert "is on object storage: this command needs a lake directory" in err, (cmd, err)
-    # the scheduled sweep and the agent take one, with a directory for their local state
-    for cmd in (["schedule", "--once"], ["agent", "--duration", "1"]):
+    # the scheduled sweep, the agent and post-mortems take one, with a directory for their local state
+    for cmd in (["schedule", "--once"], ["agent", "--duration", "1"],
+                ["postmortem", "--host", "h", "--from", "2026-01-05T08:00:00Z", "--to", "2026-01-05T09:00:00Z"]):
         assert main([*cmd, "--lake", s3_lake]) == 2
         assert "needs a directory: pass --state DIR or set [lake] state" in capsys.readouterr().err
     with pytest.raises(lake.LakeError, match=r"set \[lake\] state in the config or pass --state DIR"):
@@ -426,10 +427,13 @@ def test_unveil_schedule_sweeps_an_s3_lake_as_it_sweeps_a_directory(
             assert main(["--config", str(config), "schedule", "--once", "--lake", s3_lake, "--until", until,
                          "--no-progress", "--engine", "processes:2", "--maintain"]) == 0
         keys, want, got = _keys(s3_lake), _swept(local), _swept(s3_lake)
+        # the report reads the bucket (its remediations from the table: no state directory here)
+        assert main(["--config", str(config), "report", "--lake", s3_lake, "--out", str(tmp_path / "r.html")]) == 0
     finally:
         objstore.configure()
     out = capsys.readouterr().out
     assert out.count("cycle to 2026-01-05T09:01:00+00:00: 1 chunk(s), 180 windows") == 2, out
+    assert "Unveil report: 3 host(s)" in out, out
     # maintenance compacts the sweep's own tables there (the tables above read after it)
     merges = [int(m) for m in re.findall(r"compaction: (\d+) merge\(s\)", out)]
     assert len(merges) == 2 and sum(merges) > 0, out
@@ -550,3 +554,25 @@ def test_a_second_state_directory_does_not_sweep_an_s3_lake_twice(
     for t, df in before.items():
         assert after[t].equals(df), f"table {t} changed"
     assert main([*args, "--state", str(tmp_path / "a")]) == 0  # the owner goes on
+
+
+def test_a_postmortem_of_an_s3_lake_is_the_one_of_a_local_lake(s3_lake: str, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The telemetry read from the bucket, the post-mortem's own lake and report under the
+    state directory: the same features, scores and findings as from a local lake."""
+    from jobs.cli import main
+
+    local = str(tmp_path / "lake")
+    _simulated(tmp_path, local, s3_lake)
+    args = ["postmortem", "--host", "a-01", "--from", "2026-01-05T08:59:00Z", "--to", "2026-01-05T09:01:00Z",
+            "--id", "pm-throttle", "--no-progress"]
+    state = tmp_path / "state"
+    assert main([*args, "--lake", local]) == 0
+    assert main([*args, "--lake", s3_lake, "--state", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert f"results: {state / '_postmortem' / 'pm-throttle'}" in out, out
+    assert (state / "_postmortem" / "pm-throttle" / "report.html").is_file()
+    want, got = _swept(str(Path(local) / "_postmortem" / "pm-throttle")), _swept(str(state / "_postmortem" / "pm-throttle"))
+    assert want["findings"].height > 0
+    for t, df in want.items():
+        assert got[t].equals(df), f"table {t} differs"

@@ -27,12 +27,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--id", dest="pm_id", metavar="ID", help="post-mortem id (default: from hosts and interval)")
     p.add_argument("--no-peers", action="store_true", help="do not use the lake's other hosts as cohort peers")
     p.add_argument("--out", metavar="FILE.html", help="report path (default: <lake>/_postmortem/<id>/report.html)")
+    p.add_argument("--state", metavar="DIR",
+                   help="for a lake on object storage (s3://...): the local directory its post-mortems go under "
+                   "(<DIR>/_postmortem/<id>/; default: [lake] state)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config)
-    lake = config_mod.resolve_lake(args.lake, cfg)
+    lake = config_mod.resolve_lake_and_state(args.lake, args.state, cfg)
     sc = sweep_config(args, cfg, lake)
     label = None
     if args.label:
