@@ -549,7 +549,7 @@ def use_lake_storage(cfg: Config) -> None:
 
 def resolve_lake_and_state(flag: str | None, state_flag: str | None, cfg: Config) -> str | Path:
     """:func:`resolve_lake` for the commands that also run on a lake on object storage
-    (``unveil schedule``, ``agent``, ``postmortem``): such a lake's local state (a sweep's
+    (``unveil schedule``, ``agent``, ``postmortem``, ``sweep``): such a lake's local state (a sweep's
     watermarks, lock, staged outputs and remediation queue; an agent's journal; the
     post-mortems' results) goes to
     ``state_flag`` or ``[lake] state`` (required there, refused for a lake directory,
@@ -581,8 +581,8 @@ def resolve_lake(flag: str | None, cfg: Config) -> Path:
         raise ConfigError("no lake path: pass --lake PATH, set UNVEIL_LAKE, or set [lake] path in the config")
     if value.startswith("s3://"):
         raise ConfigError(f"lake {value} is on object storage: this command needs a lake directory (local or "
-                          "shared disk): drills, remediation, reports and one-shot sweeps keep their outputs "
-                          "and state there. `unveil schedule`, `agent` and `postmortem` (with a state "
-                          "directory), `unveil query`, `unveil simulate` and the ingest.lake API read and write "
-                          "s3:// lakes (docs/lake.md, \"Object storage\")")
+                          "shared disk): drills and remediation act on this host and keep their state there. "
+                          "`unveil schedule`, `agent`, `postmortem` and `sweep` (with a state directory), "
+                          "`unveil query`, `report`, `simulate` and the ingest.lake API read and write s3:// "
+                          "lakes (docs/lake.md, \"Object storage\")")
     return Path(value)

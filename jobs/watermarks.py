@@ -187,7 +187,7 @@ def scheduler_lock(lake: str | os.PathLike[str]) -> Iterator[bool]:
         os.close(fd)
 
 
-def claim(lake: str | os.PathLike[str]) -> None:
+def claim(lake: str | os.PathLike[str], *, take: bool = True) -> None:
     """For a lake on object storage, under the lock: make sure this state directory is the
     one that sweeps it. Each state directory sweeps every window once, so two (a standby on
     another machine with its own disk, a state directory lost and made anew) would store
@@ -195,32 +195,37 @@ def claim(lake: str | os.PathLike[str]) -> None:
     host and path; invisible to readers) in the bucket; a sweep from a directory with
     another id stops and names the owner. (Two first sweeps at the same moment can both
     claim: pyarrow.fs has no conditional put; the later one stops at its next cycle.)
-    A lake directory holds its own state: nothing to claim."""
+    ``take=False`` (a one-shot ``unveil sweep``): check only, never claim an unclaimed
+    lake. A lake directory holds its own state: nothing to claim."""
     if not objstore.is_url(lake):
         return
+    key = Path(STATE_DIR) / OWNER
+    got = lake_mod.get_object(str(lake), key)
+    try:
+        theirs = json.loads(got) if got is not None else None
+    except ValueError as exc:
+        raise StateError(f"{lake}/{key.as_posix()} is unreadable: {exc}") from exc
     here = state_dir(lake) / OWNER
     try:
         mine = json.loads(here.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        mine = {"id": secrets.token_hex(8), "host": socket.gethostname(), "state": str(here.parent.parent.resolve())}
-        write_json_atomic(here, mine)
+        mine = None
     except (OSError, ValueError) as exc:
         raise StateError(f"state owner file {here} is unreadable: {exc}") from exc
-    key = Path(STATE_DIR) / OWNER
-    got = lake_mod.get_object(str(lake), key)
-    if got is None:
-        lake_mod.put_object(str(lake), key, json.dumps(mine, indent=2).encode())
+    if theirs is None:
+        if take:
+            if mine is None:
+                mine = {"id": secrets.token_hex(8), "host": socket.gethostname(),
+                        "state": str(here.parent.parent.resolve())}
+                write_json_atomic(here, mine)
+            lake_mod.put_object(str(lake), key, json.dumps(mine, indent=2).encode())
         return
-    try:
-        theirs = json.loads(got)
-    except ValueError as exc:
-        raise StateError(f"{lake}/{key.as_posix()} is unreadable: {exc}") from exc
-    if theirs.get("id") != mine.get("id"):
+    if mine is None or theirs.get("id") != mine.get("id"):
         raise StateError(f"lake {lake} is swept from another state directory ({theirs.get('state')} on host "
-                         f"{theirs.get('host')}, id {theirs.get('id')}): sweeping it from {mine.get('state')} too "
-                         f"would store every window twice. Use that directory; to move the sweep here for good, "
-                         f"stop the other scheduler and delete {lake}/{key.as_posix()} (the windows its watermarks "
-                         "passed are swept again from here)")
+                         f"{theirs.get('host')}, id {theirs.get('id')}): sweeping it from "
+                         f"{here.parent.parent.resolve()} too would store every window twice. Use that directory; "
+                         f"to move the sweep here for good, stop the other scheduler and delete "
+                         f"{lake}/{key.as_posix()} (the windows its watermarks passed are swept again from here)")
 
 
 # ---------------------------------------------------------------------- staging

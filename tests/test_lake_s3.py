@@ -289,12 +289,12 @@ def test_commands_that_need_a_lake_directory_refuse_an_s3_lake_clearly(
     from jobs.cli import main
     from jobs.cycle import run_cycle
 
-    for cmd in (["sweep"], ["drill", "--restore"]):
-        assert main([*cmd, "--lake", s3_lake]) == 2
+    for cmd in (["drill", "--restore", "--lake", s3_lake], ["remediate", "--lake", s3_lake, "list"]):
+        assert main(cmd) == 2
         err = capsys.readouterr().err
         assert "is on object storage: this command needs a lake directory" in err, (cmd, err)
     # the scheduled sweep, the agent and post-mortems take one, with a directory for their local state
-    for cmd in (["schedule", "--once"], ["agent", "--duration", "1"],
+    for cmd in (["schedule", "--once"], ["agent", "--duration", "1"], ["sweep"],
                 ["postmortem", "--host", "h", "--from", "2026-01-05T08:00:00Z", "--to", "2026-01-05T09:00:00Z"]):
         assert main([*cmd, "--lake", s3_lake]) == 2
         assert "needs a directory: pass --state DIR or set [lake] state" in capsys.readouterr().err
@@ -576,3 +576,30 @@ def test_a_postmortem_of_an_s3_lake_is_the_one_of_a_local_lake(s3_lake: str, tmp
     assert want["findings"].height > 0
     for t, df in want.items():
         assert got[t].equals(df), f"table {t} differs"
+
+
+def test_a_one_shot_sweep_of_an_s3_lake_keeps_to_the_schedulers_watermarks(
+        s3_lake: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``unveil sweep`` reads and writes the bucket and, as on a lake directory, refuses the
+    windows the scheduler already swept; with another state directory than the
+    scheduler's it cannot see those watermarks, so it is refused too."""
+    from jobs.cli import main
+
+    _simulated(tmp_path, s3_lake)
+    state = tmp_path / "state"
+    assert main(["schedule", "--once", "--lake", s3_lake, "--state", str(state), "--until", LIVE_MINUTES[0],
+                 "--no-progress", "--engine", "serial"]) == 0
+    capsys.readouterr()
+    before = lake.read(s3_lake, "scores").height
+    again = ["sweep", "--lake", s3_lake, "--since", "2026-01-05T08:59:00Z", "--until", LIVE_MINUTES[1],
+             "--engine", "serial"]
+    assert main([*again, "--state", str(state)]) == 2
+    assert "is managed by the scheduler" in capsys.readouterr().err
+    assert main([*again, "--state", str(tmp_path / "other")]) == 2
+    assert "is swept from another state directory" in capsys.readouterr().err
+    assert main([*again, "--state", str(state), "--dry-run"]) == 0
+    assert lake.read(s3_lake, "scores").height == before
+    assert main(["sweep", "--lake", s3_lake, "--state", str(state), "--since", LIVE_MINUTES[0], "--until",
+                 LIVE_MINUTES[1], "--engine", "serial"]) == 0
+    assert "written: features" in capsys.readouterr().out
+    assert lake.read(s3_lake, "scores").height > before

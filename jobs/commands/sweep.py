@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "their rows are appended a second time")
     p.add_argument("--no-signature", action="store_true",
                    help="statistical detectors only (the knowledge base still matches their findings)")
+    p.add_argument("--state", metavar="DIR",
+                   help="for a lake on object storage (s3://...): the scheduler's state directory, whose "
+                   "watermarks say what is already swept (default: [lake] state)")
     add_engine(p)
     p.set_defaults(func=run)
 
@@ -55,7 +58,7 @@ def _settings(args: argparse.Namespace) -> tuple[str, AnalyticsConfig, Detection
     if getattr(args, "no_signature", False):
         det = replace(det, signature=False)
     engine = parse_spec(args.engine, "--engine") if getattr(args, "engine", None) else cfg.sweep.engine
-    return str(config_mod.resolve_lake(args.lake, cfg)), cfg.analytics, det, engine
+    return str(config_mod.resolve_lake_and_state(args.lake, getattr(args, "state", None), cfg)), cfg.analytics, det, engine
 
 
 def check_watermarks(lake: str, start: datetime, hosts: list[str] | None) -> None:
@@ -63,6 +66,7 @@ def check_watermarks(lake: str, start: datetime, hosts: list[str] | None) -> Non
     scheduler already wrote them, a second sweep would duplicate their rows."""
     from jobs import watermarks as wm
 
+    wm.claim(lake, take=False)  # (object storage: the scheduler's watermarks are in its state directory)
     marks = wm.load(lake)
     behind = sorted((h, m.watermark) for h, m in marks.items() if (hosts is None or h in hosts) and start < m.watermark)
     if not behind:
