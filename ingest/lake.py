@@ -238,9 +238,8 @@ def get_object(root: str, rel: Path) -> bytes | None:
     st = _remote(root)
     if st is None:
         raise LakeError(f"get_object: lake {root} is not on object storage")
-    path = st.root / rel
-    try:
-        return st.read_bytes(path) if st.exists(path) else None
+    try:  # (one GET: a missing object is FileNotFoundError, no HEAD first)
+        return st.read_bytes(st.root / rel)
     except FileNotFoundError:
         return None
 

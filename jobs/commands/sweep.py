@@ -58,7 +58,8 @@ def _settings(args: argparse.Namespace) -> tuple[str, AnalyticsConfig, Detection
     if getattr(args, "no_signature", False):
         det = replace(det, signature=False)
     engine = parse_spec(args.engine, "--engine") if getattr(args, "engine", None) else cfg.sweep.engine
-    return str(config_mod.resolve_lake_and_state(args.lake, getattr(args, "state", None), cfg)), cfg.analytics, det, engine
+    lake = config_mod.resolve_lake_and_state(args.lake, getattr(args, "state", None), cfg)  # (eval has no --state)
+    return str(lake), cfg.analytics, det, engine
 
 
 def check_watermarks(lake: str, start: datetime, hosts: list[str] | None) -> None:
