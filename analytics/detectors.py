@@ -351,7 +351,8 @@ def _robust_stats(X: RepeatedRows, finite: NDArray[np.bool_]) -> tuple[Array, Ar
         med[full] = m
         np.subtract(rows, m.astype(np.float32)[:, None], out=rows)
         mad[full] = _median_rows(np.abs(rows, out=rows))
-        std[full] = _weighted_std(U, counts)
+        # (one pass when each row counts once: the same values as the weighted form)
+        std[full] = U.std(axis=0) if w is None else _weighted_std(U, counts)
     if (~full).any():
         Up = T.rows[:, ~full]
         Up = np.where(np.isfinite(Up), Up, np.nan)
