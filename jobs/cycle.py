@@ -271,6 +271,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     parts: list[HostFeatures] = []
     staged = wm.StagedSweep(lake, sid)
     scratch = staged.dir / "host-features"  # (not in the staged lake: never published)
+    known = first_times(lake, hosts, history_known)
     if has_data(lake, first, e, hosts):  # nothing to score: skip the (history) read
         # map: each host's features alone (raw rows of one host at a time), written to a
         # file of its own and its judged windows to the staged features table; the steps
@@ -279,14 +280,14 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         cached = _cached_history(lake, cfg, s)
         jobs = [HostChunk(str(lake), h, first, e, a.history, a.window, scratch=str(scratch), stage=str(staged.root),
                           previous=cached[h][0] if h in cached else None,
-                          previous_facts=(ff, s) if h in cached and (ff := cached[h][1]) is not None else None)
+                          previous_facts=(ff, s) if h in cached and (ff := cached[h][1]) is not None else None,
+                          data_since=known.get(h))
                 for h in hosts]
         parts = [p for got in per_host.map(batch_features, batches(jobs, per_host.workers)) for p in got]
         loaded = joined(parts)
         staged.files += [f for p in parts for f in p.staged]
     else:
         loaded = Loaded({}, None)
-    known = first_times(lake, hosts, history_known)
     found: list[Corrupt] = []
     prior = _read_open_findings(lake_p, marks, hosts, s, found)
     out = sweep_step(loaded, cfg, kb, since=first, until=e, hosts=hosts, history_known=known, horizon=e,

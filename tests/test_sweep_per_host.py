@@ -72,9 +72,12 @@ def _reference(root: Path, cfg: SweepConfig, first: datetime, end: datetime) -> 
     return Loaded({}, loaded.facts, [], feats.filter(pl.col("window_start") >= first - a.history))
 
 
-def _per_host(root: Path, cfg: SweepConfig, first: datetime, end: datetime) -> tuple[Loaded, int, int]:
+def _per_host(root: Path, cfg: SweepConfig, first: datetime, end: datetime,
+              since: dict[str, datetime] | None = None) -> tuple[Loaded, int, int]:
     a = cfg.analytics
-    parts = [host_features(HostChunk(str(root), h, first, end, a.history, a.window)) for h in HOSTS]
+    since = since or {}
+    parts = [host_features(HostChunk(str(root), h, first, end, a.history, a.window, data_since=since.get(h)))
+             for h in HOSTS]
     facts = pl.concat([p.facts for p in parts if p.facts is not None])
     return (Loaded({}, facts, [], concat_features([p.features for p in parts])),
             sum(p.reused for p in parts), sum(p.refeaturised for p in parts))
@@ -142,16 +145,22 @@ def test_per_host_features_and_verdicts_equal_the_fleet_wide_path(swept: Path,
             lambda real, *a, **k: featurised.append(1) or real(*a, **k), getattr(jobs.telemetry, name)))
     root, cfg = swept, _cfg()
     length = timedelta(seconds=cfg.analytics.window.length_s)
+    since = first_times(root, HOSTS)
     for k in (1, MINUTES // 2 - 1):  # history from the table; and with chunk files older than the history
         s, e = T0 + timedelta(minutes=2 * k), T0 + timedelta(minutes=2 * k + 2)
         first = s - length + US
-        featurised.clear()
-        got, reused, fresh = _per_host(root, cfg, first, e)
-        if first - cfg.analytics.history >= T0:  # (a history reaching before the data reads raw rows there)
-            assert len(featurised) == len(HOSTS), k
         ref = _reference(root, cfg, first, e)
-        _same_features(got.features, ref.features)  # type: ignore[arg-type]
-        assert reused > 0 and fresh == 0, k
+        # a history reaching before the data (k = 1) reads raw rows there unless the hosts'
+        # first telemetry times are known, as the scheduler's chunks know them
+        for known in ({}, since):
+            featurised.clear()
+            got, reused, fresh = _per_host(root, cfg, first, e, known)
+            if first - cfg.analytics.history >= T0 or known:
+                assert len(featurised) == len(HOSTS), (k, bool(known))
+            else:
+                assert len(featurised) > len(HOSTS), k
+            _same_features(got.features, ref.features)  # type: ignore[arg-type]
+            assert reused > 0 and fresh == 0, k
         _same_verdicts(root, cfg, got, ref, first, e)
 
 
