@@ -13,6 +13,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -170,7 +171,18 @@ def _buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec) -> pl.DataFrame:
     dev = (plan.device if plan.device is not None else pl.lit("")).cast(pl.String).fill_null("")
     dev = dev.str.replace_all(DEVICE_SEP, ":", literal=True).alias(DEV)
     aggs = {n: a for n, (_, a) in plan.buckets.items()}
-    return kernels.reduce_buckets(rows, keys, aggs, lambda s: s.with_columns(dev)[DEV], DEV)
+    named: dict[tuple[Any, ...], pl.Series] = {}
+
+    def devices(series: pl.DataFrame) -> pl.Series:
+        # the name reads the tags only (keys[1:]): hosts with the same series (the same
+        # hardware) share it, and a Polars pass per host and table cost ~0.6 ms
+        key = (series.height, *(tuple(series[c].to_list()) for c in keys[1:]))
+        got = named.get(key)
+        if got is None:
+            got = named[key] = series.with_columns(dev)[DEV]
+        return got
+
+    return kernels.reduce_buckets(rows, keys, aggs, devices, DEV)
 
 
 def _irq_buckets(lf: pl.LazyFrame, plan: Plan, spec: WindowSpec,
