@@ -73,7 +73,6 @@ from jobs.telemetry import (
     Loaded,
     batch_features,
     batches,
-    earliest,
     first_times,
     fleet_hosts,
     has_data,
@@ -345,14 +344,16 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
 
 
 def initial_marks(lake: str | os.PathLike[str], cfg: SweepConfig, hosts: Sequence[str],
-                  marks: Mapping[str, wm.HostMark]) -> dict[str, wm.HostMark]:
-    """Committed marks plus a starting mark for every host never swept."""
+                  marks: Mapping[str, wm.HostMark],
+                  known: dict[str, datetime] | None = None) -> dict[str, wm.HostMark]:
+    """Committed marks plus a starting mark for every host never swept. ``known``: the
+    hosts' first telemetry times (:func:`first_times`' cache: filled here, not read twice)."""
     out = dict(marks)
     stride = cfg.analytics.window.stride_s
     for h in hosts:
         if h in out:
             continue
-        t0 = cfg.start_at if cfg.start_at is not None else earliest(lake, h)
+        t0 = cfg.start_at if cfg.start_at is not None else first_times(lake, [h], known).get(h)
         if t0 is not None:
             out[h] = wm.HostMark(floor_grid(t0, stride))
     return out
@@ -400,7 +401,9 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
             summary.recovered = wm.recover(lake_p, hook)
             stride = cfg.analytics.window.stride_s
             wanted = list(hosts) if hosts is not None else fleet_hosts(lake_p)
-            marks = initial_marks(lake_p, cfg, wanted, wm.load(lake_p))
+            # (a host's first telemetry time never moves later: kept for the process's next cycles)
+            known_first = _FIRST_TIMES.setdefault(str(lake_p if isinstance(lake_p, str) else lake_p.resolve()), {})
+            marks = initial_marks(lake_p, cfg, wanted, wm.load(lake_p), known_first)
             marks = {h: m for h, m in marks.items() if h in wanted}
             live = utc(now or datetime.now(UTC)) - cfg.lag
             horizon = floor_grid(live, stride)
@@ -415,8 +418,6 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                 horizon = min(horizon, utc(until))
             horizon = floor_grid(horizon, stride)
             summary.horizon = horizon
-            # (a host's first telemetry time never moves later: kept for the process's next cycles)
-            first_times = _FIRST_TIMES.setdefault(str(lake_p if isinstance(lake_p, str) else lake_p.resolve()), {})
             total = _chunks_left(marks, horizon, cfg.chunk)
             if cfg.max_chunks is not None:
                 total = min(total, cfg.max_chunks)
@@ -431,7 +432,7 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                         summary.caught_up = False
                         break
                     chunk, new, corrupt = process_chunk(lake_p, cfg, kb, group, s, e, marks, hook, queue_path,
-                                                        first_times, engine)
+                                                        known_first, engine)
                     marks.update(new)
                     summary.chunks.append(chunk)
                     merge_corrupt(summary.corrupt, corrupt)
