@@ -462,7 +462,7 @@ def _six_steps(template: Path) -> tuple[SweepConfig, KnowledgeBase, Loaded, dict
 
 def test_blocks_of_steps_on_a_pool_read_one_shared_file_and_give_the_same_verdicts(template: Path,
                                                                                    tmp_path: Path) -> None:
-    """Six one-minute analysis steps in two blocks on a process pool: the blocks get the
+    """Six one-minute analysis steps in four blocks on a process pool: the blocks get the
     features as the path of one Arrow file in ``scratch`` (not a copy each), the file is gone
     afterwards, and features, scores, findings and incidents equal the steps run here."""
     cfg, kb, loaded, kw = _six_steps(template)
@@ -473,9 +473,14 @@ def test_blocks_of_steps_on_a_pool_read_one_shared_file_and_give_the_same_verdic
     with make_engine("processes:2") as pool:
         eng = _Recording(pool)
         pooled = sweep_step(loaded, cfg, kb, engine=eng, scratch=scratch, **kw)  # type: ignore[arg-type]
-    # up to two blocks per worker (a worker that is done takes the next): 3 blocks of 2 steps
-    assert len(eng.items) == 3 and sorted(s for b in eng.items for s in b.bounds) == \
-        sorted({s for b in eng.items for s in b.bounds})
+    # two blocks per worker (a worker that is done takes the next), each every 4th step:
+    # every step once, and each block's steps 4 minutes apart (early and late steps mixed)
+    steps = sorted(s for b in eng.items for s in b.bounds)
+    assert len(eng.items) == 4 and len(steps) == 6 and steps == sorted(set(steps))
+    for block in eng.items:
+        starts = [b for b, _ in block.bounds]
+        assert all(y - x == timedelta(minutes=4) for x, y in zip(starts, starts[1:], strict=False))
+    assert sorted(len(b.bounds) for b in eng.items) == [1, 1, 2, 2]
     for block in eng.items:
         assert isinstance(block.features, str) and Path(block.features).parent.parent == scratch
     assert list(scratch.iterdir()) == []
@@ -507,7 +512,7 @@ def test_blocks_on_a_pool_stage_their_own_scores(template: Path, tmp_path: Path)
     with make_engine("processes:2") as pool:
         eng = _Recording(pool)
         pooled = sweep_step(loaded, cfg, kb, engine=eng, scratch=tmp_path, stage=stage, **kw)  # type: ignore[arg-type]
-    assert len(eng.items) == 3 and pooled.scores.is_empty()
+    assert len(eng.items) == 4 and pooled.scores.is_empty()
     assert len(pooled.staged) >= 2 and all((stage / f).is_file() for f in pooled.staged)
     staged = lake.read(stage, "scores").drop("time")
     keys = staged.columns  # (every column: a total order)
