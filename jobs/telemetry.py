@@ -148,14 +148,16 @@ class HostFiles:
         in one frame in host order (no sort, no copy of the rows kept as they are)."""
         where_of = {h: w for hosts, w in groups for h in hosts if h in self.paths}
         parts = [self._read(h, where_of[h], columns) for h in sorted(where_of)]
-        cols = self.columns if columns is None else [c for c in self.columns if c in set(columns)]
+        wanted = None if columns is None else set(columns)
+        cols = self.columns if wanted is None else [c for c in self.columns if c in wanted]
         return concat_features(parts, columns=cols)
 
     def _read(self, host: str, where: pl.Expr | None, columns: Sequence[str] | None) -> pl.DataFrame:
         with pa.memory_map(self.paths[host]) as src:
             table = pa.ipc.open_file(src).read_all()
             if columns is not None:
-                table = table.select([c for c in (*KEYS, *columns) if c in table.schema.names])
+                have = set(table.schema.names)  # (a list built anew at each access)
+                table = table.select([c for c in (*KEYS, *columns) if c in have])
             df = pl.from_arrow(table, rechunk=False)
             assert isinstance(df, pl.DataFrame)
             if where is None:
