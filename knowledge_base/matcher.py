@@ -201,10 +201,10 @@ class CohortPeers:
     held the sample's windows, the same rows in the same order). Fitted on first use."""
 
     cols: tuple[str, ...]
-    values: pl.DataFrame  # the windows' relevant columns (:meth:`take` reads rows of them)
+    X: np.ndarray  # the windows' relevant columns, row-major
     floors: np.ndarray
     cohort_of: dict[str, list[str]]  # host -> the hosts of its hardware cohort
-    rows_of: dict[str, np.ndarray]  # host -> its rows of ``values``, ascending
+    rows_of: dict[str, np.ndarray]  # host -> its rows of X, ascending
     cohort_rows: dict[str, np.ndarray]  # host -> the rows of its cohort's sampled hosts, ascending
     sampled: set[str]  # the hosts of the cohorts' samples (the others share their cohort's reference)
     fitted: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -214,17 +214,8 @@ class CohortPeers:
         (which must name what selected the rows)."""
         got = self.fitted.get((*key, limit))
         if got is None:
-            got = _fit_ref(self.take(_thin(rows, limit)), self.floors)
+            got = _fit_ref(self.X[_thin(rows, limit)], self.floors)
             self.fitted[(*key, limit)] = got
-        return got
-
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        """The relevant columns of ``rows``, row-major (a value that is not finite: NaN).
-        Gathered when a reference or a finding asks, not converted all at once: a step's
-        sample is ~60 k windows of ~300 columns, of which the references read at most
-        :data:`~analytics.detectors.STATS_MAX_ROWS` each, and a healthy step asks for few."""
-        got = np.ascontiguousarray(self.values[rows].to_numpy(order="c"), dtype=np.float64)
-        got[~np.isfinite(got)] = np.nan
         return got
 
 
@@ -258,6 +249,14 @@ def _peers(sel: pl.DataFrame, cols: Sequence[str], hardware: Mapping[str, str],
            choose: Callable[[list[str]], list[str]]) -> CohortPeers:
     """:class:`CohortPeers` of the windows ``sel`` (host and ``cols``, by host then window):
     each hardware cohort's sample is ``choose`` of its members that have windows."""
+    # row-major, filled by blocks of rows (no second full-size copy): the references gather
+    # rows, and a column-major gather of 20 000 rows from a fleet's frame cost ~5x (a cache
+    # line per value); the gathered rows are the same array either way
+    values = sel.select(cols)
+    X = np.empty((values.height, len(cols)))
+    for r in range(0, values.height, _ROW_BLOCK):
+        X[r:r + _ROW_BLOCK] = values.slice(r, _ROW_BLOCK).to_numpy(order="c")
+    X[~np.isfinite(X)] = np.nan
     groups: dict[str, list[str]] = {}
     for h, label in sorted(hardware.items()):
         groups.setdefault(label, []).append(h)
@@ -269,7 +268,7 @@ def _peers(sel: pl.DataFrame, cols: Sequence[str], hardware: Mapping[str, str],
         rows = np.sort(np.concatenate([rows_of[m] for m in chosen] or [np.zeros(0, np.intp)]))
         cohort_rows.update({h: rows for h in members})
         sampled.update(chosen)
-    return CohortPeers(tuple(cols), sel.select(cols), np.array([lookup(c).floor for c in cols], dtype=np.float64),
+    return CohortPeers(tuple(cols), X, np.array([lookup(c).floor for c in cols], dtype=np.float64),
                        {h: members for members in groups.values() for h in members}, rows_of, cohort_rows, sampled)
 
 
@@ -283,11 +282,12 @@ def cohort_peers(sample: pl.DataFrame, hardware: Mapping[str, str], kb: Knowledg
 
 
 _LAST_FRAME: list[_Frame] = []
+_ROW_BLOCK = 8192
 
 
 def release_references() -> None:
     """Forget the references kept for the last features frame (:func:`_frame`): the caller
-    is done with it, and the kept frame holds its windows."""
+    is done with it, and its matrix is as large as the frame."""
     _LAST_FRAME.clear()
 
 
@@ -297,7 +297,7 @@ def _frame(features: pl.DataFrame, host_facts: pl.DataFrame | None, cols: list[s
            given)
     if _LAST_FRAME and _LAST_FRAME[0].features is features and _LAST_FRAME[0].key == key:
         return _LAST_FRAME[0]
-    _LAST_FRAME.clear()  # (its frame is released before the next one is read)
+    _LAST_FRAME.clear()  # (its matrix is freed before the next one is built)
     feats = features.select(HOST, pl.col(WS).cast(TS), pl.col(WE).cast(TS), *cols).with_row_index("_r")
 
     def choose(present: list[str]) -> list[str]:
@@ -320,7 +320,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
         raise ValueError("match: the step's cohort references (MatchConfig.peers) were read with other feature "
                          f"columns than the frame's ({len(cfg.peers.cols)} against {len(cols)})")
     fr = _frame(features, host_facts, cols, cfg.cohort_sample, cfg.sampled)
-    feats, starts = fr.feats, fr.starts
+    feats, X, starts = fr.feats, fr.rows.X, fr.starts
     before = cfg.reference_before
     if before is not None and before.tzinfo is None:
         before = before.replace(tzinfo=UTC)
@@ -331,7 +331,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     ridx = keyed["_r"].to_numpy()
     has = ~np.isnan(ridx.astype(np.float64)) if keyed["_r"].null_count() else np.ones(len(ridx), bool)
     ridx_i = np.where(has, np.nan_to_num(ridx.astype(np.float64)), 0).astype(np.int64)
-    out.value[fidx[has]] = fr.rows.take(ridx_i[has])
+    out.value[fidx[has]] = X[ridx_i[has]]
     fhosts = findings[HOST].to_numpy()
     limit = cfg.max_reference_rows
     none = np.zeros(0, np.intp)
