@@ -328,7 +328,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
                                                    for h, pair in files.items()})
     shutil.rmtree(scratch, ignore_errors=True)  # (the proposals read the hosts' facts files)
     wm.checkpoint("before_seal")
-    new = {h: wm.HostMark(e, open_since.get(h)) for h in hosts}
+    new = {h: wm.HostMark(e, open_since.get(h), known.get(h)) for h in hosts}
     summary = ChunkSummary(sid, s, e, list(hosts), windows, out.findings.height, raised.height,
                            remediations.height)
     staged.seal(new, {"start": s.isoformat(), "end": e.isoformat(), "windows": summary.windows,
@@ -401,9 +401,14 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
             summary.recovered = wm.recover(lake_p, hook)
             stride = cfg.analytics.window.stride_s
             wanted = list(hosts) if hosts is not None else fleet_hosts(lake_p)
-            # (a host's first telemetry time never moves later: kept for the process's next cycles)
+            # (a host's first telemetry time never moves later: kept for the process's next
+            # cycles, and with the hosts' marks for the next process)
             known_first = _FIRST_TIMES.setdefault(str(lake_p if isinstance(lake_p, str) else lake_p.resolve()), {})
-            marks = initial_marks(lake_p, cfg, wanted, wm.load(lake_p), known_first)
+            committed = wm.load(lake_p)
+            for h, m in committed.items():
+                if m.first is not None:
+                    known_first.setdefault(h, m.first)
+            marks = initial_marks(lake_p, cfg, wanted, committed, known_first)
             marks = {h: m for h, m in marks.items() if h in wanted}
             live = utc(now or datetime.now(UTC)) - cfg.lag
             horizon = floor_grid(live, stride)

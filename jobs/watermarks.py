@@ -123,10 +123,24 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 class HostMark:
     watermark: datetime
     open_since: datetime | None = None
+    #: the host's first telemetry time (jobs.telemetry.first_times), kept with the mark so a
+    #: command started afresh (``unveil schedule --once`` from cron) does not read every
+    #: host's first files again; None: not recorded (a file from before 2026-12-06)
+    first: datetime | None = None
 
     def to_json(self) -> dict[str, str | None]:
-        return {"watermark": _iso(self.watermark),
-                "open_since": _iso(self.open_since) if self.open_since is not None else None}
+        out = {"watermark": _iso(self.watermark),
+               "open_since": _iso(self.open_since) if self.open_since is not None else None}
+        if self.first is not None:
+            out["first"] = _iso(self.first)
+        return out
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any], where: str) -> HostMark:
+        wm = _parse(rec.get("watermark"), where)
+        if wm is None:
+            raise StateError(f"{where}: no watermark")
+        return cls(wm, _parse(rec.get("open_since"), where), _parse(rec.get("first"), where))
 
 
 def load(lake: str | os.PathLike[str]) -> dict[str, HostMark]:
@@ -145,10 +159,7 @@ def load(lake: str | os.PathLike[str]) -> dict[str, HostMark]:
         where = f"{path} host {host!r}"
         if not isinstance(rec, dict):
             raise StateError(f"{where}: expected a table")
-        wm = _parse(rec.get("watermark"), where)
-        if wm is None:
-            raise StateError(f"{where}: no watermark")
-        out[host] = HostMark(wm, _parse(rec.get("open_since"), where))
+        out[host] = HostMark.from_json(rec, where)
     return out
 
 
@@ -307,7 +318,7 @@ def publish(lake: str | os.PathLike[str], sweep_id: str, hook: PublishHook | Non
     for d in touched:
         _fsync_dir(d)
     marks = {h: HostMark(_parse(m["watermark"], str(sdir)) or datetime.now(UTC),
-                         _parse(m.get("open_since"), str(sdir)))
+                         _parse(m.get("open_since"), str(sdir)), _parse(m.get("first"), str(sdir)))
              for h, m in doc.get("hosts", {}).items()}
     pub = Published(sweep_id, targets, marks, dict(doc.get("meta", {})), root if remote else Path(lake))
     checkpoint("after_publish")

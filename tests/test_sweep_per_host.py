@@ -19,6 +19,7 @@ from polars.testing import assert_frame_equal
 
 from analytics.features import compute_features, concat_features
 from ingest import lake
+from jobs import watermarks as wm
 from jobs.config import SweepConfig, analytics_from_mapping
 from jobs.cycle import run_cycle
 from jobs.engine import make_engine
@@ -558,8 +559,9 @@ def test_host_files_hand_back_a_short_part_as_a_copy_and_the_history_as_the_map(
 def test_hosts_first_times_are_read_once_per_process(template: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A host's first telemetry time (its warm-up) never moves later: the live scheduler's
-    cycles read it from the lake once per process, not at every one-minute cycle, and the
-    first cycle's starting marks and chunks share that one read."""
+    cycles read it from the lake once, not at every one-minute cycle, the first cycle's
+    starting marks and chunks share that one read, and the committed marks keep it for the
+    next process."""
     import jobs.cycle
     import jobs.telemetry
 
@@ -573,6 +575,13 @@ def test_hosts_first_times_are_read_once_per_process(template: Path, tmp_path: P
     for minute in (8, 9, 10):
         assert run_cycle(root, _cfg(), now=T0 + timedelta(minutes=minute)) is not None
     assert sorted(read) == HOSTS
+    # kept with the committed marks: a command started afresh (cron's --once) reads none
+    marks = wm.load(root)
+    assert sorted(marks) == HOSTS and all(marks[h].first == real(template, h) for h in HOSTS)
+    monkeypatch.setattr(jobs.cycle, "_FIRST_TIMES", {})
+    assert run_cycle(root, _cfg(), now=T0 + timedelta(minutes=11)) is not None
+    assert sorted(read) == HOSTS
+    assert all(wm.load(root)[h].first == marks[h].first for h in HOSTS)
 
 
 def test_one_step_on_a_pool_splits_its_hosts_and_gives_the_same_verdicts(template: Path, tmp_path: Path) -> None:

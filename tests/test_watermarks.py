@@ -210,6 +210,21 @@ def test_watermarks_round_trip_and_merge(tmp_path: Path) -> None:
     assert not any(p.name.startswith(".tmp") for p in wm.state_dir(tmp_path).iterdir())
 
 
+def test_a_marks_first_telemetry_time_round_trips_and_older_files_have_none(tmp_path: Path) -> None:
+    first = T0 - timedelta(hours=3)
+    wm.save(tmp_path, {"a": wm.HostMark(T0, None, first)})
+    path = wm.state_dir(tmp_path) / wm.WATERMARKS
+    assert json.loads(path.read_text())["hosts"]["a"]["first"] == first.isoformat()
+    assert wm.load(tmp_path)["a"].first == first
+    # a file written before the field existed: the time is read from the lake again
+    path.write_text(json.dumps({"version": wm.VERSION, "hosts": {"a": {"watermark": T0.isoformat()}}}))
+    assert wm.load(tmp_path) == {"a": wm.HostMark(T0)}
+    path.write_text(json.dumps({"version": wm.VERSION, "hosts": {"a": {"watermark": T0.isoformat(),
+                                                                        "first": "yesterday"}}}))
+    with pytest.raises(wm.StateError, match="first|bad time"):
+        wm.load(tmp_path)
+
+
 def test_bad_watermark_file_names_the_file(tmp_path: Path) -> None:
     path = wm.state_dir(tmp_path) / wm.WATERMARKS
     path.parent.mkdir()
