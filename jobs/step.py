@@ -266,9 +266,10 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
                 heavy = sorted(blocks, key=lambda block: -int(windows[block].sum()))
                 got = engine.map(run_steps, [replace(whole, features=source, bounds=[bounds[i] for i in block])
                                              for block in heavy])
-                # back in step order
-                done = [r for _, r in sorted(((i, r) for block, rs in zip(heavy, got, strict=True)
-                                              for i, r in zip(block, rs, strict=True)), key=lambda ir: ir[0])]
+                by_step: dict[int, StepResult] = {}
+                for block, rs in zip(heavy, got, strict=True):
+                    by_step.update(zip(block, rs, strict=True))
+                done = [by_step[i] for i in range(len(bounds))]  # (in step order)
     # the reported windows: the steps' windows together (the blocks do not send them back)
     reported = _keep(since, until, hosts)
     assert reported is not None  # (since and until are set)
