@@ -9,6 +9,7 @@ at, and the detectors that flagged their windows.
 
     PYTHONPATH=. .venv/bin/python benchmarks/healthy_fleet.py --seeds 1 2 --held-out 11 12
     PYTHONPATH=. .venv/bin/python benchmarks/healthy_fleet.py --hosts 8 --minutes 60 --profile realistic
+    PYTHONPATH=. .venv/bin/python benchmarks/healthy_fleet.py --config my.toml   # another [analytics] setting
 
 The fleet is id_matrix's mixed one (serving and training hosts alternating, 8 and 4 NICs),
 with the simulator's ``realistic`` profile (benign diversity) unless ``--profile uniform``.
@@ -139,12 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, help="keep simulated lakes here")
     p.add_argument("--keep", type=Path, help="write each run's findings and incident rows here")
     p.add_argument("--json", type=Path)
+    p.add_argument("--config", type=Path, help="sweep with this config file's [analytics] and [scheduler] "
+                   "(default: none, production's defaults)")
     args = p.parse_args(argv)
     if set(args.seeds) & set(args.held_out):
         p.error("a seed is in both the tuning and the held-out set")
-    from jobs.config import SweepConfig
+    from jobs.config import ConfigError, SweepConfig, load
 
-    cfg = replace(SweepConfig(), queue_remediations=False, compact_every=None)
+    try:
+        base = load(args.config).sweep if args.config is not None else SweepConfig()
+    except ConfigError as exc:
+        p.error(str(exc))
+    cfg = replace(base, queue_remediations=False, compact_every=None)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="healthy_fleet-") as tmp:
         for name, seeds in (("tuning", args.seeds), ("held-out", args.held_out)):

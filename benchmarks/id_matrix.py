@@ -20,6 +20,7 @@ issue's targets.
     .venv/bin/python benchmarks/id_matrix.py --quick                    # both seed sets
     .venv/bin/python benchmarks/id_matrix.py --quick --set tuning --cache /tmp/idm
     .venv/bin/python benchmarks/id_matrix.py --json /tmp/idm.json       # the full matrix (hours)
+    .venv/bin/python benchmarks/id_matrix.py --quick --config my.toml   # another [analytics] setting
 
 Nothing may be tuned on the held-out seeds (11 12 by default): they are the check.
 """
@@ -609,12 +610,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="the sweep's [scheduler] batch_hosts (default: production's, 32); a small N makes every "
                         "step several batches and, with --engine processes:2, a live step two slices of hosts: "
                         "run it serially and on 2 workers to check the verdicts do not depend on either")
+    p.add_argument("--config", type=Path, help="sweep with this config file's [analytics] and [scheduler] "
+                   "(default: none, production's defaults)")
     p.add_argument("--only", metavar="REGEX", help="run only the cells whose name matches (re.search)")
     p.add_argument("--list", action="store_true", help="print the cells and exit")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from ingest.simulator import INEFFICIENCIES
-    from jobs.config import SweepConfig
+    from jobs.config import ConfigError, SweepConfig
+    from jobs.config import load as load_config
 
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, not {args.jobs}")
@@ -633,7 +637,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--types: unknown type(s) {', '.join(bad)}; known: {', '.join(INEFFICIENCIES)}")
     # production's sweep: the default SweepConfig (what `unveil schedule` runs without a config
     # file), without writing remediation proposals (not scored here)
-    cfg = SweepConfig(queue_remediations=False, compact_every=None)
+    try:
+        base = load_config(args.config).sweep if args.config is not None else SweepConfig()
+    except ConfigError as exc:
+        p.error(str(exc))
+    cfg = replace(base, queue_remediations=False, compact_every=None)
     if args.lag is not None:
         cfg = replace(cfg, lag=timedelta(seconds=args.lag))
     if args.batch_hosts is not None:
