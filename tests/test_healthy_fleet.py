@@ -4,8 +4,10 @@ incidents (pure functions of the incident and finding frames)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import polars as pl
+import pytest
 
 from benchmarks.healthy_fleet import breakdown, fleet_doc
 from ingest.simulator import from_dict
@@ -36,3 +38,11 @@ def test_breakdown_counts_the_detectors_of_each_incidents_windows() -> None:
     assert (a["entry"], a["start_second"], a["length_s"]) == ("unmatched", 58, 62.0)
     assert a["detectors"] == {"iforest+mahalanobis": 2, "zscore": 1} and a["references"] == {"cohort": 2, "self": 1}
     assert (b["entry"], b["detectors"]) == ("nic_drops", {"kb:nic_drops": 1})  # the window at 200 s is outside
+
+
+def test_a_bad_config_file_stops_before_any_simulation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.healthy_fleet import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", str(tmp_path / "missing.toml")])
+    assert exc.value.code == 2 and "does not exist" in capsys.readouterr().err

@@ -220,3 +220,16 @@ def test_run_cell_sweeps_cycle_by_cycle(tmp_path: Path) -> None:
         assert r["latency_s"] >= 60 * math.ceil(start / 60) - start + cfg.lag.total_seconds()
         assert r["latency_cycles"] >= 1
     assert not (tmp_path / cell.name).exists()  # the swept copy is removed
+
+
+def test_config_file_is_read_and_a_bad_one_is_a_usage_error(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.id_matrix import main
+
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text('[analytics]\nthreshold_rule = "quantile:0.02"\n')
+    bad.write_text('[analytics]\nthreshold_rule = "median"\n')
+    assert main(["--quick", "--list", "--config", str(good)]) == 0
+    with pytest.raises(SystemExit) as exc:
+        main(["--quick", "--list", "--config", str(bad)])
+    assert exc.value.code == 2 and "threshold_rule" in capsys.readouterr().err
