@@ -636,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"--types: unknown type(s) {', '.join(bad)}; known: {', '.join(INEFFICIENCIES)}")
     # production's sweep: the default SweepConfig (what `unveil schedule` runs without a config
-    # file), without writing remediation proposals (not scored here)
+    # file) or --config's, without writing remediation proposals (not scored here)
     try:
         base = load_config(args.config).sweep if args.config is not None else SweepConfig()
     except ConfigError as exc:
