@@ -26,7 +26,6 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.id_matrix import CYCLE, T0, TAIL_CYCLES, cached_lake, final_incidents  # noqa: E402
+from benchmarks.id_matrix import CYCLE, T0, TAIL_CYCLES, cached_lake, final_incidents, sweep_config  # noqa: E402
 
 
 def fleet_doc(seed: int, hosts: int, minutes: int, profile: str) -> dict[str, Any]:
@@ -145,13 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if set(args.seeds) & set(args.held_out):
         p.error("a seed is in both the tuning and the held-out set")
-    from jobs.config import ConfigError, SweepConfig, load
-
-    try:
-        base = load(args.config).sweep if args.config is not None else SweepConfig()
-    except ConfigError as exc:
-        p.error(str(exc))
-    cfg = replace(base, queue_remediations=False, compact_every=None)
+    cfg = sweep_config(p, args.config)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="healthy_fleet-") as tmp:
         for name, seeds in (("tuning", args.seeds), ("held-out", args.held_out)):

@@ -45,9 +45,12 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
+
+if TYPE_CHECKING:
+    from jobs.config import SweepConfig
 
 TUNING_SEEDS = (1, 2)
 HELD_OUT_SEEDS = (11, 12)
@@ -592,6 +595,19 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def sweep_config(p: argparse.ArgumentParser, path: Path | None) -> SweepConfig:
+    """Production's sweep: the default SweepConfig (what `unveil schedule` runs without a
+    config file) or the ``--config`` file's, without writing remediation proposals (not
+    scored here) or compacting; a bad file is a usage error of ``p``."""
+    from jobs.config import ConfigError, SweepConfig, load
+
+    try:
+        base = load(path).sweep if path is not None else SweepConfig()
+    except ConfigError as exc:
+        p.error(str(exc))
+    return replace(base, queue_remediations=False, compact_every=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the small matrix (minutes per seed) instead of the full one")
@@ -617,8 +633,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from ingest.simulator import INEFFICIENCIES
-    from jobs.config import ConfigError, SweepConfig
-    from jobs.config import load as load_config
 
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, not {args.jobs}")
@@ -635,13 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = sorted(set(types) - set(INEFFICIENCIES))
     if bad:
         p.error(f"--types: unknown type(s) {', '.join(bad)}; known: {', '.join(INEFFICIENCIES)}")
-    # production's sweep: the default SweepConfig (what `unveil schedule` runs without a config
-    # file) or --config's, without writing remediation proposals (not scored here)
-    try:
-        base = load_config(args.config).sweep if args.config is not None else SweepConfig()
-    except ConfigError as exc:
-        p.error(str(exc))
-    cfg = replace(base, queue_remediations=False, compact_every=None)
+    cfg = sweep_config(p, args.config)
     if args.lag is not None:
         cfg = replace(cfg, lag=timedelta(seconds=args.lag))
     if args.batch_hosts is not None:
