@@ -71,6 +71,7 @@ from jobs.telemetry import (
     HostChunk,
     HostFeatures,
     Loaded,
+    Part,
     batch_features,
     batches,
     first_times,
@@ -178,7 +179,7 @@ def _changed_incidents(lake: str | os.PathLike[str], marks: Mapping[str, wm.Host
     return out
 
 
-#: under the lake's state directory: each host's features file of the last chunk that
+#: under the lake's state directory: each host's features files of the last chunk that
 #: committed it (history and judged windows) and its facts changes file, and
 #: ``manifest.json`` (host -> the chunk's end and its files; the window and history they
 #: were computed with). The next chunk of a host reads its history there instead of
@@ -193,8 +194,24 @@ def _cache_key(cfg: SweepConfig) -> dict[str, Any]:
     return {"window_s": a.window.length_s, "stride_s": a.window.stride_s, "history_s": a.history.total_seconds()}
 
 
-def _cache_entries(d: Path, cfg: SweepConfig) -> dict[str, tuple[datetime, str, str | None]]:
-    """The cache manifest's host entries (chunk end, features file, facts file or None)
+def _parts(v: Any) -> list[Part] | None:
+    """A manifest entry's features files: one name (a single file, as the cache kept before
+    deltas), or ``[name, lo, hi]`` each (:data:`jobs.telemetry.Part`); None when malformed."""
+    if isinstance(v, str):
+        return [(v, None, None)]
+    if not isinstance(v, list) or not v:
+        return None
+    out: list[Part] = []
+    for p in v:
+        if not (isinstance(p, list) and len(p) == 3 and isinstance(p[0], str)
+                and all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in p[1:])):
+            return None
+        out.append((p[0], p[1], p[2]))
+    return out
+
+
+def _cache_entries(d: Path, cfg: SweepConfig) -> dict[str, tuple[datetime, list[Part], str | None]]:
+    """The cache manifest's host entries (chunk end, features files, facts file or None)
     when it was kept with ``cfg``'s window and history, else none (unreadable, another
     configuration); a malformed entry is left out."""
     try:
@@ -203,27 +220,28 @@ def _cache_entries(d: Path, cfg: SweepConfig) -> dict[str, tuple[datetime, str, 
         return {}
     if not isinstance(doc, dict) or doc.get("key") != _cache_key(cfg) or not isinstance(doc.get("hosts"), dict):
         return {}
-    out: dict[str, tuple[datetime, str, str | None]] = {}
+    out: dict[str, tuple[datetime, list[Part], str | None]] = {}
     for h, v in doc["hosts"].items():
-        if isinstance(v, list) and len(v) in (2, 3) and isinstance(v[0], str) and isinstance(v[1], str):
+        if isinstance(v, list) and len(v) in (2, 3) and isinstance(v[0], str) and (parts := _parts(v[1])) is not None:
             try:
                 end = utc(datetime.fromisoformat(v[0]))
             except ValueError:
                 continue
-            out[h] = (end, v[1], v[2] if len(v) == 3 and isinstance(v[2], str) else None)
+            out[h] = (end, parts, v[2] if len(v) == 3 and isinstance(v[2], str) else None)
     return out
 
 
 def _cached_history(lake: str | os.PathLike[str], cfg: SweepConfig, s: datetime
-                    ) -> dict[str, tuple[str, str | None]]:
-    """host -> its features file, and facts changes file (None: none kept), of the
+                    ) -> dict[str, tuple[tuple[Part, ...], str | None]]:
+    """host -> its features files, and facts changes file (None: none kept), of the
     committed chunk that ended at ``s`` (this chunk's start), when they were kept with the
     same window and history; nothing else is trusted."""
     d = wm.state_dir(lake) / FEATURES_CACHE
-    out: dict[str, tuple[str, str | None]] = {}
-    for h, (end, feats, facts) in _cache_entries(d, cfg).items():
-        if end == utc(s) and (d / feats).is_file():
-            out[h] = (str(d / feats), str(d / facts) if facts is not None and (d / facts).is_file() else None)
+    out: dict[str, tuple[tuple[Part, ...], str | None]] = {}
+    for h, (end, parts, facts) in _cache_entries(d, cfg).items():
+        if end == utc(s) and all((d / name).is_file() for name, _, _ in parts):
+            out[h] = (tuple((str(d / name), lo, hi) for name, lo, hi in parts),
+                      str(d / facts) if facts is not None and (d / facts).is_file() else None)
     return out
 
 
@@ -237,17 +255,18 @@ def _keep_features(lake: str | os.PathLike[str], cfg: SweepConfig, kept: Path, e
     after the manifest: the cache holds about the fleet's current hosts, not every host
     it ever saw (such a host's next chunk reads the ``features`` table)."""
     d = wm.state_dir(lake) / FEATURES_CACHE
-    hosts = {h: [v[0].isoformat(), v[1], v[2]] for h, v in _cache_entries(d, cfg).items()
-             if v[0] > e - cfg.analytics.history}
+    hosts: dict[str, list[Any]] = {h: [v[0].isoformat(), [list(p) for p in v[1]], v[2]]
+                                   for h, v in _cache_entries(d, cfg).items() if v[0] > e - cfg.analytics.history}
     names = json.loads((kept / "hosts.json").read_text(encoding="utf-8"))
     for h, (feats, facts) in names.items():
-        for name in (feats, facts):
-            if name is not None:
+        parts = _parts(feats) or []
+        for name in (*(p[0] for p in parts), facts):
+            if name is not None and (kept / name).is_file():  # (a kept base is here already)
                 os.replace(kept / name, d / name)
-        hosts[h] = [e.isoformat(), feats, facts]
+        hosts[h] = [e.isoformat(), [list(p) for p in parts], facts]
     wm.write_json_atomic(d / "manifest.json", {"key": _cache_key(cfg), "hosts": hosts})
     shutil.rmtree(kept, ignore_errors=True)
-    named = {name for v in hosts.values() for name in v[1:] if name is not None}
+    named = {name for v in hosts.values() for name in (*(p[0] for p in v[1]), v[2]) if name is not None}
     for f in d.glob("*.arrow"):
         if f.name not in named:
             f.unlink(missing_ok=True)
@@ -324,8 +343,11 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         kept.mkdir(parents=True)
         for path in (path for pair in files.values() for path in pair if path is not None):
             os.replace(path, kept / path.name)
-        wm.write_json_atomic(kept / "hosts.json", {h: [path.name if path else None for path in pair]
-                                                   for h, pair in files.items()})
+        # (a host's base stays in the cache, where the manifest names it)
+        wm.write_json_atomic(kept / "hosts.json", {
+            p.host: [[[Path(f).name, lo, hi] for f, lo, hi in p.parts],
+                     None if p.facts_path is None else Path(p.facts_path).name]
+            for p in parts if p.path is not None})
     shutil.rmtree(scratch, ignore_errors=True)  # (the proposals read the hosts' facts files)
     wm.checkpoint("before_seal")
     new = {h: wm.HostMark(e, open_since.get(h), known.get(h)) for h in hosts}

@@ -118,6 +118,31 @@ class Loaded:
     files: HostFiles | None = None
 
 
+#: a host's features file and the window starts it answers for, ``[lo, hi)`` in µs since the
+#: epoch (None: unbounded). A host's windows are one file, or two: the file of the chunk that
+#: last rewrote its whole history (the base), then the windows since, which each chunk
+#: rewrites with its own added (the delta)
+Part = tuple[str, int | None, int | None]
+
+#: a chunk rewrites its host's whole history (one file) once the delta would span more than
+#: this share of the history. A live minute with an hour's history then writes a delta of
+#: 1 to 10 minutes and, every 10th minute, the hour: ~11 minutes of windows a cycle on
+#: average instead of 61, and a read opens two files at most (each file costs a read ~1 ms:
+#: 8 files of one minute each cost more CPU than the bytes saved, docs/fleet.md)
+DELTA_SHARE = 1 / 6
+
+
+def _bounded(df: pl.DataFrame, lo: int | None, hi: int | None) -> pl.DataFrame:
+    """The rows of ``df`` (sorted by window start) starting in ``[lo, hi)`` (µs; None:
+    unbounded): a zero-copy slice."""
+    if lo is None and hi is None:
+        return df
+    ws = df[WINDOW_START].dt.epoch("us").to_numpy()
+    a = 0 if lo is None else int(np.searchsorted(ws, lo))
+    b = len(ws) if hi is None else int(np.searchsorted(ws, hi))
+    return df.slice(a, max(0, b - a))
+
+
 @dataclass(frozen=True)
 class HostFiles:
     """A sweep's features as one Arrow IPC file per host (:func:`host_features` with a
@@ -125,7 +150,7 @@ class HostFiles:
     memory-mapped (the maps live as long as the frame returned), so a process holds a
     batch of hosts' windows, not the fleet's. Plain data: sent to worker processes as is."""
 
-    paths: Mapping[str, str]  # host -> its file, hosts sorted
+    paths: Mapping[str, tuple[Part, ...]]  # host -> its files (:data:`Part`), hosts sorted
     columns: tuple[str, ...]  # the fleet's feature columns
     facts: Mapping[str, str] = field(default_factory=dict)  # host -> its host_facts file
 
@@ -153,13 +178,21 @@ class HostFiles:
         return concat_features(parts, columns=cols)
 
     def _read(self, host: str, where: pl.Expr | None, columns: Sequence[str] | None) -> pl.DataFrame:
-        with pa.memory_map(self.paths[host]) as src:
+        parts = [self._read_part(part, where, columns) for part in self.paths[host]]
+        # (a column one file lacks is null in its rows: the fleet's concat_features fills as for a host)
+        return parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal_relaxed", rechunk=False)
+
+    @staticmethod
+    def _read_part(part: Part, where: pl.Expr | None, columns: Sequence[str] | None) -> pl.DataFrame:
+        path, lo, hi = part
+        with pa.memory_map(path) as src:
             table = pa.ipc.open_file(src).read_all()
             if columns is not None:
                 have = set(table.schema.names)  # (a list built anew at each access)
                 table = table.select([c for c in (*KEYS, *columns) if c in have])
             df = pl.from_arrow(table, rechunk=False)
             assert isinstance(df, pl.DataFrame)
+            df = _bounded(df, lo, hi)
             if where is None:
                 return df
             # rows the filter keeps are the map's pages (zero copy), and the map lives as long
@@ -234,10 +267,10 @@ class HostChunk:
     #: a (staging) lake root: the judged windows' features (the host's own columns) are
     #: written to its ``features`` table (``HostFeatures.staged``)
     stage: str | None = None
-    #: the host's features file (``HostFeatures.path``) of the committed chunk that ended
+    #: the host's features files (``HostFeatures.parts``) of the committed chunk that ended
     #: where this one starts: its windows of the history are read there, not from the
     #: ``features`` table (the same windows: that chunk wrote them; the scheduler's cache)
-    previous: str | None = None
+    previous: tuple[Part, ...] | None = None
     #: the host's facts changes (:func:`knowledge_base.facts.changes_only`) before a time,
     #: as that chunk wrote them (``HostFeatures.facts_path``), and that time (its end):
     #: only the ``host_facts`` rows from then on are read. Without it, every row is: the
@@ -260,6 +293,10 @@ class HostFeatures:
     reused: int = 0  # history windows read from the features table
     refeaturised: int = 0  # history windows computed from raw telemetry (the features table lacked them)
     path: str | None = None  # the features' Arrow IPC file (HostChunk.scratch); ``features`` is then empty
+    #: the files holding its windows (:data:`Part`): ``path`` alone, or, when ``path`` got only
+    #: the windows since the host's last whole history (the delta), that history's file (the
+    #: base) bounded before them, then ``path``
+    parts: tuple[Part, ...] = ()
     facts_path: str | None = None  # and the facts' (``facts`` is then None)
     columns: list[str] = field(default_factory=list)  # its feature columns (history included)
     staged: list[str] = field(default_factory=list)  # files written under HostChunk.stage
@@ -299,20 +336,24 @@ def _us(t: datetime) -> int:
     return (utc(t) - datetime(1970, 1, 1, tzinfo=UTC)) // US
 
 
-def _kept_history(path: str, start: datetime, first: datetime) -> pl.DataFrame | None:
-    """The windows starting in ``[start, first)`` of a host's features file kept from its
-    previous chunk (sorted by window start: a slice of the memory map, which stays valid
-    when the file is replaced); None when it cannot be read."""
-    try:
-        with pa.memory_map(path) as src:
-            df = pl.from_arrow(pa.ipc.open_file(src).read_all(), rechunk=False)
-            assert isinstance(df, pl.DataFrame)
-            ws = df[WINDOW_START].dt.epoch("us").to_numpy()
-            lo, hi = np.searchsorted(ws, [_us(start), _us(first)])
-            return df.slice(int(lo), int(hi - lo))
-    except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as exc:
-        log.warning("features cache: cannot read %s (%s): the history is read from the lake", path, exc)
+def _kept_history(parts: Sequence[Part], start: datetime, first: datetime) -> pl.DataFrame | None:
+    """The windows starting in ``[start, first)`` of a host's features files kept from its
+    previous chunk (each sorted by window start: slices of the memory maps, which stay
+    valid when the files are replaced); None when one cannot be read."""
+    got = []
+    for path, lo, hi in parts:
+        a, b = _us(start) if lo is None else max(lo, _us(start)), _us(first) if hi is None else min(hi, _us(first))
+        try:
+            with pa.memory_map(path) as src:
+                df = pl.from_arrow(pa.ipc.open_file(src).read_all(), rechunk=False)
+                assert isinstance(df, pl.DataFrame)
+                got.append(_bounded(df, a, b))
+        except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as exc:
+            log.warning("features cache: cannot read %s (%s): the history is read from the lake", path, exc)
+            return None
+    if not got:
         return None
+    return got[0] if len(got) == 1 else pl.concat(got, how="diagonal_relaxed", rechunk=False)
 
 
 def _facts_changes(jobs: Sequence[HostChunk], found: list[Corrupt]) -> pl.DataFrame:
@@ -426,6 +467,7 @@ def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
             kept = None if j.previous is None else _kept_history(j.previous, start, j0.first)
             if kept is not None and kept.height:
                 hist_of[j.host] = kept
+    cached = {j.host: j.previous for j in jobs if j.host in hist_of and j.previous is not None}
     table_hosts = [h for h in hosts if h not in hist_of]
     if stored and "features" in tables and table_hosts:
         hist = lake_mod.read(lake, "features", start=start, end=j0.first, hosts=table_hosts, on_corrupt="skip",
@@ -491,26 +533,49 @@ def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
                 chunk_of[h] = f.filter(pl.col(WINDOW_START) >= lo)
             del frames
     out: list[HostFeatures] = []
+    first_us, start_us = _us(j0.first), _us(start)
     for h in hosts:
         # (each host's frames are let go once its file is written, not at the batch's end)
         hist_h, chunk, lo = hist_of.pop(h, pl.DataFrame()), chunk_of.pop(h, pl.DataFrame()), lo_of[h]
         n_fresh = sum(f.height for f in fresh.get(h, [])) + (
             chunk.filter(pl.col(WINDOW_START) < j0.first).height if lo < j0.first and chunk.height else 0)
-        feats = concat_features([p for p in (*fresh.pop(h, []), hist_h, chunk) if p.height])
+        previous = cached.get(h)
+        # a history read whole from the kept files and only new windows after it: the file
+        # gets the windows since the base's, and the base answers for the rest (a live minute
+        # rewrote the hour of every host otherwise: 10 MiB a host-minute, docs/fleet.md)
+        delta_lo = None if previous is None else first_us if len(previous) == 1 else previous[-1][1]
+        # (a host without new rows gets an empty delta: rewriting its hour every minute while its
+        # agent is down saves nothing; rows of the chunk before the delta's start need a rewrite)
+        append = (j0.scratch is not None and previous is not None and len(previous) <= 2 and delta_lo is not None
+                  and not fresh.get(h) and (chunk.height == 0 or _us(lo) >= delta_lo)
+                  and _us(j0.end) - delta_lo <= DELTA_SHARE * (j0.history // US))
+        if append:
+            feats = concat_features([p for p in (_bounded(hist_h, delta_lo, None), chunk) if p.height])
+            columns = sorted({*hist_h.columns, *feats.columns} - set(KEYS))
+        else:
+            feats = concat_features([p for p in (*fresh.get(h, []), hist_h, chunk) if p.height])
+            columns = [c for c in feats.columns if c not in KEYS]
+        fresh.pop(h, None)
         own = [c for c in chunk.columns if c not in KEYS]
         facts = facts_for(h)
         one = HostFeatures(h, feats, facts, [c for c in found if _host_of(c.path, hosts) == h], own, hist_h.height,
-                           n_fresh, columns=[c for c in feats.columns if c not in KEYS])
+                           n_fresh, columns=columns)
         judged = feats.filter((pl.col(WINDOW_START) >= j0.first) & (pl.col("window_end") <= j0.end))
         one.windows = judged.height
         if j0.stage is not None and judged.height:
             root = Path(j0.stage)
             one.staged = [str(p.relative_to(root)) for p in lake_mod.write_table(
                 root, "features", judged.select(pl.col(WINDOW_START).alias(schema.TIME), *KEYS, *own))]
-        if j0.scratch is not None and feats.height:
+        if j0.scratch is not None and (feats.height or append):
             name = hashlib.sha1(h.encode()).hexdigest()[:16]
-            one.path = str(Path(j0.scratch) / f"{name}.arrow")
+            one.path = str(Path(j0.scratch) / f"{name}-{first_us}.arrow")  # (a kept file keeps its name)
             feats.write_ipc(one.path)  # uncompressed: read back memory-mapped
+            # (the base bounded to this chunk's history before the delta: older windows are not its own)
+            if append and previous is not None and delta_lo is not None:
+                base, a, _ = previous[0]
+                one.parts = ((base, start_us if a is None else max(a, start_us), delta_lo), (one.path, delta_lo, None))
+            else:
+                one.parts = ((one.path, None, None),)
             one.features = feats.clear()
             if facts is not None and facts.height:
                 one.facts_path = str(Path(j0.scratch) / f"{name}.facts.arrow")
@@ -528,7 +593,7 @@ def joined(parts: Sequence[HostFeatures]) -> Loaded:
     to files, facts and skipped files merged. The parts' feature frames are emptied: the
     joined frame is the one copy kept."""
     facts = [p.facts for p in parts if p.facts is not None and p.facts.height]
-    files = {p.host: p.path for p in sorted(parts, key=lambda p: p.host) if p.path is not None}
+    files = {p.host: p.parts for p in sorted(parts, key=lambda p: p.host) if p.path is not None}
     fact_files = {p.host: p.facts_path for p in parts if p.facts_path is not None}
     loaded = Loaded({}, pl.concat(facts, how="diagonal_relaxed") if facts else None,
                     merge_corrupt([], [c for p in parts for c in p.corrupt]),

@@ -7,6 +7,7 @@ telemetry of ``[first - history, end)`` loaded at once and featurised together."
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -28,6 +29,7 @@ from jobs.step import sweep_step
 from jobs.sweep import run_sweep
 from jobs.telemetry import (
     HostChunk,
+    HostFiles,
     Loaded,
     batch_features,
     batches,
@@ -233,8 +235,12 @@ def test_the_next_chunk_reads_its_history_from_the_kept_files(template: Path, sw
     monkeypatch.setattr(jobs.telemetry, "_kept_history",
                         lambda *a: (lambda got: used.append(0 if got is None else got.height) or got)(real(*a)))
     cache = swept / "_state" / jobs.cycle.FEATURES_CACHE
-    assert (cache / "manifest.json").is_file() and len(list(cache.glob("*.arrow"))) == 2 * len(HOSTS)
+    doc = json.loads((cache / "manifest.json").read_text())
+    named = {name for _, parts, facts in doc["hosts"].values() for name in (*(p[0] for p in parts), facts)}
+    assert sorted(doc["hosts"]) == HOSTS and {f.name for f in cache.glob("*.arrow")} == named
     assert len(list(cache.glob("*.facts.arrow"))) == len(HOSTS)
+    # (2-minute chunks of a 4-minute history: each rewrote its hosts' whole history, one file)
+    assert all(len(parts) == 1 and parts[0][1:] == [None, None] for _, parts, _ in doc["hosts"].values())
     assert not list(cache.glob("pending-*"))
     # the swept lake used them (this test's spy came later): sweep a copy again, cache off
     root = tmp_path / "lake"
@@ -263,6 +269,67 @@ def test_the_next_chunk_reads_its_history_from_the_kept_files(template: Path, sw
     assert jobs.cycle._cached_history(root2, cfg, s + timedelta(minutes=2)) == {}
     other = SweepConfig(analytics=analytics_from_mapping({"history": "5m", "warmup": "30s"}))
     assert jobs.cycle._cached_history(root2, other, s) == {}
+
+
+def test_a_live_minute_writes_only_the_windows_since_the_last_whole_history(template: Path, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-minute chunks after a kept one write a host's windows since its last whole
+    history file (the delta) and keep that file (the base) bounded before them; a chunk
+    whose delta would span more than ``DELTA_SHARE`` of the history rewrites the whole
+    history instead. Every table equals what chunks that read no kept file give."""
+    import jobs.cycle
+    import jobs.telemetry
+
+    monkeypatch.setattr(jobs.telemetry, "DELTA_SHARE", 1.0)  # (a 4-minute history: deltas of up to 3 minutes)
+    cfg = replace(_cfg(), chunk=timedelta(minutes=1))
+    seen: list[dict[str, list[Any]]] = []
+    keep = jobs.cycle._keep_features
+
+    def spy(root: Path, c: SweepConfig, kept: Path, e: datetime) -> None:
+        keep(root, c, kept, e)
+        d = wm.state_dir(root) / jobs.cycle.FEATURES_CACHE
+        hosts = json.loads((d / "manifest.json").read_text())["hosts"]
+        named = {name for _, parts, facts in hosts.values() for name in (*(p[0] for p in parts), facts)}
+        assert {f.name for f in d.glob("*.arrow")} == named  # (a replaced delta is deleted)
+        for _, parts, _ in hosts.values():
+            if len(parts) == 2:
+                (_, _, hi), (delta, lo, top) = parts
+                ws = pl.read_ipc(d / delta)["window_start"].dt.epoch("us")
+                assert hi == lo and top is None and ws.min() >= lo  # (the delta holds no base window)
+        seen.append(hosts)
+
+    monkeypatch.setattr(jobs.cycle, "_keep_features", spy)
+    swept = tmp_path / "swept"
+    shutil.copytree(template, swept)
+    summary = run_cycle(swept, cfg, now=T0 + timedelta(minutes=MINUTES))
+    assert summary is not None and len(summary.chunks) == MINUTES
+    files = [len(hosts["sim-01"][1]) for hosts in seen]
+    # the first chunk has no kept file; then deltas, and a whole history when one grows past its share
+    assert files[0] == 1 and 2 in files and any(a == 2 and b == 1 for a, b in zip(files, files[1:], strict=False))
+    # a host without rows in a chunk (its agent down) gets an empty delta, not its history again
+    a = cfg.analytics
+    s, e = T0 + timedelta(minutes=MINUTES), T0 + timedelta(minutes=MINUTES + 1)
+    first = s - timedelta(seconds=a.window.length_s) + US
+    previous, _ = jobs.cycle._cached_history(swept, cfg, s)["sim-01"]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    got, = batch_features([HostChunk(str(swept), "sim-01", first, e, a.history, a.window, scratch=str(scratch),
+                                     previous=previous)])
+    assert got.windows == 0 and got.path is not None and len(got.parts) == 2 and got.parts[0][0] == previous[0][0]
+    history = jobs.telemetry._kept_history(previous, first - a.history, first)
+    assert history is not None and history.height > 0
+    assert_frame_equal(HostFiles({"sim-01": got.parts}, tuple(got.columns)).rows(None), concat_features([history]))
+    assert pl.read_ipc(got.path).height < history.height
+    monkeypatch.undo()
+    root = tmp_path / "lake"
+    shutil.copytree(template, root)
+    monkeypatch.setattr(jobs.cycle, "_cached_history", lambda *a: {})
+    run_cycle(root, cfg, now=T0 + timedelta(minutes=MINUTES))
+    for t in ("features", "scores", "findings", "incidents"):
+        keys = ["host", "window_start", *(["detector", "reference"] if t == "scores" else [])]
+        if t == "incidents":
+            keys = ["incident_id", "state", "updated"]
+        assert_frame_equal(lake.read(root, t).sort(keys), lake.read(swept, t).sort(keys), check_column_order=False)
 
 
 def test_a_chunk_reads_the_facts_written_since_the_chunk_before(template: Path, tmp_path: Path,
@@ -339,10 +406,12 @@ def test_the_kept_files_follow_the_fleet(tmp_path: Path) -> None:
     wm.write_json_atomic(kept / "hosts.json", {"sim-00": ["sim-00.arrow", None]})
     jobs.cycle._keep_features(tmp_path, cfg, kept, e)
     doc = json.loads((d / "manifest.json").read_text())
-    assert doc["hosts"] == {"lagging": [*entries["lagging"], None], "sim-00": [e.isoformat(), "sim-00.arrow", None]}
+    # (entries of one file by name, as kept before a host's history had parts, are read as one part)
+    assert doc["hosts"] == {"lagging": [entries["lagging"][0], [["lagging.arrow", None, None]], None],
+                            "sim-00": [e.isoformat(), [["sim-00.arrow", None, None]], None]}
     assert sorted(f.name for f in d.iterdir()) == ["lagging.arrow", "manifest.json", "sim-00.arrow"]
     assert (d / "sim-00.arrow").read_bytes() == b"new"
-    assert jobs.cycle._cached_history(tmp_path, cfg, e) == {"sim-00": (str(d / "sim-00.arrow"), None)}
+    assert jobs.cycle._cached_history(tmp_path, cfg, e) == {"sim-00": (((str(d / "sim-00.arrow"), None, None),), None)}
 
 
 def test_batches_hold_an_hour_of_raw_telemetry_and_feed_every_worker() -> None:
@@ -540,13 +609,15 @@ def test_host_files_hand_back_a_short_part_as_a_copy_and_the_history_as_the_map(
     files = joined(parts).files
     assert files is not None
 
+    paths = {path for parts in files.paths.values() for path, _, _ in parts}
+
     def mapped() -> set[str]:
         return {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-                if line.split()[-1] in set(files.paths.values())}
+                if line.split()[-1] in paths}
 
     everything = files.rows(None)
     late = pl.col(WS) >= end - timedelta(minutes=1)
-    assert mapped() == set(files.paths.values())  # the history: the maps themselves
+    assert mapped() == paths  # the history: the maps themselves
     short = files.rows(HOSTS[1:], late)
     del everything
     assert mapped() == set()  # the short part holds no map
