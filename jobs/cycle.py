@@ -98,8 +98,9 @@ class ChunkSummary:
     hosts: list[str]
     windows: int = 0
     findings: int = 0
-    incidents: int = 0
+    incidents: int = 0  # incidents the chunk opened or updated (superseded ones not counted)
     remediations: int = 0
+    incident_ids: frozenset[str] = frozenset()  # those incidents' ids
 
 
 @dataclass
@@ -123,7 +124,9 @@ class CycleSummary:
 
     @property
     def incidents(self) -> int:
-        return sum(c.incidents for c in self.chunks)
+        """Incidents the cycle opened or updated, each once: an incident that spans chunks
+        is updated by each of them."""
+        return len(frozenset().union(*(c.incident_ids for c in self.chunks)))
 
 
 def sweep_id(start: datetime, end: datetime, hosts: Sequence[str]) -> str:
@@ -352,7 +355,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     wm.checkpoint("before_seal")
     new = {h: wm.HostMark(e, open_since.get(h), known.get(h)) for h in hosts}
     summary = ChunkSummary(sid, s, e, list(hosts), windows, out.findings.height, raised.height,
-                           remediations.height)
+                           remediations.height, frozenset(raised["incident_id"].to_list()))
     staged.seal(new, {"start": s.isoformat(), "end": e.isoformat(), "windows": summary.windows,
                       "findings": summary.findings, "incidents": summary.incidents})
     wm.checkpoint("after_seal")

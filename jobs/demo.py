@@ -170,7 +170,7 @@ def run_demo(lake: str | os.PathLike[str] | None = None, report: str | os.PathLi
                     f"({', '.join(sorted({i.type for i in sc.injections}))}), {sum(r.rows.values())} rows")
     cycle = stage("scheduled sweeps", lambda: scheduled_sweeps(lake_p, start, end),
                   lambda c: f"{len(c.chunks)} sweeps: {c.windows} windows, {c.findings} findings, "
-                            f"{c.incidents} incidents, {sum(ch.remediations for ch in c.chunks)} remediations "
+                            f"{c.incidents} incidents opened or updated, {sum(ch.remediations for ch in c.chunks)} remediations "
                             "proposed (dry-run: none executed)")
     res.cycle = cycle
     res.incidents = cycle.incidents

@@ -37,6 +37,10 @@ def test_demo_writes_every_stage_to_the_lake(demo: demo_lake.DemoLake) -> None:
     assert cycle.windows == read(demo.lake, "scores").filter(pl.col("detector") == "combined").select(
         "host", "window_start").unique().height
     assert cycle.findings == read(demo.lake, "findings").height
+    # each incident the sweeps opened or updated counts once, however many chunks updated it
+    raised = read(demo.lake, "incidents").filter(pl.col("state") != "superseded")
+    assert cycle.incidents == raised["incident_id"].n_unique() > 0
+    assert sum(c.incidents for c in cycle.chunks) > cycle.incidents  # (the demo's incidents span chunks)
 
 
 def test_demo_finishes_within_two_minutes(demo: demo_lake.DemoLake) -> None:

@@ -90,7 +90,7 @@ def print_summary(s: CycleSummary | None, seen: set[Path] | None = None) -> None
     horizon = s.horizon.isoformat() if s.horizon else "-"
     state = "caught up" if s.caught_up else "backlog left"
     print(f"cycle to {horizon}: {len(s.chunks)} chunk(s), {s.windows} windows, {s.findings} findings, "
-          f"{s.incidents} incidents ({state})")
+          f"{s.incidents} incidents opened or updated ({state})")
     if s.recovered:
         print(f"recovered interrupted sweep(s): {', '.join(s.recovered)}")
     if s.verifications:
