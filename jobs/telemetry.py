@@ -145,8 +145,8 @@ def _bounded(df: pl.DataFrame, lo: int | None, hi: int | None) -> pl.DataFrame:
 
 @dataclass(frozen=True)
 class HostFiles:
-    """A sweep's features as one Arrow IPC file per host (:func:`host_features` with a
-    scratch directory), and their host facts. :meth:`rows` reads some hosts' windows
+    """A sweep's features as Arrow IPC files, one per host or two (a base and a delta,
+    :data:`Part`; :func:`host_features` with a scratch directory), and their host facts. :meth:`rows` reads some hosts' windows
     memory-mapped (the maps live as long as the frame returned), so a process holds a
     batch of hosts' windows, not the fleet's. Plain data: sent to worker processes as is."""
 
