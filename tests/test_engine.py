@@ -254,26 +254,6 @@ def test_the_same_results_serially_in_processes_and_on_ray(engine_of: Callable[[
         assert eng.map(frame_stats, []) == [], spec  # type: ignore[attr-defined]
 
 
-def numpy_advises_huge_pages(_: int) -> bool:
-    from numpy._core import multiarray
-
-    return bool(multiarray._get_madvise_hugepage())
-
-
-def test_numpy_advises_no_huge_pages_in_the_command_or_its_workers() -> None:
-    """(jobs/__init__.py says why) A process that imports ``jobs`` before numpy, as the
-    ``unveil`` command does, and the workers it spawns leave numpy's huge-page advice off;
-    the operator's ``NUMPY_MADVISE_HUGEPAGE`` wins."""
-    with make_engine("processes:1") as eng:
-        assert eng.map(numpy_advises_huge_pages, [0]) == [False]
-    code = "import jobs, numpy._core.multiarray as m; print(m._get_madvise_hugepage())"
-    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-    for given, advised in ((None, "False"), ("1", "True")):
-        got = subprocess.run([sys.executable, "-c", code], env=env if given is None else {**env, "NUMPY_MADVISE_HUGEPAGE": given},
-                             capture_output=True, text=True, check=True)
-        assert got.stdout.strip() == advised, got.stderr
-
-
 def test_processes_run_in_other_processes_on_every_worker() -> None:
     with make_engine("processes:2") as eng:
         pids = set(eng.map(pid_of, list(range(6))))
