@@ -178,34 +178,36 @@ class HostFiles:
         return concat_features(parts, columns=cols)
 
     def _read(self, host: str, where: pl.Expr | None, columns: Sequence[str] | None) -> pl.DataFrame:
-        parts = [self._read_part(part, where, columns) for part in self.paths[host]]
+        parts = [_read_part(part, where, columns) for part in self.paths[host]]
         # (a column one file lacks is null in its rows: the fleet's concat_features fills as for a host)
         return parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal_relaxed", rechunk=False)
-
-    @staticmethod
-    def _read_part(part: Part, where: pl.Expr | None, columns: Sequence[str] | None) -> pl.DataFrame:
-        path, lo, hi = part
-        with pa.memory_map(path) as src:
-            table = pa.ipc.open_file(src).read_all()
-            if columns is not None:
-                have = set(table.schema.names)  # (a list built anew at each access)
-                table = table.select([c for c in (*KEYS, *columns) if c in have])
-            df = pl.from_arrow(table, rechunk=False)
-            assert isinstance(df, pl.DataFrame)
-            df = _bounded(df, lo, hi)
-            if where is None:
-                return df
-            # rows the filter keeps are the map's pages (zero copy), and the map lives as long
-            # as the returned frame. A column of a host-hour is ~30 kB: reading a few minutes
-            # of every column faults in (the kernel maps 64 kB around a fault) nearly the
-            # whole file, so a short part is copied out and the map goes now (256 hosts: a
-            # batch's sampled peers mapped ~0.35 GB for ~50 MB of rows)
-            df = df.filter(where)
-            return df[np.arange(df.height)] if 2 * df.height < table.num_rows else df
 
     def keys(self) -> pl.DataFrame:
         """host, window_start, window_end of every window."""
         return self.rows(None, columns=[])
+
+
+def _read_part(part: Part, where: pl.Expr | None, columns: Sequence[str] | None) -> pl.DataFrame:
+    """The windows of one features file (:data:`Part`) matching ``where``, memory-mapped
+    (``columns``: only these feature columns; None: all)."""
+    path, lo, hi = part
+    with pa.memory_map(path) as src:
+        table = pa.ipc.open_file(src).read_all()
+        if columns is not None:
+            have = set(table.schema.names)  # (a list built anew at each access)
+            table = table.select([c for c in (*KEYS, *columns) if c in have])
+        df = pl.from_arrow(table, rechunk=False)
+        assert isinstance(df, pl.DataFrame)
+        df = _bounded(df, lo, hi)
+        if where is None:
+            return df
+        # rows the filter keeps are the map's pages (zero copy), and the map lives as long
+        # as the returned frame. A column of a host-hour is ~30 kB: reading a few minutes
+        # of every column faults in (the kernel maps 64 kB around a fault) nearly the
+        # whole file, so a short part is copied out and the map goes now (256 hosts: a
+        # batch's sampled peers mapped ~0.35 GB for ~50 MB of rows)
+        df = df.filter(where)
+        return df[np.arange(df.height)] if 2 * df.height < table.num_rows else df
 
 
 def load_lake(lake: str | os.PathLike[str], start: datetime, end: datetime,
@@ -344,10 +346,7 @@ def _kept_history(parts: Sequence[Part], start: datetime, first: datetime) -> pl
     for path, lo, hi in parts:
         a, b = _us(start) if lo is None else max(lo, _us(start)), _us(first) if hi is None else min(hi, _us(first))
         try:
-            with pa.memory_map(path) as src:
-                df = pl.from_arrow(pa.ipc.open_file(src).read_all(), rechunk=False)
-                assert isinstance(df, pl.DataFrame)
-                got.append(_bounded(df, a, b))
+            got.append(_read_part((path, a, b), None, None))
         except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as exc:
             log.warning("features cache: cannot read %s (%s): the history is read from the lake", path, exc)
             return None
