@@ -126,7 +126,7 @@ Part = tuple[str, int | None, int | None]
 
 #: a chunk rewrites its host's whole history (one file) once the delta would span more than
 #: this share of the history. A live minute with an hour's history then writes a delta of
-#: 1 to 10 minutes and, every 10th minute, the hour: ~11 minutes of windows a cycle on
+#: 1 to 9 minutes and, every 10th minute, the hour: ~12 minutes of windows a cycle on
 #: average instead of 61, and a read opens two files at most (each file costs a read ~1 ms:
 #: 8 files of one minute each cost more CPU than the bytes saved, docs/fleet.md)
 DELTA_SHARE = 1 / 6
