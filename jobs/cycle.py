@@ -98,9 +98,12 @@ class ChunkSummary:
     hosts: list[str]
     windows: int = 0
     findings: int = 0
-    incidents: int = 0  # incidents the chunk opened or updated (superseded ones not counted)
     remediations: int = 0
-    incident_ids: frozenset[str] = frozenset()  # those incidents' ids
+    incident_ids: frozenset[str] = frozenset()  # incidents the chunk opened or updated (not superseded ones)
+
+    @property
+    def incidents(self) -> int:
+        return len(self.incident_ids)
 
 
 @dataclass
@@ -339,23 +342,21 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     for stray in cache.glob("pending-*") if cache.is_dir() else ():
         shutil.rmtree(stray, ignore_errors=True)
     kept = None
-    files = {p.host: [Path(p.path), None if p.facts_path is None else Path(p.facts_path)]
-             for p in parts if p.path is not None}
-    if files:
+    written = [p for p in parts if p.path is not None]
+    if written:
         kept = cache / f"pending-{sid}"
         kept.mkdir(parents=True)
-        for path in (path for pair in files.values() for path in pair if path is not None):
+        for path in (Path(f) for p in written for f in (p.path, p.facts_path) if f is not None):
             os.replace(path, kept / path.name)
         # (a host's base stays in the cache, where the manifest names it)
         wm.write_json_atomic(kept / "hosts.json", {
             p.host: [[[Path(f).name, lo, hi] for f, lo, hi in p.parts],
-                     None if p.facts_path is None else Path(p.facts_path).name]
-            for p in parts if p.path is not None})
+                     None if p.facts_path is None else Path(p.facts_path).name] for p in written})
     shutil.rmtree(scratch, ignore_errors=True)  # (the proposals read the hosts' facts files)
     wm.checkpoint("before_seal")
     new = {h: wm.HostMark(e, open_since.get(h), known.get(h)) for h in hosts}
-    summary = ChunkSummary(sid, s, e, list(hosts), windows, out.findings.height, raised.height,
-                           remediations.height, frozenset(raised["incident_id"].to_list()))
+    summary = ChunkSummary(sid, s, e, list(hosts), windows, out.findings.height, remediations.height,
+                           frozenset(raised["incident_id"].to_list()))
     staged.seal(new, {"start": s.isoformat(), "end": e.isoformat(), "windows": summary.windows,
                       "findings": summary.findings, "incidents": summary.incidents})
     wm.checkpoint("after_seal")
