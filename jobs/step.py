@@ -383,8 +383,7 @@ class StepShared:
     data: the workers that judge a step's batches get it)."""
 
     cohort_of: dict[str, str]  # host -> behaviour cohort
-    refs: dict[str, CohortReference]  # the cohorts' references (their sampled hosts' windows of the step)
-    sampled: set[str]  # the cohorts' sampled hosts
+    refs: dict[str, CohortReference]  # the cohorts' references (fitted on their sampled hosts' windows of the step)
     hardware: dict[str, str]  # host -> hardware cohort (the matcher's)
     matched: set[str]  # the matcher's sample
     runs: pl.DataFrame  # the hosts' data runs (warm-up)
@@ -407,7 +406,7 @@ def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.Data
     hardware = {h: lab for h, lab in hardware.items() if h in have}
     runs = data_starts(fr.keys, frame_start=fr.first, history_known=job.history_known,
                        restart_gap_s=job.cfg.detection.restart_gap_s, slack=timedelta(seconds=2 * a.window.length_s))
-    return StepShared(dict(cohort_of), dict(refs), set(sampled), hardware,
+    return StepShared(dict(cohort_of), dict(refs), hardware,
                       set(matcher_sample(hardware, cohort_of, a.cohort_sample)), runs)
 
 
@@ -424,12 +423,11 @@ def _verdicts(job: StepBlock, facts: pl.DataFrame | None, fr: _StepFrame, res: A
 def _one_step(job: StepBlock, feats: pl.DataFrame | HostFiles, every: pl.DataFrame, facts: pl.DataFrame | None,
               b: datetime, b2: datetime, epochs: dict[datetime, Reference]) -> StepResult:
     """One analysis step. Its hosts are judged in batches of ``batch_hosts``: a batch's
-    frame holds its hosts' windows of the step and its history, the windows the cohort
-    reference reads (the cohorts' sampled hosts, from ``lead`` before the step) and those
-    the matcher's cohort reference reads (its sampled hosts' history). The cohorts, their
-    samples and references, and the hosts' data runs (warm-up) are formed once per step
-    over every host (:func:`_step_shared`), so a host's verdict does not depend on the
-    batch it falls in."""
+    frame holds its hosts' windows of the step and its history. The cohorts, their
+    samples and references (a sampled host's fitted on the other sampled hosts, once),
+    and the hosts' data runs (warm-up) are formed once per step over every host
+    (:func:`_step_shared`), the matcher's cohort peers once per step too, so a host's
+    verdict does not depend on the batch it falls in."""
     fr = _step_frame(job, every, b, b2)
     if fr is None:
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings())
@@ -463,9 +461,9 @@ def _judge_batches(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.Da
                                            job.kb) if matched else None)
     outs = []
     for batch in batches:
-        whole = sorted(batch)
-        short = sorted(shared.sampled - set(whole))
-        part = _rows_by(feats, [(whole, fr.in_step), (short, fr.in_step & (pl.col(WS) >= fr.since))])
+        # (the sampled hosts' references come fitted with the shared part: a batch reads
+        # its own hosts only)
+        part = _rows(feats, sorted(batch), fr.in_step)
         res = _analysed(feats, part, a, fr, epochs, shared.cohort_of, shared.refs, batch)
         # a batch's frame goes before the next one is read (a name keeps it until rebound)
         del part
@@ -523,8 +521,16 @@ def _split_step(here: StepBlock, there: StepBlock, every: pl.DataFrame, engine: 
     k = min(slices, len(fr.hosts))
     per = -(-len(fr.hosts) // k)
     parts = [fr.hosts[i:i + per] for i in range(0, len(fr.hosts), per)]
-    got = engine.map(run_batches, [BatchBlock(there, shared, _batches(p, here.cfg.batch_hosts)) for p in parts])
+    got = engine.map(run_batches, [BatchBlock(there, _for_hosts(shared, p), _batches(p, here.cfg.batch_hosts))
+                                   for p in parts])
     return _merged(got)
+
+
+def _for_hosts(shared: StepShared, hosts: Sequence[str]) -> StepShared:
+    """The step's shared part as a worker judging ``hosts`` needs it: the cohorts'
+    references with those hosts' fits only."""
+    mine = set(hosts)
+    return replace(shared, refs={c: r.only(mine) for c, r in shared.refs.items()})
 
 
 def _mapped(path: str) -> pl.DataFrame:
@@ -546,15 +552,6 @@ def _rows(feats: pl.DataFrame | HostFiles, hosts: Sequence[str] | None, where: p
     if columns is not None:
         feats = feats.select(HOST, WS, WE, *[c for c in columns if c in feats.columns])
     return feats.filter(where if hosts is None else where & pl.col(HOST).is_in(list(hosts)))
-
-
-def _rows_by(feats: pl.DataFrame | HostFiles, groups: Sequence[tuple[Sequence[str], pl.Expr]]) -> pl.DataFrame:
-    """The windows of each group's hosts (groups disjoint) matching its condition, in host
-    order (one frame, not a concatenation to sort)."""
-    if isinstance(feats, HostFiles):
-        return feats.rows_by(groups)
-    keep = [pl.col(HOST).is_in(list(h)) & w for h, w in groups if h]
-    return feats.filter(pl.any_horizontal(keep)) if keep else feats.clear()
 
 
 def _host_starts(feats: pl.DataFrame) -> dict[str, np.ndarray]:
