@@ -163,16 +163,10 @@ class HostFiles:
     def rows(self, hosts: Sequence[str] | None, where: pl.Expr | None = None,
              columns: Sequence[str] | None = None) -> pl.DataFrame:
         """The windows of ``hosts`` (None: all) matching ``where``, as the rows of the
-        fleet's joined frame (:func:`analytics.features.concat_features`); ``columns``:
-        only these feature columns."""
-        return self.rows_by([(sorted(self.paths) if hosts is None else hosts, where)], columns)
-
-    def rows_by(self, groups: Sequence[tuple[Sequence[str], pl.Expr | None]],
-                columns: Sequence[str] | None = None) -> pl.DataFrame:
-        """:meth:`rows` of several groups of hosts (disjoint), each with its own condition,
-        in one frame in host order (no sort, no copy of the rows kept as they are)."""
-        where_of = {h: w for hosts, w in groups for h in hosts if h in self.paths}
-        parts = [self._read(h, where_of[h], columns) for h in sorted(where_of)]
+        fleet's joined frame (:func:`analytics.features.concat_features`), in host order;
+        ``columns``: only these feature columns."""
+        parts = [self._read(h, where, columns) for h in sorted(set(self.paths if hosts is None else hosts))
+                 if h in self.paths]
         wanted = None if columns is None else set(columns)
         cols = self.columns if wanted is None else [c for c in self.columns if c in wanted]
         return concat_features(parts, columns=cols)

@@ -597,7 +597,7 @@ def test_host_files_hand_back_a_short_part_as_a_copy_and_the_history_as_the_map(
     """A step reads its batch's history from the hosts' files memory-mapped (no copy), but
     the last minutes of its peers' windows as a copy: a few rows of every column fault in
     nearly the whole file, which would stay mapped as long as the frame lives. Either way
-    the rows are those of the file, in host then window order, several groups in one frame."""
+    the rows are those of the file, in host then window order."""
     from jobs.step import WS
     from jobs.telemetry import joined
 
@@ -622,9 +622,6 @@ def test_host_files_hand_back_a_short_part_as_a_copy_and_the_history_as_the_map(
     del everything
     assert mapped() == set()  # the short part holds no map
     assert_frame_equal(short, files.rows(None).filter(pl.col("host").is_in(HOSTS[1:]) & late))
-    both = files.rows_by([(HOSTS[:1], None), (HOSTS[1:], late)])
-    assert both["host"].to_list() == sorted(both["host"].to_list())
-    assert_frame_equal(both, pl.concat([files.rows(HOSTS[:1]), short]))
 
 
 def test_hosts_first_times_are_read_once_per_process(template: Path, tmp_path: Path,
