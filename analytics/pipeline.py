@@ -916,9 +916,9 @@ def _cohort_blocks(config: AnalyticsConfig, m: _Matrix, cohort_of: Mapping[str, 
     host is judged against the other sampled hosts, every other host against the whole
     sample (one fit). Thresholds are recalibrated per cohort on the sampled hosts'
     out-of-sample scores. ``given``: the cohorts' references from the step's sample
-    frame (this frame is a batch of hosts, with the sampled hosts' windows of the step);
-    a cohort absent from it has none; ``judge``: the hosts whose blocks are wanted then
-    (None: all). ``made``: filled with the references computed here."""
+    frame (this frame is a batch of hosts; a sampled host of it is judged with its fit
+    from there); a cohort absent from it has none; ``judge``: the hosts whose blocks are
+    wanted then (None: all). ``made``: filled with the references computed here."""
     X, floors, host_rows = m.X, m.floors, m.host_rows
     none = np.zeros(0, dtype=np.int64)
     judged = scored & warm
@@ -946,14 +946,14 @@ def _cohort_blocks(config: AnalyticsConfig, m: _Matrix, cohort_of: Mapping[str, 
             target = rows_of[h][scored[rows_of[h]]]
             if target.size == 0 or (ref is not None and judge is not None and h not in judge):
                 continue
-            # no two healthy hosts are identical: a feature's scale is at least the
-            # largest offset of one peer's median from the peers' median, so the host
-            # is judged on deviations larger than any healthy peer shows
             if h in in_sample and ref is not None and h in ref.fits:  # (fitted for the thresholds)
                 f = ref.fits[h]
                 cohort_blocks.append(_Block(h, "cohort", target, f, *_score(config, f, f.evidence_rows(X.take(target))),
                                             judged=warm[target]))
                 continue
+            # no two healthy hosts are identical: a feature's scale is at least the
+            # largest offset of one peer's median from the peers' median, so the host
+            # is judged on deviations larger than any healthy peer shows
             if h in in_sample:
                 peers = np.concatenate([ref_rows[p] for p in sample if p != h] or [none])
                 if peers.size < config.min_windows:
@@ -1080,10 +1080,10 @@ def score(features: pl.DataFrame, config: AnalyticsConfig, references: Mapping[s
     frame). The earlier windows of the frame serve the running medians the detectors see
     (and the cohorts when not given). ``first_us``: host -> its first window start (µs since
     the epoch) when the frame does not begin with the host's data (its warm-up).
-    ``cohort_refs``: the cohorts' references of this step (:func:`cohort_references`) when
-    the frame holds a batch of the step's hosts (and the sampled hosts' windows), ``judge``
-    those hosts (the others' windows are only the cohorts' reference). Every
-    reference must have the frame's feature columns and been fitted with ``config``."""
+    ``cohort_refs``: the cohorts' references of this step (:func:`cohort_references`, with
+    the sampled hosts' fits) when the frame holds a batch of the step's hosts, ``judge``
+    those hosts. Every reference must have the frame's feature columns and been fitted
+    with ``config``."""
     refs = list({id(r): r for r in references.values()}.values())
     if any(r.config != config for r in refs):
         raise ValueError("score: a reference was fitted with another analytics config")
