@@ -201,22 +201,58 @@ class CohortPeers:
     held the sample's windows, the same rows in the same order). Fitted on first use."""
 
     cols: tuple[str, ...]
-    X: np.ndarray  # the windows' relevant columns, row-major
+    values: pl.DataFrame  # the windows' relevant columns (``cols``), one row per window
     floors: np.ndarray
     cohort_of: dict[str, list[str]]  # host -> the hosts of its hardware cohort
-    rows_of: dict[str, np.ndarray]  # host -> its rows of X, ascending
+    rows_of: dict[str, np.ndarray]  # host -> its rows of ``values``, ascending
     cohort_rows: dict[str, np.ndarray]  # host -> the rows of its cohort's sampled hosts, ascending
     sampled: set[str]  # the hosts of the cohorts' samples (the others share their cohort's reference)
     fitted: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _X: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def X(self) -> np.ndarray:
+        """``values`` row-major, built at the first reference of rows of several hosts (a
+        cohort's): it gathers rows, and a column-major gather of 20 000 rows from a fleet's
+        frame cost ~5x (a cache line per value). The frame is let go then (the sample's
+        sorted copy: the matrix alone is kept, as before)."""
+        if self._X is None:
+            self._X = _row_major(self.values)
+            self.values = self.values.clear()
+        return self._X
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """The rows ``rows`` (ascending) of ``values``, row-major: one run of rows (a host's own
+        past) is copied from the frame alone, so a batch whose cohort references come from
+        the step's sample (:func:`cohort_peers`) never builds its matrix (~210 MB at 32
+        hosts with an hour of history); the same values either way."""
+        if self._X is None and rows.size and int(rows[-1]) - int(rows[0]) + 1 == rows.size:
+            return _row_major(self.values.slice(int(rows[0]), rows.size))
+        return self.X[rows]
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """The rows ``rows`` (any order) of ``values``, row-major: a few rows (the windows
+        matched) from the frame while the matrix is not built."""
+        return self._X[rows] if self._X is not None else _row_major(self.values[rows])
 
     def ref(self, key: tuple[Any, ...], rows: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Center and scale of ``rows`` (at most ``limit`` of them), remembered under ``key``
         (which must name what selected the rows)."""
         got = self.fitted.get((*key, limit))
         if got is None:
-            got = _fit_ref(self.X[_thin(rows, limit)], self.floors)
+            got = _fit_ref(self.take(_thin(rows, limit)), self.floors)
             self.fitted[(*key, limit)] = got
         return got
+
+
+def _row_major(values: pl.DataFrame) -> np.ndarray:
+    """``values`` as a float64 row-major matrix, NaN where not finite, filled by blocks of
+    rows (no second full-size copy)."""
+    X = np.empty((values.height, values.width))
+    for r in range(0, values.height, _ROW_BLOCK):
+        X[r:r + _ROW_BLOCK] = values.slice(r, _ROW_BLOCK).to_numpy(order="c")
+    X[~np.isfinite(X)] = np.nan
+    return X
 
 
 @dataclass
@@ -249,14 +285,6 @@ def _peers(sel: pl.DataFrame, cols: Sequence[str], hardware: Mapping[str, str],
            choose: Callable[[list[str]], list[str]]) -> CohortPeers:
     """:class:`CohortPeers` of the windows ``sel`` (host and ``cols``, by host then window):
     each hardware cohort's sample is ``choose`` of its members that have windows."""
-    # row-major, filled by blocks of rows (no second full-size copy): the references gather
-    # rows, and a column-major gather of 20 000 rows from a fleet's frame cost ~5x (a cache
-    # line per value); the gathered rows are the same array either way
-    values = sel.select(cols)
-    X = np.empty((values.height, len(cols)))
-    for r in range(0, values.height, _ROW_BLOCK):
-        X[r:r + _ROW_BLOCK] = values.slice(r, _ROW_BLOCK).to_numpy(order="c")
-    X[~np.isfinite(X)] = np.nan
     groups: dict[str, list[str]] = {}
     for h, label in sorted(hardware.items()):
         groups.setdefault(label, []).append(h)
@@ -268,7 +296,7 @@ def _peers(sel: pl.DataFrame, cols: Sequence[str], hardware: Mapping[str, str],
         rows = np.sort(np.concatenate([rows_of[m] for m in chosen] or [np.zeros(0, np.intp)]))
         cohort_rows.update({h: rows for h in members})
         sampled.update(chosen)
-    return CohortPeers(tuple(cols), X, np.array([lookup(c).floor for c in cols], dtype=np.float64),
+    return CohortPeers(tuple(cols), sel.select(cols), np.array([lookup(c).floor for c in cols], dtype=np.float64),
                        {h: members for members in groups.values() for h in members}, rows_of, cohort_rows, sampled)
 
 
@@ -320,7 +348,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
         raise ValueError("match: the step's cohort references (MatchConfig.peers) were read with other feature "
                          f"columns than the frame's ({len(cfg.peers.cols)} against {len(cols)})")
     fr = _frame(features, host_facts, cols, cfg.cohort_sample, cfg.sampled)
-    feats, X, starts = fr.feats, fr.rows.X, fr.starts
+    feats, starts = fr.feats, fr.starts
     before = cfg.reference_before
     if before is not None and before.tzinfo is None:
         before = before.replace(tzinfo=UTC)
@@ -331,7 +359,7 @@ def _references(findings: pl.DataFrame, features: pl.DataFrame, host_facts: pl.D
     ridx = keyed["_r"].to_numpy()
     has = ~np.isnan(ridx.astype(np.float64)) if keyed["_r"].null_count() else np.ones(len(ridx), bool)
     ridx_i = np.where(has, np.nan_to_num(ridx.astype(np.float64)), 0).astype(np.int64)
-    out.value[fidx[has]] = X[ridx_i[has]]
+    out.value[fidx[has]] = fr.rows.gather(ridx_i[has])
     fhosts = findings[HOST].to_numpy()
     limit = cfg.max_reference_rows
     none = np.zeros(0, np.intp)
