@@ -483,22 +483,22 @@ def _merged(outs: Sequence[StepResult]) -> StepResult:
 @dataclass
 class BatchBlock:
     """Some of the batches of one analysis step (``step.bounds``: that one step), judged
-    with the step's shared part (plain data: it runs in a worker)."""
+    with the step's shared part, frame and host facts as the caller formed them (plain
+    data: it runs in a worker, which then reads only its own hosts' files)."""
 
     step: StepBlock
     shared: StepShared
+    frame: _StepFrame
+    facts: pl.DataFrame | None
     batches: list[list[str]]
 
 
 def run_batches(job: BatchBlock) -> StepResult:
     """The block's batches (:func:`_judge_batches`), its scores staged as :func:`run_steps`
     stages a block's."""
-    feats, every, facts = _opened(job.step)
-    (b, b2), = job.step.bounds
-    fr = _step_frame(job.step, every, b, b2)
-    assert fr is not None  # (the caller found windows in the step)
+    feats = _mapped(job.step.features) if isinstance(job.step.features, str) else job.step.features
     with threadpool_limits(limits=1, user_api="blas"):
-        out = _judge_batches(job.step, feats, facts, fr, job.shared, job.batches, {})
+        out = _judge_batches(job.step, feats, job.facts, job.frame, job.shared, job.batches, {})
     return _stage_scores(job.step, [out])[0]
 
 
@@ -521,7 +521,7 @@ def _split_step(here: StepBlock, there: StepBlock, every: pl.DataFrame, engine: 
     k = min(slices, len(fr.hosts))
     per = -(-len(fr.hosts) // k)
     parts = [fr.hosts[i:i + per] for i in range(0, len(fr.hosts), per)]
-    got = engine.map(run_batches, [BatchBlock(there, _for_hosts(shared, p), _batches(p, here.cfg.batch_hosts))
+    got = engine.map(run_batches, [BatchBlock(there, _for_hosts(shared, p), fr, facts, _batches(p, here.cfg.batch_hosts))
                                    for p in parts])
     return _merged(got)
 
