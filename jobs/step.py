@@ -247,8 +247,8 @@ def _stepped(loaded: Loaded, cfg: SweepConfig, kb: KnowledgeBase, since: datetim
     known = None if history_known is None else dict(history_known)
     to = None if stage is None else str(stage)
     whole = StepBlock(src, loaded.facts, kb, cfg, bounds, keep, known, starts, to)
-    # a step's slices of hosts: at least half a batch each (a slice also reads the keys and
-    # facts of every host and the matcher's sample: many small slices would repeat that)
+    # a step's slices of hosts: at least half a batch each (a slice gets the keys and facts
+    # of every host and reads the matcher's sample: many small slices would repeat that)
     slices = min(workers, -(-2 * keys[HOST].n_unique() // cfg.batch_hosts))
     if engine is None or workers == 1 or (len(bounds) == 1 and slices < 2):
         done = run_steps(whole)
