@@ -483,13 +483,13 @@ def _merged(outs: Sequence[StepResult]) -> StepResult:
 @dataclass
 class BatchBlock:
     """Some of the batches of one analysis step (``step.bounds``: that one step), judged
-    with the step's shared part, frame and host facts as the caller formed them (plain
-    data: it runs in a worker, which then reads only its own hosts' files)."""
+    with the step's shared part and frame as the caller formed them (``step.facts``: every
+    host's facts; plain data: it runs in a worker, which then reads only its own hosts'
+    files)."""
 
     step: StepBlock
     shared: StepShared
     frame: _StepFrame
-    facts: pl.DataFrame | None
     batches: list[list[str]]
 
 
@@ -498,7 +498,7 @@ def run_batches(job: BatchBlock) -> StepResult:
     stages a block's."""
     feats = _mapped(job.step.features) if isinstance(job.step.features, str) else job.step.features
     with threadpool_limits(limits=1, user_api="blas"):
-        out = _judge_batches(job.step, feats, job.facts, job.frame, job.shared, job.batches, {})
+        out = _judge_batches(job.step, feats, job.step.facts, job.frame, job.shared, job.batches, {})
     return _stage_scores(job.step, [out])[0]
 
 
@@ -521,7 +521,8 @@ def _split_step(here: StepBlock, there: StepBlock, every: pl.DataFrame, engine: 
     k = min(slices, len(fr.hosts))
     per = -(-len(fr.hosts) // k)
     parts = [fr.hosts[i:i + per] for i in range(0, len(fr.hosts), per)]
-    got = engine.map(run_batches, [BatchBlock(there, _for_hosts(shared, p), fr, facts, _batches(p, here.cfg.batch_hosts))
+    sent = replace(there, facts=facts)  # (the files' facts read once, here)
+    got = engine.map(run_batches, [BatchBlock(sent, _for_hosts(shared, p), fr, _batches(p, here.cfg.batch_hosts))
                                    for p in parts])
     return _merged(got)
 
