@@ -308,11 +308,16 @@ def _step_windows(bounds: Sequence[tuple[datetime, datetime]], starts: Mapping[s
 
 
 def _opened(job: StepBlock) -> tuple[pl.DataFrame | HostFiles, pl.DataFrame, pl.DataFrame | None]:
-    """The block's windows (mapped when a file), their keys and the hosts' facts."""
-    feats = _mapped(job.features) if isinstance(job.features, str) else job.features
+    """The block's windows (:func:`_features`), their keys and the hosts' facts."""
+    feats = _features(job)
     every = feats.select(HOST, WS, WE) if isinstance(feats, pl.DataFrame) else feats.keys()
     facts = feats.facts_of(None) if isinstance(feats, HostFiles) else job.facts
     return feats, every, facts
+
+
+def _features(job: StepBlock) -> pl.DataFrame | HostFiles:
+    """The block's windows: its frame, mapped when a file, or the hosts' files."""
+    return _mapped(job.features) if isinstance(job.features, str) else job.features
 
 
 def _stage_scores(job: StepBlock, outs: list[StepResult]) -> list[StepResult]:
@@ -496,7 +501,7 @@ class BatchBlock:
 def run_batches(job: BatchBlock) -> StepResult:
     """The block's batches (:func:`_judge_batches`), its scores staged as :func:`run_steps`
     stages a block's."""
-    feats = _mapped(job.step.features) if isinstance(job.step.features, str) else job.step.features
+    feats = _features(job.step)
     with threadpool_limits(limits=1, user_api="blas"):
         out = _judge_batches(job.step, feats, job.step.facts, job.frame, job.shared, job.batches, {})
     return _stage_scores(job.step, [out])[0]
