@@ -50,6 +50,7 @@ import hashlib
 import logging
 import os
 import warnings
+import zlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -300,9 +301,10 @@ def hardware_cohorts(features: pl.DataFrame, host_facts: pl.DataFrame | None = N
     the GPU count seen in the features (``<n>xgpu``); hosts without GPUs: ``0xgpu``."""
     hosts = features[HOST].unique().to_list()
     out: dict[str, str] = {}
-    if host_facts is not None and not host_facts.is_empty() and {"category", "key", "device"} <= set(host_facts.columns):
+    gpus = gpu_names(host_facts)
+    if gpus is not None:
         g = (
-            host_facts.filter((pl.col("category") == "gpu") & (pl.col("key") == "name"))
+            gpus
             .group_by(HOST)
             .agg(pl.col("device").n_unique().alias("n"), pl.col("value").drop_nulls().sort().first().alias("model"))
         )
@@ -317,6 +319,13 @@ def hardware_cohorts(features: pl.DataFrame, host_facts: pl.DataFrame | None = N
             devs = {c.partition("@")[2] for c in gpu_cols if row[c]}
             out[row[HOST]] = f"{len(devs)}xgpu"
     return out
+
+
+def gpu_names(host_facts: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The host_facts rows :func:`hardware_cohorts` reads (each GPU's name); None without."""
+    if host_facts is None or host_facts.is_empty() or not {"category", "key", "device"} <= set(host_facts.columns):
+        return None
+    return host_facts.filter((pl.col("category") == "gpu") & (pl.col("key") == "name"))
 
 
 def behaviour_profiles(features: pl.DataFrame) -> pl.DataFrame:
@@ -744,7 +753,7 @@ def analyze(
     rng = np.random.default_rng(config.random_state)
     blocks = _self_blocks(config, m, scored, warm, rng) if "self" in config.references else []
     cohort_of = frame_cohorts(config, feats, host_facts)
-    blocks += _cohort_blocks(config, m, cohort_of, scored, warm, rng)
+    blocks += _cohort_blocks(config, m, cohort_of, scored, warm)
     return _result(feats, m, config, blocks, cohort_of)
 
 
@@ -905,9 +914,14 @@ class CohortReference:
         return replace(self, fits={h: f for h, f in self.fits.items() if h in hosts})
 
 
+def _cohort_rng(config: AnalyticsConfig, label: str) -> np.random.Generator:
+    """A cohort's own random generator (the rows its references subsample): the same draws
+    whether a step's cohorts are fitted together or each in a worker of its own."""
+    return np.random.default_rng([config.random_state, zlib.crc32(label.encode())])
+
+
 def _cohort_blocks(config: AnalyticsConfig, m: _Matrix, cohort_of: Mapping[str, str], scored: np.ndarray,
-                   warm: np.ndarray, rng: np.random.Generator,
-                   given: Mapping[str, CohortReference] | None = None,
+                   warm: np.ndarray, given: Mapping[str, CohortReference] | None = None,
                    made: dict[str, CohortReference] | None = None,
                    judge: Collection[str] | None = None) -> list[_Block]:
     """Every host's block of the frame's ``scored`` rows judged against its cohort peers'
@@ -933,6 +947,7 @@ def _cohort_blocks(config: AnalyticsConfig, m: _Matrix, cohort_of: Mapping[str, 
         ref = given.get(label) if given is not None else None
         if given is not None and ref is None:
             continue
+        rng = _cohort_rng(config, label)
         cohort_blocks: list[_Block] = []
         rows_of = {h: host_rows.get(h, none) for h in members}
         # start-up windows are no reference: every peer loads its model at boot
@@ -1001,24 +1016,33 @@ def _sample_fit(config: AnalyticsConfig, m: _Matrix, rows: Sequence[np.ndarray],
 
 def frame_cohorts(config: AnalyticsConfig, feats: pl.DataFrame, host_facts: pl.DataFrame | None) -> dict[str, str]:
     """host -> cohort when the frame has a cohort reference (else empty)."""
-    return batched_cohorts(config, [feats], host_facts, feats[HOST].n_unique())[0]
+    n = feats[HOST].n_unique()
+    return batched_cohorts(config, [cohort_inputs(config, feats, host_facts, n)], n)[0]
 
 
-def batched_cohorts(config: AnalyticsConfig, parts: Iterable[pl.DataFrame], host_facts: pl.DataFrame | None,
+def cohort_inputs(config: AnalyticsConfig, part: pl.DataFrame, host_facts: pl.DataFrame | None,
+                  n_hosts: int) -> tuple[dict[str, str], pl.DataFrame | None]:
+    """What :func:`batched_cohorts` needs of one part of a fleet of ``n_hosts`` hosts (the
+    behaviour and GPU columns suffice): its hosts' hardware cohorts and, when the cohorts
+    are behavioural, their profiles. Per host, so a part is reduced where it is read."""
+    profiled = "cohort" in config.references and n_hosts >= config.min_cohort and config.cohort_by == "behaviour"
+    return hardware_cohorts(part, host_facts), behaviour_profiles(part) if profiled else None
+
+
+def batched_cohorts(config: AnalyticsConfig, parts: Iterable[tuple[dict[str, str], pl.DataFrame | None]],
                     n_hosts: int) -> tuple[dict[str, str], dict[str, str]]:
     """(host -> cohort as :func:`frame_cohorts` forms it, host -> hardware cohort) of the
-    ``n_hosts`` hosts of ``parts``: frames of disjoint hosts (a fleet read a batch at a time;
-    the behaviour and GPU columns suffice), each reduced to per-host profiles as it comes."""
-    profiled = "cohort" in config.references and n_hosts >= config.min_cohort and config.cohort_by == "behaviour"
+    ``n_hosts`` hosts of ``parts``: :func:`cohort_inputs` of frames of disjoint hosts (a
+    fleet read a batch at a time)."""
     hardware: dict[str, str] = {}
     profiles = []
-    for part in parts:
-        hardware.update(hardware_cohorts(part, host_facts))
-        if profiled:
-            profiles.append(behaviour_profiles(part))
+    for hw, profile in parts:
+        hardware.update(hw)
+        if profile is not None:
+            profiles.append(profile)
     if "cohort" not in config.references or n_hosts < config.min_cohort:
         return {}, hardware
-    if not profiled:
+    if config.cohort_by != "behaviour":
         return dict(hardware), hardware
     return cluster_cohorts(hardware, pl.concat(profiles, how="diagonal_relaxed"), config.cohort_tolerance), hardware
 
@@ -1109,8 +1133,7 @@ def score(features: pl.DataFrame, config: AnalyticsConfig, references: Mapping[s
                                  judged=warm[target]))
     if cohort_of is None:
         cohort_of = frame_cohorts(config, features, host_facts)
-    blocks += _cohort_blocks(config, m, cohort_of, scored, warm, np.random.default_rng(config.random_state),
-                             given=cohort_refs, judge=judge)
+    blocks += _cohort_blocks(config, m, cohort_of, scored, warm, given=cohort_refs, judge=judge)
     return _result(features, m, config, blocks, cohort_of)
 
 
@@ -1123,8 +1146,7 @@ def cohort_references(features: pl.DataFrame, config: AnalyticsConfig, cohort_of
     m = _Matrix.of(features, config)
     scored = (features[WINDOW_START] >= score_since).to_numpy()
     made: dict[str, CohortReference] = {}
-    _cohort_blocks(config, m, cohort_of, scored, m.warm(config, first_us),
-                   np.random.default_rng(config.random_state), made=made)
+    _cohort_blocks(config, m, cohort_of, scored, m.warm(config, first_us), made=made)
     return made
 
 

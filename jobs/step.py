@@ -27,7 +27,7 @@ import logging
 import os
 import tempfile
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -49,10 +49,12 @@ from analytics.pipeline import (
     Reference,
     analyze,
     batched_cohorts,
+    cohort_inputs,
     cohort_references,
     cohort_samples,
     fit,
     frame_cohorts,
+    gpu_names,
     matcher_sample,
     score,
 )
@@ -394,19 +396,87 @@ class StepShared:
     runs: pl.DataFrame  # the hosts' data runs (warm-up)
 
 
+@dataclass
+class CohortBlock:
+    """One cohort's reference of an analysis step (:func:`cohort_reference`), fitted in a
+    worker on its sampled hosts' windows of ``[since, b2)`` (plain data)."""
+
+    features: pl.DataFrame | str | HostFiles  # as :attr:`StepBlock.features`
+    config: AnalyticsConfig
+    label: str
+    members: list[str]
+    sampled: list[str]
+    since: datetime
+    b2: datetime
+    b_since: datetime
+    first_of: dict[str, int]
+
+
+def cohort_reference(job: CohortBlock) -> dict[str, CohortReference]:
+    """The cohort's reference (:func:`analytics.pipeline.cohort_references` on its members
+    alone: a cohort's reference reads its own sample only)."""
+    feats = _mapped(job.features) if isinstance(job.features, str) else job.features
+    rows = _rows(feats, job.sampled, (pl.col(WS) >= job.since) & (pl.col(WE) <= job.b2))
+    with threadpool_limits(limits=1, user_api="blas"):
+        return cohort_references(rows, job.config, dict.fromkeys(job.members, job.label), score_since=job.b_since,
+                                 first_us=job.first_of)
+
+
+@dataclass
+class ProfileBlock:
+    """Some hosts' cohort inputs of an analysis step (:func:`profiles_of`): their windows of
+    ``[first, b2)`` on ``columns`` (plain data)."""
+
+    features: pl.DataFrame | str | HostFiles  # as :attr:`StepBlock.features`
+    gpus: pl.DataFrame | None  # the facts' GPU names (:func:`analytics.pipeline.gpu_names`)
+    config: AnalyticsConfig
+    hosts: list[str]
+    columns: list[str]
+    first: datetime
+    b2: datetime
+    n_hosts: int  # the step's
+
+
+def profiles_of(job: ProfileBlock) -> tuple[dict[str, str], pl.DataFrame | None]:
+    """The hosts' hardware cohorts and behaviour profiles (:func:`analytics.pipeline.cohort_inputs`)."""
+    feats = _mapped(job.features) if isinstance(job.features, str) else job.features
+    rows = _rows(feats, job.hosts, (pl.col(WS) >= job.first) & (pl.col(WE) <= job.b2), job.columns)
+    return cohort_inputs(job.config, rows, job.gpus, job.n_hosts)
+
+
 def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.DataFrame | None, fr: _StepFrame,
-                 batches: Sequence[Sequence[str]]) -> StepShared:
+                 batches: Sequence[Sequence[str]], engine: Engine | None = None,
+                 source: pl.DataFrame | str | HostFiles | None = None) -> StepShared:
     a = job.cfg.analytics
     # cohorts from per-host profiles, a batch at a time, on the columns they read
     cols = [c for c in (feature_columns(feats) if isinstance(feats, pl.DataFrame) else feats.columns)
             if lookup(c).family in BEHAVIOUR_FAMILIES or (lookup(c).family.startswith("gpu.") and "@" in c)]
-    cohort_of, hardware = batched_cohorts(a, (_rows(feats, batch, fr.in_step, cols) for batch in batches), facts,
-                                          len(fr.hosts))
+    n = len(fr.hosts)
+    if engine is None:
+        inputs: Iterable[tuple[dict[str, str], pl.DataFrame | None]] = (
+            cohort_inputs(a, _rows(feats, batch, fr.in_step, cols), facts, n) for batch in batches)
+    else:
+        gpus = gpu_names(facts)  # (what the hardware cohorts read of the facts)
+        inputs = engine.map(profiles_of, [ProfileBlock(feats if source is None else source, gpus, a, list(batch), cols,
+                                                       fr.first, fr.b2, n) for batch in batches])
+    cohort_of, hardware = batched_cohorts(a, inputs, n)
     # the cohorts' references, from their sampled hosts' windows of the step
     sampled = cohort_samples(fr.keys.filter(pl.col(WS) >= fr.since), a, cohort_of, score_since=fr.b_since,
                              first_us=fr.first_of)
-    refs = cohort_references(_rows(feats, sorted(sampled), fr.in_step & (pl.col(WS) >= fr.since)),
-                             a, cohort_of, score_since=fr.b_since, first_us=fr.first_of) if sampled else {}
+    if engine is None or not sampled:
+        refs = cohort_references(_rows(feats, sorted(sampled), fr.in_step & (pl.col(WS) >= fr.since)),
+                                 a, cohort_of, score_since=fr.b_since, first_us=fr.first_of) if sampled else {}
+    else:
+        members: dict[str, list[str]] = {}
+        for h, c in cohort_of.items():
+            members.setdefault(c, []).append(h)
+        items = [CohortBlock(feats if source is None else source, a, c, hs, sorted(set(hs) & sampled),
+                             max(fr.first, fr.since), fr.b2, fr.b_since,
+                             {h: fr.first_of[h] for h in hs if h in sampled and h in fr.first_of})
+                 for c, hs in members.items() if sampled.intersection(hs)]
+        refs = {}
+        for got in engine.map(cohort_reference, sorted(items, key=lambda i: -len(i.sampled))):
+            refs.update(got)
     have = set(fr.hosts)
     hardware = {h: lab for h, lab in hardware.items() if h in have}
     runs = data_starts(fr.keys, frame_start=fr.first, history_known=job.history_known,
@@ -522,7 +592,7 @@ def _split_step(here: StepBlock, there: StepBlock, every: pl.DataFrame, engine: 
     fr = _step_frame(here, every, b, b2)
     if fr is None:
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings())
-    shared = _step_shared(here, feats, facts, fr, _batches(fr.hosts, here.cfg.batch_hosts))
+    shared = _step_shared(here, feats, facts, fr, _batches(fr.hosts, here.cfg.batch_hosts), engine, there.features)
     k = min(slices, len(fr.hosts))
     per = -(-len(fr.hosts) // k)
     parts = [fr.hosts[i:i + per] for i in range(0, len(fr.hosts), per)]

@@ -4,6 +4,7 @@ analytics and in the signature matcher."""
 
 from __future__ import annotations
 
+import pickle
 import random
 from dataclasses import replace
 from datetime import timedelta
@@ -13,7 +14,13 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from analytics.pipeline import AnalyticsConfig, analyze, cohort_sample, matcher_sample
+from analytics.pipeline import (
+    AnalyticsConfig,
+    analyze,
+    cohort_references,
+    cohort_sample,
+    matcher_sample,
+)
 from jobs.config import SweepConfig
 from jobs.step import sweep_step
 from jobs.telemetry import Loaded
@@ -167,6 +174,26 @@ def test_a_step_judged_in_batches_of_hosts_gives_the_verdict_of_one_frame() -> N
             x, y = getattr(one, name), getattr(out[n], name)
             keys = [c for c in ("host", "window_start", "detector", "reference", "incident_id") if c in x.columns]
             assert_frame_equal(x.sort(keys), y.sort(keys), check_exact=True)
+
+
+def test_a_cohorts_reference_is_the_same_fitted_with_the_other_cohorts_or_alone() -> None:
+    """A step's cohort references are fitted all at once, or a cohort an item on the workers
+    (the live step on a pool). Each cohort draws from a generator of its own, so a reference
+    that subsamples its peers' windows (more than ``max_reference_rows``) is the same either
+    way, bit for bit."""
+    frames, facts = fleet(HOSTS, "a", seconds=240)
+    feats = analyze(frames, AnalyticsConfig(warmup=timedelta(0)), host_facts=facts).features
+    cohort_of = {h: "x" if h in "abc" else "y" for h in HOSTS}
+    cfg = AnalyticsConfig(warmup=timedelta(0), cohort_sample=3, max_reference_rows=200)
+    since = feats["window_start"].min() + timedelta(seconds=60)
+    together = cohort_references(feats, cfg, cohort_of, score_since=since)
+    assert sorted(together) == ["x", "y"]
+    for label in ("x", "y"):
+        mine = [h for h, c in cohort_of.items() if c == label]
+        alone = cohort_references(feats.filter(pl.col("host").is_in(mine)), cfg, dict.fromkeys(mine, label),
+                                  score_since=since)
+        assert len(together[label].fits) == 3  # (each fitted on 2 x ~180 windows: subsampled to 200)
+        assert pickle.dumps(alone[label]) == pickle.dumps(together[label]), label
 
 
 def test_a_host_known_from_its_facts_only_does_not_break_the_cohorts() -> None:

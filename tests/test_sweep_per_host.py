@@ -653,9 +653,10 @@ def test_hosts_first_times_are_read_once_per_process(template: Path, tmp_path: P
 
 
 def test_one_step_on_a_pool_splits_its_hosts_and_gives_the_same_verdicts(template: Path, tmp_path: Path) -> None:
-    """A live cycle is one analysis step: on a pool of two its hosts go to the workers in two
-    slices (the step's cohorts, samples and references formed once, here), each slice stages
-    its own scores, and scores, findings and incidents equal the step run here."""
+    """A live cycle is one analysis step: on a pool of two its shared part is formed once, on
+    the workers too (the hosts' profiles a batch an item, then each cohort's reference), then
+    its hosts go to the workers in two slices, each slice stages its own scores, and scores,
+    findings and incidents equal the step run here."""
     cfg = _cfg(batch_hosts=2)  # (a slice is at least half a batch: two slices of three hosts)
     end = T0 + timedelta(minutes=MINUTES)
     first = end - timedelta(minutes=1) - timedelta(seconds=cfg.analytics.window.length_s) + US
@@ -670,8 +671,12 @@ def test_one_step_on_a_pool_splits_its_hosts_and_gives_the_same_verdicts(templat
     with make_engine("processes:2") as pool:
         eng = _Recording(pool)
         pooled = sweep_step(loaded, cfg, kb, engine=eng, scratch=tmp_path, stage=stage, **kw)
-    assert [type(b).__name__ for b in eng.items] == ["BatchBlock", "BatchBlock"]
-    slices = [[h for batch in b.batches for h in batch] for b in eng.items]
+    kinds = [type(b).__name__ for b in eng.items]
+    assert kinds == ["ProfileBlock", "ProfileBlock", "CohortBlock", "BatchBlock", "BatchBlock"], kinds
+    assert [b.hosts for b in eng.items[:2]] == [["sim-00", "sim-01"], ["sim-02"]]
+    cohort = eng.items[2]
+    assert sorted(cohort.members) == cohort.sampled == HOSTS  # (one cohort of three, all sampled)
+    slices = [[h for batch in b.batches for h in batch] for b in eng.items[3:]]
     assert slices == [["sim-00", "sim-01"], ["sim-02"]]
     assert pooled.scores.is_empty() and len(pooled.staged) >= 2
     staged = lake.read(stage, "scores").drop("time")
