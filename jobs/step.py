@@ -311,15 +311,16 @@ def _step_windows(bounds: Sequence[tuple[datetime, datetime]], starts: Mapping[s
 
 def _opened(job: StepBlock) -> tuple[pl.DataFrame | HostFiles, pl.DataFrame, pl.DataFrame | None]:
     """The block's windows (:func:`_features`), their keys and the hosts' facts."""
-    feats = _features(job)
+    feats = _features(job.features)
     every = feats.select(HOST, WS, WE) if isinstance(feats, pl.DataFrame) else feats.keys()
     facts = feats.facts_of(None) if isinstance(feats, HostFiles) else job.facts
     return feats, every, facts
 
 
-def _features(job: StepBlock) -> pl.DataFrame | HostFiles:
-    """The block's windows: its frame, mapped when a file, or the hosts' files."""
-    return _mapped(job.features) if isinstance(job.features, str) else job.features
+def _features(features: pl.DataFrame | str | HostFiles) -> pl.DataFrame | HostFiles:
+    """A block's windows (:attr:`StepBlock.features`): its frame, mapped when a file, or the
+    hosts' files."""
+    return _mapped(features) if isinstance(features, str) else features
 
 
 def _stage_scores(job: StepBlock, outs: list[StepResult]) -> list[StepResult]:
@@ -363,7 +364,12 @@ class _StepFrame:
 
     @property
     def in_step(self) -> pl.Expr:
-        return (pl.col(WS) >= self.first) & (pl.col(WE) <= self.b2)
+        return _between(self.first, self.b2)
+
+
+def _between(first: datetime, end: datetime) -> pl.Expr:
+    """The windows starting at or after ``first`` and ending at or before ``end``."""
+    return (pl.col(WS) >= first) & (pl.col(WE) <= end)
 
 
 def _step_frame(job: StepBlock, every: pl.DataFrame, b: datetime, b2: datetime) -> _StepFrame | None:
@@ -406,17 +412,16 @@ class CohortBlock:
     label: str
     members: list[str]
     sampled: list[str]
-    since: datetime
+    since: datetime  # (the windows read: [since, b2))
     b2: datetime
-    b_since: datetime
-    first_of: dict[str, int]
+    b_since: datetime  # the first window judged
+    first_of: dict[str, int]  # sampled host -> its first window start (warm-up), µs
 
 
 def cohort_reference(job: CohortBlock) -> dict[str, CohortReference]:
     """The cohort's reference (:func:`analytics.pipeline.cohort_references` on its members
     alone: a cohort's reference reads its own sample only)."""
-    feats = _mapped(job.features) if isinstance(job.features, str) else job.features
-    rows = _rows(feats, job.sampled, (pl.col(WS) >= job.since) & (pl.col(WE) <= job.b2))
+    rows = _rows(_features(job.features), job.sampled, _between(job.since, job.b2))
     with threadpool_limits(limits=1, user_api="blas"):
         return cohort_references(rows, job.config, dict.fromkeys(job.members, job.label), score_since=job.b_since,
                                  first_us=job.first_of)
@@ -439,39 +444,42 @@ class ProfileBlock:
 
 def profiles_of(job: ProfileBlock) -> tuple[dict[str, str], pl.DataFrame | None]:
     """The hosts' hardware cohorts and behaviour profiles (:func:`analytics.pipeline.cohort_inputs`)."""
-    feats = _mapped(job.features) if isinstance(job.features, str) else job.features
-    rows = _rows(feats, job.hosts, (pl.col(WS) >= job.first) & (pl.col(WE) <= job.b2), job.columns)
+    rows = _rows(_features(job.features), job.hosts, _between(job.first, job.b2), job.columns)
     return cohort_inputs(job.config, rows, job.gpus, job.n_hosts)
 
 
 def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.DataFrame | None, fr: _StepFrame,
                  batches: Sequence[Sequence[str]], engine: Engine | None = None,
                  source: pl.DataFrame | str | HostFiles | None = None) -> StepShared:
+    """The step's shared part (:class:`StepShared`), formed here, or with ``engine`` on its
+    workers: the hosts' profiles a batch an item, then each cohort's reference an item (the
+    workers read ``source``, the step's windows as :attr:`StepBlock.features`; the command
+    keeps the clustering, the samples and the data runs)."""
     a = job.cfg.analytics
     # cohorts from per-host profiles, a batch at a time, on the columns they read
     cols = [c for c in (feature_columns(feats) if isinstance(feats, pl.DataFrame) else feats.columns)
             if lookup(c).family in BEHAVIOUR_FAMILIES or (lookup(c).family.startswith("gpu.") and "@" in c)]
     n = len(fr.hosts)
+    src = feats if source is None else source  # (what the workers read)
     if engine is None:
         inputs: Iterable[tuple[dict[str, str], pl.DataFrame | None]] = (
             cohort_inputs(a, _rows(feats, batch, fr.in_step, cols), facts, n) for batch in batches)
     else:
         gpus = gpu_names(facts)  # (what the hardware cohorts read of the facts)
-        inputs = engine.map(profiles_of, [ProfileBlock(feats if source is None else source, gpus, a, list(batch), cols,
+        inputs = engine.map(profiles_of, [ProfileBlock(src, gpus, a, list(batch), cols,
                                                        fr.first, fr.b2, n) for batch in batches])
     cohort_of, hardware = batched_cohorts(a, inputs, n)
     # the cohorts' references, from their sampled hosts' windows of the step
     sampled = cohort_samples(fr.keys.filter(pl.col(WS) >= fr.since), a, cohort_of, score_since=fr.b_since,
                              first_us=fr.first_of)
     if engine is None or not sampled:
-        refs = cohort_references(_rows(feats, sorted(sampled), fr.in_step & (pl.col(WS) >= fr.since)),
+        refs = cohort_references(_rows(feats, sorted(sampled), _between(fr.since, fr.b2)),
                                  a, cohort_of, score_since=fr.b_since, first_us=fr.first_of) if sampled else {}
     else:
         members: dict[str, list[str]] = {}
         for h, c in cohort_of.items():
             members.setdefault(c, []).append(h)
-        items = [CohortBlock(feats if source is None else source, a, c, hs, sorted(set(hs) & sampled),
-                             max(fr.first, fr.since), fr.b2, fr.b_since,
+        items = [CohortBlock(src, a, c, hs, sorted(set(hs) & sampled), fr.since, fr.b2, fr.b_since,
                              {h: fr.first_of[h] for h in hs if h in sampled and h in fr.first_of})
                  for c, hs in members.items() if sampled.intersection(hs)]
         refs = {}
@@ -571,7 +579,7 @@ class BatchBlock:
 def run_batches(job: BatchBlock) -> StepResult:
     """The block's batches (:func:`_judge_batches`), its scores staged as :func:`run_steps`
     stages a block's."""
-    feats = _features(job.step)
+    feats = _features(job.step.features)
     with threadpool_limits(limits=1, user_api="blas"):
         out = _judge_batches(job.step, feats, job.step.facts, job.frame, job.shared, job.batches, {})
     return _stage_scores(job.step, [out])[0]
@@ -579,11 +587,10 @@ def run_batches(job: BatchBlock) -> StepResult:
 
 def _split_step(here: StepBlock, there: StepBlock, every: pl.DataFrame, engine: Engine, slices: int) -> StepResult:
     """One analysis step judged by several workers: its shared part (cohorts, their
-    references, samples, data runs) formed here, then its hosts in up to ``slices``
-    contiguous slices, one an item, each in batches of at most ``batch_hosts``
-    (:class:`BatchBlock`). A live cycle
-    is one step: without this its batches ran here one after the other while the pool
-    idled. ``here``: the step as this process reads it; ``there``: as the workers do;
+    references, samples, data runs: :func:`_step_shared`, its profiles and cohort references
+    on the workers too), then its hosts in up to ``slices`` contiguous slices, one an item,
+    each in batches of at most ``batch_hosts`` (:class:`BatchBlock`). A live cycle is one
+    step: without this its batches ran here one after the other while the pool idled. ``here``: the step as this process reads it; ``there``: as the workers do;
     ``every``: the keys of its windows, as the caller read them."""
     feats = here.features
     assert not isinstance(feats, str)  # (this process holds the frame or the hosts' files)
