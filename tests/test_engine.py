@@ -458,15 +458,18 @@ def test_unveil_simulate_writes_the_same_lake_on_every_engine(tmp_path: Path, ra
 
 def test_unveil_schedule_writes_the_same_verdicts_on_every_engine(tmp_path: Path, ray_address: str,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    """The sweep's two map steps (per-host features, blocks of analysis steps; a cycle of
-    one minute, one step: slices of its hosts) on 2 worker processes and on the Ray
-    cluster: the same features, scores and findings as serially."""
+    """The sweep's map steps (per-host features, blocks of analysis steps; a cycle of one
+    minute, one step: its hosts' profiles, its cohorts' references, slices of its hosts) on
+    2 worker processes and on the Ray cluster: the same features, scores and findings as
+    serially."""
     scenario = tmp_path / "three.toml"
     scenario.write_text(SCENARIO)
     template = tmp_path / "template"
     assert main(["simulate", "--lake", str(template), "--scenario", str(scenario), "--engine", "serial"]) == 0
-    config = tmp_path / "unveil.toml"  # (a slice of a step is at least half a batch: 3 hosts make 2 slices)
-    config.write_text("[scheduler]\nbatch_hosts = 2\n")
+    # (a slice of a step is at least half a batch: 3 hosts make 2 slices; cohorts from 2 hosts
+    # and no warm-up: the step's cohort references are items of its maps too)
+    config = tmp_path / "unveil.toml"
+    config.write_text("[scheduler]\nbatch_hosts = 2\n[analytics]\nmin_cohort = 2\nwarmup = \"0s\"\n")
     got = {}
     for spec in ("serial", "processes:2", ray_address):
         lake = tmp_path / spec.replace(":", "_").replace("/", "")
@@ -479,6 +482,7 @@ def test_unveil_schedule_writes_the_same_verdicts_on_every_engine(tmp_path: Path
         got[spec] = {t: tables[t].select(sorted(tables[t].columns)) for t in ("features", "scores", "findings")}
     ref = got.pop("serial")
     assert ref["findings"].height > 0 and ref["features"]["host"].n_unique() == 3
+    assert {"a-00", "a-02"} <= set(ref["scores"].filter(pl.col("reference") == "cohort")["host"])
     for spec, tables in got.items():
         for t, df in ref.items():
             assert tables[t].equals(df), f"{spec}: table {t} differs"
