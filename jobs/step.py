@@ -449,41 +449,40 @@ def profiles_of(job: ProfileBlock) -> tuple[dict[str, str], pl.DataFrame | None]
 
 
 def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.DataFrame | None, fr: _StepFrame,
-                 batches: Sequence[Sequence[str]], engine: Engine | None = None,
-                 source: pl.DataFrame | str | HostFiles | None = None) -> StepShared:
-    """The step's shared part (:class:`StepShared`), formed here, or with ``engine`` on its
-    workers: the hosts' profiles a batch an item, then each cohort's reference an item (the
-    workers read ``source``, the step's windows as :attr:`StepBlock.features`; the command
-    keeps the clustering, the samples and the data runs)."""
+                 batches: Sequence[Sequence[str]],
+                 on: tuple[Engine, pl.DataFrame | str | HostFiles] | None = None) -> StepShared:
+    """The step's shared part (:class:`StepShared`), formed here, or with ``on`` (an engine
+    and the step's windows as its workers read them, :attr:`StepBlock.features`) on the
+    workers too: the hosts' profiles a batch an item, then each cohort's reference an item;
+    the clustering, the samples and the data runs stay here."""
     a = job.cfg.analytics
     # cohorts from per-host profiles, a batch at a time, on the columns they read
     cols = [c for c in (feature_columns(feats) if isinstance(feats, pl.DataFrame) else feats.columns)
             if lookup(c).family in BEHAVIOUR_FAMILIES or (lookup(c).family.startswith("gpu.") and "@" in c)]
     n = len(fr.hosts)
-    src = feats if source is None else source  # (what the workers read)
-    if engine is None:
+    if on is None:
         inputs: Iterable[tuple[dict[str, str], pl.DataFrame | None]] = (
             cohort_inputs(a, _rows(feats, batch, fr.in_step, cols), facts, n) for batch in batches)
     else:
         gpus = gpu_names(facts)  # (what the hardware cohorts read of the facts)
-        inputs = engine.map(profiles_of, [ProfileBlock(src, gpus, a, list(batch), cols,
+        inputs = on[0].map(profiles_of, [ProfileBlock(on[1], gpus, a, list(batch), cols,
                                                        fr.first, fr.b2, n) for batch in batches])
     cohort_of, hardware = batched_cohorts(a, inputs, n)
     # the cohorts' references, from their sampled hosts' windows of the step
     sampled = cohort_samples(fr.keys.filter(pl.col(WS) >= fr.since), a, cohort_of, score_since=fr.b_since,
                              first_us=fr.first_of)
-    if engine is None or not sampled:
+    if on is None or not sampled:
         refs = cohort_references(_rows(feats, sorted(sampled), _between(fr.since, fr.b2)),
                                  a, cohort_of, score_since=fr.b_since, first_us=fr.first_of) if sampled else {}
     else:
         members: dict[str, list[str]] = {}
         for h, c in cohort_of.items():
             members.setdefault(c, []).append(h)
-        items = [CohortBlock(src, a, c, hs, sorted(set(hs) & sampled), fr.since, fr.b2, fr.b_since,
+        items = [CohortBlock(on[1], a, c, hs, sorted(set(hs) & sampled), fr.since, fr.b2, fr.b_since,
                              {h: fr.first_of[h] for h in hs if h in sampled and h in fr.first_of})
                  for c, hs in members.items() if sampled.intersection(hs)]
         refs = {}
-        for got in engine.map(cohort_reference, sorted(items, key=lambda i: -len(i.sampled))):
+        for got in on[0].map(cohort_reference, sorted(items, key=lambda i: -len(i.sampled))):
             refs.update(got)
     have = set(fr.hosts)
     hardware = {h: lab for h, lab in hardware.items() if h in have}
@@ -599,7 +598,8 @@ def _split_step(here: StepBlock, there: StepBlock, every: pl.DataFrame, engine: 
     fr = _step_frame(here, every, b, b2)
     if fr is None:
         return StepResult(pl.DataFrame(), pl.DataFrame(), empty_findings())
-    shared = _step_shared(here, feats, facts, fr, _batches(fr.hosts, here.cfg.batch_hosts), engine, there.features)
+    shared = _step_shared(here, feats, facts, fr, _batches(fr.hosts, here.cfg.batch_hosts),
+                          (engine, there.features))
     k = min(slices, len(fr.hosts))
     per = -(-len(fr.hosts) // k)
     parts = [fr.hosts[i:i + per] for i in range(0, len(fr.hosts), per)]
