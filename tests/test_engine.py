@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import polars as pl
 import pytest
@@ -121,46 +122,72 @@ def ray_address(ray_env: Path) -> Iterator[str]:
     any of its tests (autouse): a head started while this process held a spawn pool could
     not start its client servers (seen here, cause not found). Ready once a client ran a
     task on it: on a fresh 2-core machine the head's first client server failed to start
-    although its port accepted (CI, stop 22)."""
+    although its port accepted (CI, stop 22). A head whose client server found its port
+    taken (by another process between our pick and its bind: CI, 2026-12-06) is stopped and
+    another started on fresh ports, up to three times."""
     ray_bin = Path(sys.executable).parent / "ray"
     if not ray_bin.exists():
         pytest.fail(f"{ray_bin} is missing: pip install 'ray[client]' (a dependency of unveil)", pytrace=False)
-    tmp = str(ray_env / "head")
-    gcs, client = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    os.makedirs(tmp)
-    log = open(Path(tmp) / "start.log", "wb")  # noqa: SIM115 -- closed at teardown
-    proc = subprocess.Popen(
-        [str(ray_bin), "start", "--head", "--block", "--port", str(gcs), "--node-ip-address", "127.0.0.1",
-         "--ray-client-server-port", str(client), "--num-cpus", "2", "--include-dashboard", "false",
-         "--object-store-memory", str(100 * 2**20), "--temp-dir", tmp, "--disable-usage-stats"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    heads: list[tuple[subprocess.Popen[bytes], IO[bytes]]] = []
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"ray start exited {proc.returncode}:\n{(Path(tmp) / 'start.log').read_text()[-3000:]}")
-            if b"Ray runtime started" in (Path(tmp) / "start.log").read_bytes():
-                try:
-                    with socket.create_connection(("127.0.0.1", client), timeout=5):
-                        break
-                except OSError:  # its client server listens a moment later
-                    pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"ray start did not start in {START_TIMEOUT_S:.0f} s:\n"
-                            f"{(Path(tmp) / 'start.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-        address = f"ray://127.0.0.1:{client}"
-        _wait_ready(address, deadline, Path(tmp))
+        for attempt in range(3):
+            tmp = ray_env / f"head{attempt}"
+            gcs, client = free_port(), free_port()
+            tmp.mkdir()
+            log = open(tmp / "start.log", "wb")  # noqa: SIM115 -- closed at teardown
+            proc = subprocess.Popen(
+                [str(ray_bin), "start", "--head", "--block", "--port", str(gcs), "--node-ip-address", "127.0.0.1",
+                 "--ray-client-server-port", str(client), "--num-cpus", "2", "--include-dashboard", "false",
+                 "--object-store-memory", str(100 * 2**20), "--temp-dir", str(tmp), "--disable-usage-stats"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            heads.append((proc, log))
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(f"ray start exited {proc.returncode}:\n{(tmp / 'start.log').read_text()[-3000:]}")
+                if b"Ray runtime started" in (tmp / "start.log").read_bytes():
+                    try:
+                        with socket.create_connection(("127.0.0.1", client), timeout=5):
+                            break
+                    except OSError:  # its client server listens a moment later
+                        pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"ray start did not start in {START_TIMEOUT_S:.0f} s:\n"
+                                f"{(tmp / 'start.log').read_text()[-3000:]}")
+                time.sleep(0.5)
+            address = f"ray://127.0.0.1:{client}"
+            try:
+                _wait_ready(address, deadline, tmp)
+            except _PortTaken:
+                _stop_head(*heads.pop())
+                continue
+            break
+        else:
+            pytest.fail("three Ray heads in a row found their client server's port taken")
         yield address
     finally:
-        proc.terminate()  # `ray start --block` stops the node's processes on SIGTERM
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the session it was started in
-            proc.wait(10)
-        log.close()
+        for head in heads:
+            _stop_head(*head)
+
+
+class _PortTaken(Exception):
+    """A Ray head's client server could not bind its port."""
+
+
+def _port_taken(tmp: Path) -> bool:
+    return any("Address already in use" in p.read_text(errors="replace")
+               for p in tmp.rglob("ray_client_server*.err"))
+
+
+def _stop_head(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+    proc.terminate()  # `ray start --block` stops the node's processes on SIGTERM
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the session it was started in
+        proc.wait(10)
+    log.close()
 
 
 @pytest.fixture
@@ -191,6 +218,8 @@ def _wait_ready(address: str, deadline: float, tmp: Path) -> None:
                     return
         except (EngineError, ConnectionError) as exc:
             errors.append(str(exc).splitlines()[0])
+        if _port_taken(tmp):
+            raise _PortTaken(address)
         if time.monotonic() > deadline:
             logs = "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-1500:]}"
                               for p in sorted(tmp.rglob("ray_client_server*.err")))
