@@ -27,7 +27,7 @@ import logging
 import os
 import tempfile
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -61,7 +61,7 @@ from analytics.pipeline import (
 from ingest import lake as lake_mod
 from ingest import schema
 from jobs.config import SweepConfig
-from jobs.engine import Engine
+from jobs.engine import Engine, SerialEngine
 from jobs.grid import US, floor_grid, steps
 from jobs.telemetry import Corrupt, HostFiles, Loaded, first_times
 from knowledge_base import INCIDENT_SCHEMA, build_incidents
@@ -451,39 +451,31 @@ def profiles_of(job: ProfileBlock) -> tuple[dict[str, str], pl.DataFrame | None]
 def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.DataFrame | None, fr: _StepFrame,
                  batches: Sequence[Sequence[str]],
                  on: tuple[Engine, pl.DataFrame | str | HostFiles] | None = None) -> StepShared:
-    """The step's shared part (:class:`StepShared`), formed here, or with ``on`` (an engine
-    and the step's windows as its workers read them, :attr:`StepBlock.features`) on the
-    workers too: the hosts' profiles a batch an item, then each cohort's reference an item;
-    the clustering, the samples and the data runs stay here."""
+    """The step's shared part (:class:`StepShared`): the hosts' profiles a batch an item,
+    then each cohort's reference an item, mapped on ``on`` (an engine and the step's windows
+    as its workers read them, :attr:`StepBlock.features`; None: here, on ``feats``); the
+    clustering, the samples and the data runs are formed here."""
     a = job.cfg.analytics
+    engine, source = on if on is not None else (SerialEngine(), feats)
     # cohorts from per-host profiles, a batch at a time, on the columns they read
     cols = [c for c in (feature_columns(feats) if isinstance(feats, pl.DataFrame) else feats.columns)
             if lookup(c).family in BEHAVIOUR_FAMILIES or (lookup(c).family.startswith("gpu.") and "@" in c)]
     n = len(fr.hosts)
-    if on is None:
-        inputs: Iterable[tuple[dict[str, str], pl.DataFrame | None]] = (
-            cohort_inputs(a, _rows(feats, batch, fr.in_step, cols), facts, n) for batch in batches)
-    else:
-        gpus = gpu_names(facts)  # (what the hardware cohorts read of the facts)
-        inputs = on[0].map(profiles_of, [ProfileBlock(on[1], gpus, a, list(batch), cols,
-                                                       fr.first, fr.b2, n) for batch in batches])
-    cohort_of, hardware = batched_cohorts(a, inputs, n)
+    gpus = gpu_names(facts)  # (what the hardware cohorts read of the facts)
+    cohort_of, hardware = batched_cohorts(a, engine.map(profiles_of, [
+        ProfileBlock(source, gpus, a, list(batch), cols, fr.first, fr.b2, n) for batch in batches]), n)
     # the cohorts' references, from their sampled hosts' windows of the step
     sampled = cohort_samples(fr.keys.filter(pl.col(WS) >= fr.since), a, cohort_of, score_since=fr.b_since,
                              first_us=fr.first_of)
-    if on is None or not sampled:
-        refs = cohort_references(_rows(feats, sorted(sampled), _between(fr.since, fr.b2)),
-                                 a, cohort_of, score_since=fr.b_since, first_us=fr.first_of) if sampled else {}
-    else:
-        members: dict[str, list[str]] = {}
-        for h, c in cohort_of.items():
-            members.setdefault(c, []).append(h)
-        items = [CohortBlock(on[1], a, c, hs, sorted(set(hs) & sampled), fr.since, fr.b2, fr.b_since,
-                             {h: fr.first_of[h] for h in hs if h in sampled and h in fr.first_of})
-                 for c, hs in members.items() if sampled.intersection(hs)]
-        refs = {}
-        for got in on[0].map(cohort_reference, sorted(items, key=lambda i: -len(i.sampled))):
-            refs.update(got)
+    members: dict[str, list[str]] = {}
+    for h, c in cohort_of.items():
+        members.setdefault(c, []).append(h)
+    items = [CohortBlock(source, a, c, hs, sorted(set(hs) & sampled), fr.since, fr.b2, fr.b_since,
+                         {h: fr.first_of[h] for h in hs if h in sampled and h in fr.first_of})
+             for c, hs in members.items() if sampled.intersection(hs)]
+    refs: dict[str, CohortReference] = {}
+    for got in engine.map(cohort_reference, sorted(items, key=lambda i: -len(i.sampled))):
+        refs.update(got)
     have = set(fr.hosts)
     hardware = {h: lab for h, lab in hardware.items() if h in have}
     runs = data_starts(fr.keys, frame_start=fr.first, history_known=job.history_known,
