@@ -404,13 +404,12 @@ class StepShared:
 
 @dataclass
 class CohortBlock:
-    """One cohort's reference of an analysis step (:func:`cohort_reference`), fitted in a
-    worker on its sampled hosts' windows of ``[since, b2)`` (plain data)."""
+    """Some cohorts' references of an analysis step (:func:`cohort_reference`), fitted in a
+    worker on their sampled hosts' windows of ``[since, b2)`` (plain data)."""
 
     features: pl.DataFrame | str | HostFiles  # as :attr:`StepBlock.features`
     config: AnalyticsConfig
-    label: str
-    members: list[str]
+    cohort_of: dict[str, str]  # host -> cohort, every member of the block's cohorts
     sampled: list[str]
     since: datetime  # (the windows read: [since, b2))
     b2: datetime
@@ -419,12 +418,12 @@ class CohortBlock:
 
 
 def cohort_reference(job: CohortBlock) -> dict[str, CohortReference]:
-    """The cohort's reference (:func:`analytics.pipeline.cohort_references` on its members
-    alone: a cohort's reference reads its own sample only)."""
+    """The cohorts' references (:func:`analytics.pipeline.cohort_references` on their
+    members alone: a cohort's reference reads its own sample only, and draws from its own
+    generator, so it is the same fitted with any other cohorts or alone)."""
     rows = _rows(_features(job.features), job.sampled, _between(job.since, job.b2))
     with threadpool_limits(limits=1, user_api="blas"):
-        return cohort_references(rows, job.config, dict.fromkeys(job.members, job.label), score_since=job.b_since,
-                                 first_us=job.first_of)
+        return cohort_references(rows, job.config, job.cohort_of, score_since=job.b_since, first_us=job.first_of)
 
 
 @dataclass
@@ -467,14 +466,19 @@ def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.Data
     # the cohorts' references, from their sampled hosts' windows of the step
     sampled = cohort_samples(fr.keys.filter(pl.col(WS) >= fr.since), a, cohort_of, score_since=fr.b_since,
                              first_us=fr.first_of)
+    # a cohort an item on several workers, the largest samples first; all in one here
     members: dict[str, list[str]] = {}
     for h, c in cohort_of.items():
         members.setdefault(c, []).append(h)
-    items = [CohortBlock(source, a, c, hs, sorted(set(hs) & sampled), fr.since, fr.b2, fr.b_since,
-                         {h: fr.first_of[h] for h in hs if h in sampled and h in fr.first_of})
-             for c, hs in members.items() if sampled.intersection(hs)]
+    groups = sorted((hs for hs in members.values() if sampled.intersection(hs)),
+                    key=lambda hs: -len(sampled.intersection(hs)))
+    if engine.workers == 1 and groups:
+        groups = [[h for hs in groups for h in hs]]
+    items = [CohortBlock(source, a, {h: cohort_of[h] for h in hs}, sorted(sampled.intersection(hs)), fr.since,
+                         fr.b2, fr.b_since, {h: fr.first_of[h] for h in hs if h in sampled and h in fr.first_of})
+             for hs in groups]
     refs: dict[str, CohortReference] = {}
-    for got in engine.map(cohort_reference, sorted(items, key=lambda i: -len(i.sampled))):
+    for got in engine.map(cohort_reference, items):
         refs.update(got)
     have = set(fr.hosts)
     hardware = {h: lab for h, lab in hardware.items() if h in have}
