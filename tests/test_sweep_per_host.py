@@ -675,7 +675,7 @@ def test_one_step_on_a_pool_splits_its_hosts_and_gives_the_same_verdicts(templat
     assert kinds == ["ProfileBlock", "ProfileBlock", "CohortBlock", "BatchBlock", "BatchBlock"], kinds
     assert [b.hosts for b in eng.items[:2]] == [["sim-00", "sim-01"], ["sim-02"]]
     cohort = eng.items[2]
-    assert sorted(cohort.members) == cohort.sampled == HOSTS  # (one cohort of three, all sampled)
+    assert sorted(cohort.cohort_of) == cohort.sampled == HOSTS and len(set(cohort.cohort_of.values())) == 1  # (one cohort of three, all sampled)
     slices = [[h for batch in b.batches for h in batch] for b in eng.items[3:]]
     assert slices == [["sim-00", "sim-01"], ["sim-02"]]
     assert pooled.scores.is_empty() and len(pooled.staged) >= 2
