@@ -451,8 +451,8 @@ def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.Data
                  batches: Sequence[Sequence[str]],
                  on: tuple[Engine, pl.DataFrame | str | HostFiles] | None = None) -> StepShared:
     """The step's shared part (:class:`StepShared`): the hosts' profiles a batch an item,
-    then each cohort's reference an item, mapped on ``on`` (an engine and the step's windows
-    as its workers read them, :attr:`StepBlock.features`; None: here, on ``feats``); the
+    then the cohorts' references, mapped on ``on`` (an engine and the step's windows as its
+    workers read them, :attr:`StepBlock.features`; None: in this process, on ``feats``); the
     clustering, the samples and the data runs are formed here."""
     a = job.cfg.analytics
     engine, source = on if on is not None else (SerialEngine(), feats)
@@ -466,7 +466,8 @@ def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.Data
     # the cohorts' references, from their sampled hosts' windows of the step
     sampled = cohort_samples(fr.keys.filter(pl.col(WS) >= fr.since), a, cohort_of, score_since=fr.b_since,
                              first_us=fr.first_of)
-    # a cohort an item on several workers, the largest samples first; all in one here
+    # a cohort an item on several workers (the largest samples first), every cohort one
+    # item on one worker (one call, one read)
     members: dict[str, list[str]] = {}
     for h, c in cohort_of.items():
         members.setdefault(c, []).append(h)
