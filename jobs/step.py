@@ -471,13 +471,13 @@ def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.Data
     members: dict[str, list[str]] = {}
     for h, c in cohort_of.items():
         members.setdefault(c, []).append(h)
-    groups = sorted((hs for hs in members.values() if sampled.intersection(hs)),
-                    key=lambda hs: -len(sampled.intersection(hs)))
+    groups = sorted(((hs, mine) for hs in members.values() if (mine := sorted(sampled.intersection(hs)))),
+                    key=lambda g: -len(g[1]))  # (members, sampled members)
     if engine.workers == 1 and groups:
-        groups = [[h for hs in groups for h in hs]]
-    items = [CohortBlock(source, a, {h: cohort_of[h] for h in hs}, sorted(sampled.intersection(hs)), fr.since,
-                         fr.b2, fr.b_since, {h: fr.first_of[h] for h in hs if h in sampled and h in fr.first_of})
-             for hs in groups]
+        groups = [([h for hs, _ in groups for h in hs], sorted(h for _, mine in groups for h in mine))]
+    items = [CohortBlock(source, a, {h: cohort_of[h] for h in hs}, mine, fr.since, fr.b2, fr.b_since,
+                         {h: fr.first_of[h] for h in mine if h in fr.first_of})
+             for hs, mine in groups]
     refs: dict[str, CohortReference] = {}
     for got in engine.map(cohort_reference, items):
         refs.update(got)
