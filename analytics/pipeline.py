@@ -358,6 +358,14 @@ def cohorts(features: pl.DataFrame, host_facts: pl.DataFrame | None = None, *,
     return cluster_cohorts(hw, behaviour_profiles(features), tolerance)
 
 
+def cohort_members(cohort_of: Mapping[str, str]) -> dict[str, list[str]]:
+    """host -> cohort inverted: each cohort's hosts, cohorts and hosts in the order given."""
+    members: dict[str, list[str]] = {}
+    for h, c in cohort_of.items():
+        members.setdefault(c, []).append(h)
+    return members
+
+
 def cluster_cohorts(hw: Mapping[str, str], prof: pl.DataFrame, tolerance: float = 2.0) -> dict[str, str]:
     """The behavioural cohorts of :func:`cohorts` from each host's hardware cohort and
     behaviour profile (:func:`hardware_cohorts`, :func:`behaviour_profiles`: per host, so
@@ -370,12 +378,8 @@ def cluster_cohorts(hw: Mapping[str, str], prof: pl.DataFrame, tolerance: float 
     floors = np.array([5.0 * lookup(f).floor for f in fams])
     log_tol = float(np.log(tolerance))
     out: dict[str, str] = {}
-    groups: dict[str, list[str]] = {}
-    have = set(prof[HOST].to_list())
-    for h, label in hw.items():
-        if h in have:  # (a host known from its facts only has no windows to judge)
-            groups.setdefault(label, []).append(h)
-    for label, members in groups.items():
+    have = set(prof[HOST].to_list())  # (a host known from its facts only has no windows to judge)
+    for label, members in cohort_members({h: c for h, c in hw.items() if h in have}).items():
         members = sorted(members)
         if len(members) == 1:
             out[members[0]] = f"{label}/0"
@@ -887,10 +891,7 @@ def matcher_sample(hardware: Mapping[str, str], strata: Mapping[str, str], size:
     """The hosts the signature matcher's cohort references are drawn from: each hardware
     cohort's :func:`cohort_sample` (of ``hardware``'s hosts: those with windows) kept in
     the shares of its behaviour cohorts (``strata``, analytics' cohorts)."""
-    groups: dict[str, list[str]] = {}
-    for h, label in hardware.items():
-        groups.setdefault(label, []).append(h)
-    return {h for members in groups.values() for h in cohort_sample(members, size, strata)}
+    return {h for members in cohort_members(hardware).values() for h in cohort_sample(members, size, strata)}
 
 
 @dataclass(frozen=True)
@@ -936,11 +937,8 @@ def _cohort_blocks(config: AnalyticsConfig, m: _Matrix, cohort_of: Mapping[str, 
     X, floors, host_rows = m.X, m.floors, m.host_rows
     none = np.zeros(0, dtype=np.int64)
     judged = scored & warm
-    groups: dict[str, list[str]] = {}
-    for h, c in cohort_of.items():
-        groups.setdefault(c, []).append(h)
     blocks: list[_Block] = []
-    for label, members in groups.items():
+    for label, members in cohort_members(cohort_of).items():
         if len(members) < config.min_cohort:
             log.info("cohort %s has %d host(s) < min_cohort=%d", label, len(members), config.min_cohort)
             continue
@@ -1056,10 +1054,7 @@ def cohort_samples(keys: pl.DataFrame, config: AnalyticsConfig, cohort_of: Mappi
     starts = keys[WINDOW_START].dt.epoch("us").to_numpy()
     judged = (keys[WINDOW_START] >= score_since).to_numpy() & _out_of_warmup(starts, rows, config, first_us)
     ready = {h for h, r in rows.items() if judged[r].any()}
-    groups: dict[str, list[str]] = {}
-    for h, c in cohort_of.items():
-        groups.setdefault(c, []).append(h)
-    return {h for members in groups.values() if len(members) >= config.min_cohort
+    return {h for members in cohort_members(cohort_of).values() if len(members) >= config.min_cohort
             for h in cohort_sample([m for m in members if m in ready], config.cohort_sample)}
 
 

@@ -50,6 +50,7 @@ from analytics.pipeline import (
     analyze,
     batched_cohorts,
     cohort_inputs,
+    cohort_members,
     cohort_references,
     cohort_samples,
     fit,
@@ -468,10 +469,7 @@ def _step_shared(job: StepBlock, feats: pl.DataFrame | HostFiles, facts: pl.Data
                              first_us=fr.first_of)
     # a cohort an item on several workers (the largest samples first), every cohort one
     # item on one worker (one call, one read)
-    members: dict[str, list[str]] = {}
-    for h, c in cohort_of.items():
-        members.setdefault(c, []).append(h)
-    groups = sorted(((hs, mine) for hs in members.values() if (mine := sorted(sampled.intersection(hs)))),
+    groups = sorted(((hs, mine) for hs in cohort_members(cohort_of).values() if (mine := sorted(sampled.intersection(hs)))),
                     key=lambda g: -len(g[1]))  # (members, sampled members)
     if engine.workers == 1 and groups:
         groups = [([h for hs, _ in groups for h in hs], sorted(h for _, mine in groups for h in mine))]

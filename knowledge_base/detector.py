@@ -48,6 +48,7 @@ from analytics.pipeline import (
     FINDINGS_SCHEMA,
     SCORES_SCHEMA,
     AnalysisResult,
+    cohort_members,
     hardware_cohorts,
     matcher_sample,
 )
@@ -163,9 +164,7 @@ def _cohort_covers(findings: pl.DataFrame, warm: np.ndarray, starts: pl.DataFram
     idx = np.flatnonzero(warm & (findings["reference"] == "cohort").to_numpy())
     if not idx.size:
         return out
-    members: dict[str, list[str]] = {}
-    for h, c in label_of.items():
-        members.setdefault(c, []).append(h)
+    members = cohort_members(label_of)
     wu = timedelta(seconds=warmup_s)
     run_starts: dict[str, list[tuple[datetime | None, datetime]]] = {}
     for h, s, e in starts.iter_rows():

@@ -50,7 +50,7 @@ import polars as pl
 from analytics.attribution import SHARE_COLUMNS
 from analytics.catalog import lookup, split_feature
 from analytics.detectors import STATS_MAX_ROWS, RobustStandardizer
-from analytics.pipeline import cohort_sample, rows_by_host
+from analytics.pipeline import cohort_members, cohort_sample, rows_by_host
 from knowledge_base.facts import FactsIndex, HostFacts, _compare
 from knowledge_base.loader import Entry, KnowledgeBase, Signal, load_kb
 
@@ -285,9 +285,7 @@ def _peers(sel: pl.DataFrame, cols: Sequence[str], hardware: Mapping[str, str],
            choose: Callable[[list[str]], list[str]]) -> CohortPeers:
     """:class:`CohortPeers` of the windows ``sel`` (host and ``cols``, by host then window):
     each hardware cohort's sample is ``choose`` of its members that have windows."""
-    groups: dict[str, list[str]] = {}
-    for h, label in sorted(hardware.items()):
-        groups.setdefault(label, []).append(h)
+    groups = cohort_members(dict(sorted(hardware.items())))
     rows_of = rows_by_host(sel)
     cohort_rows: dict[str, np.ndarray] = {}
     sampled: set[str] = set()
