@@ -32,6 +32,12 @@ attribution by the squared robust z of each metric averaged over the flagged run
                              [--close-gaps 30] [--attribution row|run|incident] [--seed 0]
                              [--maha-fit-rows N] [--k-grid 6,7,8,9] [--json FILE]
 
+The shipped label-free default on any dataset in SMD's layout (``train/``, ``test/``,
+``test_label/``, ``interpretation_label/``, a ``NAME.txt`` per machine), e.g. one sampled
+every 5 minutes:
+
+    python benchmarks/smd.py --shipped --data DIR --period 5 [--machines NAME ...] [--json FILE]
+
 Protocols and constants chosen without the reported labels (issue 16, docs/smd.md):
 
     python benchmarks/smd.py --nested [--protocol causal|standard|transductive]
@@ -51,6 +57,7 @@ on the windows and their trailing 60-min mean), fitted on the same causal blocks
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
@@ -118,8 +125,9 @@ class Machine:
 
 
 def machines(data: Path) -> list[str]:
-    """Machines whose train, test and labels are all present."""
-    names = sorted(p.stem for p in (data / "test").glob("machine-*.txt"))
+    """Machines whose train, test and labels are all present (any name: SMD's layout holds
+    other datasets too)."""
+    names = sorted(p.stem for p in (data / "test").glob("*.txt"))
     return [n for n in names if (data / "train" / f"{n}.txt").is_file() and (data / "test_label" / f"{n}.txt").is_file()]
 
 
@@ -649,7 +657,7 @@ def scored_machine(data: Path, name: str, *, protocol: str = DEFAULT_PROTOCOL, w
     ``resample``: average every ``resample`` raw rows first (SMD at a coarser period;
     ``window``, ``refit_every`` and ``span`` are then counted in resampled rows). The
     per-channel tail score (:data:`CHANNEL_DETECTOR`) is added from the features."""
-    key = f"{name}-{protocol}-w{window}-r{refit_every}-p{span}-s{random_state}-x{resample}-n{rows}"
+    key = f"{name}-{_source(data)}-{protocol}-w{window}-r{refit_every}-p{span}-s{random_state}-x{resample}-n{rows}"
     path = cache / f"{key}.npz" if cache is not None else None
     X, n_train, n_test, labels, dims, segments = _features(data, name, window=window, resample=resample, rows=rows,
                                                            cache=cache)
@@ -670,10 +678,16 @@ def scored_machine(data: Path, name: str, *, protocol: str = DEFAULT_PROTOCOL, w
     return s
 
 
+def _source(data: Path) -> str:
+    """A short name of the dataset directory for cache keys (two datasets may name their
+    machines alike)."""
+    return hashlib.sha1(str(data.resolve()).encode()).hexdigest()[:8]
+
+
 def _features(data: Path, name: str, *, window: int, resample: int, rows: int | None, cache: Path | None
               ) -> tuple[np.ndarray, int, int, np.ndarray, list[int], list[tuple[int, int, frozenset[int]]]]:
     """(window matrix, n_train, n_test, labels, dims, segments) of one machine, cached."""
-    fpath = cache / f"{name}-w{window}-x{resample}-n{rows}.features.npz" if cache is not None else None
+    fpath = cache / f"{name}-{_source(data)}-w{window}-x{resample}-n{rows}.features.npz" if cache is not None else None
     if fpath is not None and fpath.is_file():
         with np.load(fpath) as f:
             X, n_train, n_test, labels = f["X"], int(f["n_train"]), int(f["n_test"]), f["labels"]
@@ -988,9 +1002,9 @@ def parse_combos(text: str) -> list[tuple[str, ...]]:
     return out
 
 
-def result_table(rows: Sequence[tuple[Result, Setting]]) -> str:
+def result_table(rows: Sequence[tuple[Result, Setting]], setting: str = "setting (chosen without this machine)") -> str:
     head = (f"{'machine':<13}{'flag%':>7}{'P':>7}{'R':>7}{'F1':>7}{'F1-PA':>7}{'Hit@100':>9}{'Hit@150':>9}"
-            f"{'rows':>6}{'F1*':>7}{'F1/F1*':>8}  setting (chosen without this machine)")
+            f"{'rows':>6}{'F1*':>7}{'F1/F1*':>8}  {setting}")
     lines = [head, "-" * len(head)]
     for r, st in rows:
         ratio = r.f1 / r.best_f1_oracle if r.best_f1_oracle > 0 else float("nan")
@@ -1009,8 +1023,10 @@ def result_table(rows: Sequence[tuple[Result, Setting]]) -> str:
     lines.append(f"{'MEAN':<13}{100 * (mean('flagged_share') or 0):>6.1f}%{_f(mean('precision')):>7}"
                  f"{_f(mean('recall')):>7}{_f(f1):>7}{_f(mean('f1_pa')):>7}{_f(mean('hit100')):>9}"
                  f"{_f(mean('hit150')):>9}{'':>6}{_f(star):>7}{ratio:>8.2f}")
-    for g in dict.fromkeys(group_of(r.machine) for r in res):
-        rg = [r for r in res if group_of(r.machine) == g]
+    groups = {g: [r for r in res if group_of(r.machine) == g] for g in dict.fromkeys(group_of(r.machine) for r in res)}
+    if len(groups) == len(res):
+        return "\n".join(lines)  # (a group of one machine each: their own rows)
+    for g, rg in groups.items():
         f, s = float(np.mean([r.f1 for r in rg])), float(np.mean([r.best_f1_oracle for r in rg]))
         lines.append(f"{'group ' + g:<13}{'':>7}{'':>7}{'':>7}{f:>7.3f}{'':>7}{'':>9}{'':>9}{'':>6}{s:>7.3f}"
                      f"{(f / s if s else float('nan')):>8.2f}")
@@ -1126,6 +1142,39 @@ def main_nested(args: argparse.Namespace) -> int:
     return 0
 
 
+def main_shipped(args: argparse.Namespace) -> int:
+    """:data:`SHIPPED` under the causal protocol on every machine of ``--data``, its
+    constants (counted in 1-min rows) mapped onto rows of ``--period`` minutes: the
+    label-free default on data it has not seen. Labels are read for the figures only."""
+    if args.period < 1:
+        raise SystemExit(f"--period must be a whole number of minutes >= 1, not {args.period}")
+    names = list(args.machines) if args.machines else machines(args.data)
+    if not names:
+        raise SystemExit(f"{args.data}: no machine with train/, test/ and test_label/ files (SMD's layout, "
+                         "docs/smd.md)")
+    st = rescale(SHIPPED, args.period)
+    refit = max(1, round(args.refit_every / args.period))
+    t0 = time.perf_counter()
+    rows = [(judge(scored_machine(args.data, n, protocol="causal", window=st.window, refit_every=refit,
+                                  span=st.span, random_state=args.seed, cache=args.cache), st), st) for n in names]
+    _out(f"The shipped default ({SHIPPED.name}, at 1 min) on {len(names)} machines of {args.data}, rows of "
+         f"{args.period} min: {st.name}, causal protocol (refit every {refit} test rows)")
+    if args.data.resolve() == DATA.resolve():
+        _out("(these are SMD machines, the setting was chosen on their labels: in-sample, not held out)")
+    _out(result_table(rows, "setting"))
+    _out("F1* = the same score's best point-wise F1 over thresholds chosen WITH the labels (oracle); "
+         "F1/F1* = what the label-free threshold keeps of it")
+    _out(f"{time.perf_counter() - t0:.0f} s")
+    if args.json:
+        res = [r for r, _ in rows]
+        f1, star = float(np.mean([r.f1 for r in res])), float(np.mean([r.best_f1_oracle for r in res]))
+        args.json.write_text(json.dumps({"setting": st.name, "period_min": args.period, "refit_every": refit,
+                                         "results": [asdict(r) for r in res],
+                                         "mean_f1": f1, "mean_f1_oracle": star,
+                                         "f1_over_oracle": f1 / star if star else None}, indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--data", type=Path, default=DATA, help="SMD directory (default %(default)s)")
@@ -1172,8 +1221,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     nest.add_argument("--transfer", type=int, default=0,
                       help="also apply each group's choice to the group resampled this many times coarser")
     nest.add_argument("--cache", type=Path, help="cache the per-machine scores here")
+    ship = ap.add_argument_group("the shipped default on another dataset (--shipped)")
+    ship.add_argument("--shipped", action="store_true",
+                      help="judge every machine of --data with the shipped label-free default (causal protocol)")
+    ship.add_argument("--period", type=int, default=1,
+                      help="the data's sampling period in minutes; the default's window, gap closing and refit "
+                           "cadence are counted in minutes (default %(default)s)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.shipped:
+        return main_shipped(args)
     if args.nested:
         return main_nested(args)
     res = run(args.data, args.machines, args.configs, reference=args.reference, window=args.window,

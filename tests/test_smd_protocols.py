@@ -3,6 +3,7 @@ threshold rules, the nested selection and the resampled transfer (benchmarks/smd
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -127,3 +128,54 @@ def test_nested_slice_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[s
     for d in smd.SCORED_DETECTORS:
         np.testing.assert_allclose(a.scores[d], b.scores[d], rtol=1e-12)
     assert len(a.refs) == 5 and a.labels.sum() == 6
+
+
+def _renamed(src: Path, name: str, out: Path, columns: int) -> Path:
+    """``src``'s machine-1-6 as machine ``name`` with its first ``columns`` metrics: another
+    dataset in SMD's layout (names and metric count of its own)."""
+    for sub in ("train", "test", "test_label", "interpretation_label"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    for sub in ("train", "test"):
+        x = np.loadtxt(src / sub / "machine-1-6.txt", delimiter=",", ndmin=2)[:, :columns]
+        np.savetxt(out / sub / f"{name}.txt", x, delimiter=",", fmt="%.6g")
+    shutil.copy(src / "test_label" / "machine-1-6.txt", out / "test_label" / f"{name}.txt")
+    segs = [(a, b, sorted(d for d in g if d <= columns)) for a, b, g in
+            smd.read_segments(src / "interpretation_label" / "machine-1-6.txt")]
+    (out / "interpretation_label" / f"{name}.txt").write_text(
+        "".join(f"{a}-{b}:{','.join(map(str, g))}\n" for a, b, g in segs if g))
+    return out
+
+
+def test_shipped_default_on_another_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--shipped --period 5`` judges any machine of an SMD-layout directory with the shipped
+    setting counted in 5-min rows, and says so."""
+    coarse = smd.resample_data(DATA, "machine-1-6", tmp_path / "r5", 5)
+    data = _renamed(coarse, "omi-1", tmp_path / "omi", 19)
+    assert smd.machines(data) == ["omi-1"]
+    out_json = tmp_path / "shipped.json"
+    assert smd.main(["--shipped", "--data", str(data), "--period", "5", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "w1 mean(Maha) quantile:0.02 gaps6 incident" in out and "refit every 48 test rows" in out
+    assert "in-sample" not in out  # not SMD's own machines
+    got = json.loads(out_json.read_text())
+    assert [r["machine"] for r in got["results"]] == ["omi-1"] and got["period_min"] == 5
+    s = smd.scored_machine(data, "omi-1", window=1, refit_every=48)
+    assert s.z.shape[1] == 19  # the dataset's own metric count
+    assert got["results"][0]["f1"] == smd.judge(s, smd.rescale(smd.SHIPPED, 5)).f1
+    # counted in 1-min rows the same data gets the 1-min setting's 5-row windows
+    assert smd.main(["--shipped", "--data", str(data)]) == 0
+    assert "w5 mean(Maha) quantile:0.02 gaps30 incident" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no machine"):
+        smd.main(["--shipped", "--data", str(tmp_path / "empty")])
+    with pytest.raises(SystemExit, match="--period"):
+        smd.main(["--shipped", "--data", str(data), "--period", "0"])
+
+
+def test_cache_keeps_datasets_apart(tmp_path: Path) -> None:
+    """Two datasets whose machines share a name do not share cached scores."""
+    a = _renamed(DATA, "m", tmp_path / "a", 38)
+    b = _renamed(DATA, "m", tmp_path / "b", 19)
+    cache = tmp_path / "cache"
+    sa = smd.scored_machine(a, "m", refit_every=60, cache=cache)
+    sb = smd.scored_machine(b, "m", refit_every=60, cache=cache)
+    assert sa.z.shape[1] == 38 and sb.z.shape[1] == 19
