@@ -169,7 +169,10 @@ def load_machine(data: Path, name: str, lake: Path, *, window: int = 1, rows: in
     feats = compute_features({TABLE: scan(lake, TABLE, hosts=[name])}, WindowSpec(60.0 * window, 60.0))
     cols = feature_columns(feats)
     dims = [int(c.rsplit(".c", 1)[1]) for c in cols]
-    labels = np.loadtxt(data / "test_label" / f"{name}.txt", dtype=np.int64).astype(bool)[:n_test]
+    label_path = data / "test_label" / f"{name}.txt"
+    labels = np.loadtxt(label_path, dtype=np.int64, ndmin=1).astype(bool)[:n_test]
+    if labels.size < n_test:
+        raise ValueError(f"{label_path}: {labels.size} labels for {n_test} test rows")
     segs = [s for s in read_segments(data / "interpretation_label" / f"{name}.txt") if s[0] < n_test]
     return Machine(name, n_train, n_test, feats, dims, labels, segs)
 

@@ -179,3 +179,11 @@ def test_cache_keeps_datasets_apart(tmp_path: Path) -> None:
     sa = smd.scored_machine(a, "m", refit_every=60, cache=cache)
     sb = smd.scored_machine(b, "m", refit_every=60, cache=cache)
     assert sa.z.shape[1] == 38 and sb.z.shape[1] == 19
+
+
+def test_too_few_labels_is_a_clear_error(tmp_path: Path) -> None:
+    data = _renamed(DATA, "m", tmp_path / "d", 38)
+    lab = data / "test_label" / "m.txt"
+    lab.write_text("".join(lab.read_text().splitlines(keepends=True)[:250]))
+    with pytest.raises(ValueError, match=r"m.txt: 250 labels for 300 test rows"):
+        smd.scored_machine(data, "m", refit_every=60)
