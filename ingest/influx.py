@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 import threading
 import urllib.parse
@@ -640,13 +641,23 @@ class InfluxSink:
         self._thread.join()
         self._transport.close()
         self._closed = True
-        if self._tmp_spool and self.spooled_batches:
+        if not self._tmp_spool:
+            return
+        if self.spooled_batches:
             log.error(
                 "influx sink closed with %d points still spooled in the temporary directory %s "
                 "(set spool_dir to keep them across restarts)",
                 self._spool.points,
                 self._spool.dir,
             )
+        elif any(self._spool.rejected_dir.iterdir()):
+            log.warning(
+                "influx sink closed; the batches InfluxDB rejected are kept in %s",
+                self._spool.rejected_dir,
+            )
+        else:
+            # A private spool that holds nothing: one temp dir per run would pile up in /tmp.
+            shutil.rmtree(self._spool.dir, ignore_errors=True)
 
     def __enter__(self) -> InfluxSink:
         return self

@@ -8,6 +8,7 @@ import gzip
 import json
 import logging
 import os
+import shutil
 import time
 import urllib.parse
 import urllib.request
@@ -202,6 +203,39 @@ def test_server_down_at_start_spools_logs_once_and_cap_evicts(
     assert SECRET not in caplog.text and SECRET not in repr(sink)
     with pytest.raises(InfluxError, match="closed"):
         sink.write("gpu", gpu_frame(1))
+
+
+def test_private_spool_is_removed_when_empty_and_kept_when_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    idle = InfluxSink(sink_config(url, tmp_path, spool_dir=None))
+    idle_dir = idle.spool_dir
+    assert idle_dir.is_dir()
+    idle.close()
+    assert not idle_dir.exists()  # one run, one temp dir: none may be left in /tmp
+
+    down = InfluxSink(sink_config(url, tmp_path, spool_dir=None))
+    down.write("gpu", gpu_frame(10))
+    down.close()
+    try:
+        assert down.stats.points_spooled == 10
+        assert len(list(down.spool_dir.glob("*.lp.gz"))) == 1  # unsent data is never deleted
+        assert any(
+            r.levelno == logging.ERROR and str(down.spool_dir) in r.getMessage()
+            for r in caplog.records
+        )
+    finally:
+        shutil.rmtree(down.spool_dir)
+
+    refused = InfluxSink(sink_config(url, tmp_path, spool_dir=None))
+    kept = refused.spool_dir / "rejected" / "0000000000000001-ns-1.lp.gz"
+    kept.write_bytes(gzip.compress(b"conflict x=1i 0"))  # what a 400 leaves there
+    refused.close()
+    try:
+        assert kept.exists()
+    finally:
+        shutil.rmtree(refused.spool_dir)
 
 
 # ------------------------------------------------------------------------ influxd (v1)
