@@ -117,8 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows up here rather than at exit
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `unveil ... | head`: stop quietly, as a command killed by SIGPIPE would; stdout
+        # goes to /dev/null so that the interpreter's last flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (UserError, FileNotFoundError, ValueError, LakeError, SinkError, EngineError) as exc:
         # notes say where (an engine names the item that failed in a worker)
         notes = "".join(f" ({n})" for n in getattr(exc, "__notes__", ()))

@@ -21,3 +21,22 @@ def warn_corrupt(command: str, errors: Iterable[CorruptFileError], seen: set[Pat
         seen.add(err.path)
         print(f"unveil {command}: warning: corrupt file skipped: {err.path} ({err.reason})", file=sys.stderr)
     sys.stderr.flush()
+
+
+def output_file(path: str | None, option: str) -> Path | None:
+    """A user's ``--out FILE`` checked before any work: a directory is an error naming the
+    option (not a traceback from the final rename), and missing parent directories are
+    created, as for every command that writes a file."""
+    if path is None:
+        return None
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"{option} {out} is a directory; give a file name")
+    parent = out.parent
+    if parent.exists() and not parent.is_dir():
+        raise ValueError(f"{option} {out}: {parent} is not a directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{option} {out}: cannot create {parent}: {exc.strerror}") from None
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from jobs.commands import output_file
 from jobs.demo import DEFAULT_DIR, run_demo
 
 
@@ -24,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    res = run_demo(args.lake, args.report, hosts=args.hosts, duration=args.duration, seed=args.seed,
+    res = run_demo(args.lake, output_file(args.report, "--report"), hosts=args.hosts, duration=args.duration, seed=args.seed,
                    progress=lambda line: print(line, flush=True))
     print()
     if res.summary is not None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 from jobs import config as config_mod
-from jobs.commands import warn_corrupt
+from jobs.commands import output_file, warn_corrupt
 from jobs.commands.schedule import add_common, sweep_config
 from jobs.postmortem import label_interval, postmortem, postmortem_id
 from jobs.timeparse import parse_duration, parse_time
@@ -34,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    out_arg = output_file(args.out, "--out")  # before the analytics, not after
     cfg = config_mod.load(args.config)
     lake = config_mod.resolve_lake_and_state(args.lake, args.state, cfg)
     sc = sweep_config(args, cfg, lake)
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  results: {res.path}")
     sys.stdout.flush()
     warn_corrupt("postmortem", res.corrupt)
-    out = Path(args.out) if args.out else res.path / "report.html"
+    out = out_arg or res.path / "report.html"
     try:
         from jobs.report import write_report
     except ImportError:  # the report module is optional here: the text above is the summary
