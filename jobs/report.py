@@ -54,6 +54,10 @@ SUBSYSTEM_COLORS: dict[str, str] = {
 _SVG_HEAD = re.compile(r"^.*?(?=<svg)", re.S)
 
 
+#: why labels are not judged in a lake that has no incidents table
+NO_INCIDENTS = "no incidents in the lake (`unveil schedule` decides them; `unveil sweep` writes findings only)"
+
+
 @dataclass
 class LabelCheck:
     """One ground-truth label and whether the report's incidents caught it."""
@@ -89,6 +93,11 @@ class ReportSummary:
     data_end: datetime | None = None
 
     @property
+    def incidents_judged(self) -> bool:
+        """Labels are caught or missed by incidents; without the table there is no verdict."""
+        return "incidents" not in self.missing_tables
+
+    @property
     def unmatched(self) -> int:
         return self.incidents - self.matched
 
@@ -121,7 +130,9 @@ class ReportSummary:
         rem = ", ".join(f"{n} {s}" for s, n in sorted(self.remediations.items()))
         lines.append(f"  remediations: {rem or 'none'}")
         lines.append(f"  static audit: {self.audit_findings} finding(s)")
-        if self.labels:
+        if self.labels and not self.incidents_judged:
+            lines.append(f"  ground truth: {len(self.labels)} labelled inefficiencies, not judged: {NO_INCIDENTS}")
+        elif self.labels:
             hit = sum(lb.matched for lb in self.labels)
             lines.append(f"  ground truth: {hit}/{len(self.labels)} injected inefficiencies detected and matched")
             for lb in self.labels:
@@ -723,9 +734,12 @@ def _render_incidents(inc: Incidents) -> str:
         nowrap=("host", "duration", "status")))
 
 
-def _render_ground_truth(labels: Sequence[LabelCheck]) -> str:
+def _render_ground_truth(labels: Sequence[LabelCheck], judged: bool = True) -> str:
     if not labels:
         return ""
+    if not judged:
+        return _section("ground-truth", "Ground truth (labelled inefficiencies)",
+                        f'<p class="meta">{len(labels)} labelled, not judged: {html.escape(NO_INCIDENTS)}.</p>')
     rows = [{"host": lb.host, "type": lb.type, "start": lb.start, "end": lb.end,
              "result": _Raw('<span class="ok">detected and matched</span>' if lb.matched else
                             '<span class="warn">detected, not matched</span>' if lb.detected else
@@ -773,7 +787,7 @@ def render(facts: ReportFacts) -> str:
     s = facts.summary
     palette: dict[str, str] = {}
     sections = [_render_traces(facts.traces, palette), _render_fingerprints(facts.incidents),
-                _render_incidents(facts.incidents), _render_ground_truth(s.labels), _render_audit(facts.audit),
+                _render_incidents(facts.incidents), _render_ground_truth(s.labels, s.incidents_judged), _render_audit(facts.audit),
                 _render_remediations(facts.remediations)]
     missing = (f'<p class="meta">Not in the lake yet: {html.escape(", ".join(s.missing_tables))}.</p>'
                if s.missing_tables else "")

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from ingest import lake as lake_mod
 from ingest.lake import CorruptFileError
 
 
@@ -40,3 +41,28 @@ def output_file(path: str | None, option: str) -> Path | None:
     except OSError as exc:
         raise ValueError(f"{option} {out}: cannot create {parent}: {exc.strerror}") from None
     return out
+
+
+def lake_hosts(lake: str | Path) -> set[str]:
+    """Every host with a partition in any table of the lake (directory names only)."""
+    return {h for t in lake_mod.tables(lake) for h in lake_mod.hosts(lake, t)}
+
+
+def unknown_hosts(lake: str | Path, hosts: Iterable[str] | None) -> str | None:
+    """None when every host asked for has data in the lake; else what to tell the user."""
+    if not hosts or not lake_mod.exists(lake):
+        return None
+    known = lake_hosts(lake)
+    missing = sorted(set(hosts) - known)
+    if not missing:
+        return None
+    have = sorted(known)
+    listed = ", ".join(have[:10]) + (f" and {len(have) - 10} more" if len(have) > 10 else "")
+    return f"no data in {lake} for host(s) {', '.join(missing)} (it has: {listed or 'none'})"
+
+
+def check_hosts(lake: str | Path, hosts: Iterable[str] | None) -> None:
+    """A ``--hosts`` name with no data is a typo more often than not: an error, not an
+    empty result."""
+    if (msg := unknown_hosts(lake, hosts)) is not None:
+        raise ValueError(f"--hosts: {msg}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from jobs.commands import output_file
+from jobs.commands import check_hosts, output_file
 from jobs.report import write_report
 from jobs.timeparse import parse_time
 
@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     end = parse_time(args.until) if args.until else None
     if start is not None and end is not None and start >= end:
         raise ValueError(f"empty interval: --since {start.isoformat()} is not before --until {end.isoformat()}")
+    check_hosts(args.lake, args.hosts)
     out = output_file(args.out, "--out")
     assert out is not None  # required
     summary = write_report(args.lake, out, start, end, args.hosts)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ingest import lake as lake_mod
 from jobs import config as config_mod
-from jobs.commands import warn_corrupt
+from jobs.commands import unknown_hosts, warn_corrupt
 from jobs.config import SweepConfig, duration
 from jobs.cycle import CycleSummary, maintain, run_cycle
 from jobs.engine import make_engine, parse_spec
@@ -113,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
                                      "(without --once the scheduler waits for the agent's first commit)")
     sc = sweep_config(args, cfg, lake)
     until = parse_time(args.until) if args.until else None
+    if (msg := unknown_hosts(lake, args.hosts)) is not None:
+        # not an error: a scheduler may start before a host's agent has committed anything
+        print(f"unveil schedule: warning: {msg}; nothing is swept for it until it has", file=sys.stderr)
     if args.once:
         with make_engine(sc.engine) as engine:
             try:

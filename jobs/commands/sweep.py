@@ -8,8 +8,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from analytics.pipeline import AnalyticsConfig
+from ingest import lake as lake_mod
 from ingest.lake import LakeError
-from jobs.commands import warn_corrupt
+from jobs.commands import check_hosts, warn_corrupt
 from jobs.commands.schedule import add_engine
 from jobs.engine import parse_spec
 from jobs.sweep import run_sweep
@@ -81,9 +82,19 @@ def check_watermarks(lake: str, start: datetime, hosts: list[str] | None) -> Non
         f"to append anyway.")
 
 
+def _telemetry_days(lake: str, hosts: list[str] | None) -> list[str]:
+    """The days (partition names) with telemetry, for a sweep that found none."""
+    try:
+        paths = lake_mod.files(lake, "system", hosts=hosts)
+    except (LakeError, OSError):
+        return []
+    return sorted({part[5:] for p in paths for part in p.parts if part.startswith("date=")})
+
+
 def _run(args: argparse.Namespace) -> int:
     lake, analytics, detection, engine = _settings(args)
     start, end = parse_range(args.since, args.until, default_since="1h")
+    check_hosts(lake, args.hosts)
     if not (args.dry_run or args.force):
         check_watermarks(lake, start, args.hosts)
     summary = run_sweep(lake, start, end, args.hosts, analytics, write=not args.dry_run, detection=detection,
@@ -91,6 +102,9 @@ def _run(args: argparse.Namespace) -> int:
     print(f"sweep {start.isoformat()} .. {end.isoformat()}: {len(summary.hosts)} hosts, "
           f"{summary.windows} windows, {summary.flagged} flagged, {summary.signature} signature matches, "
           f"{summary.findings} findings")
+    if not summary.windows and (days := _telemetry_days(lake, args.hosts)):
+        print(f"no telemetry in that interval; the lake's `system` table has data on {days[0]}"
+              + (f" .. {days[-1]}" if len(days) > 1 else "") + " (--since/--until choose the interval)")
     if summary.hosts:
         width = max(len(h) for h in summary.hosts)
         print(f"{'host'.ljust(width)}  {'windows':>8}  {'flagged':>8}  {'kb':>8}  {'findings':>8}")
