@@ -20,6 +20,12 @@ Time pruning: rows with ``start <= time < end``, except ``host_facts`` (facts re
 ``start`` are still in force: only ``time < end``) and ``labels`` (an injection that began
 before ``start`` but overlaps it is kept: ``time < end`` and ``end > start``).
 
+Only read queries run: the statement's first keyword (past comments and parentheses) must
+be SELECT, WITH, VALUES or FROM, or EXPLAIN of one of them; anything else (DROP, INSERT,
+COPY, CREATE ...) is refused before anything is read. ``SHOW TABLES`` lists the lake's
+tables and views (tables are registered per query, so Polars alone would list none).
+A parameter used as a LIMIT/OFFSET/FETCH row count must be a non-negative integer.
+
 Named queries are the files ``sql/<name>.sql``. Their header comment describes them and
 declares their parameters (see docs/query.md)::
 
@@ -307,10 +313,30 @@ def parse_param_args(items: Sequence[str] | None) -> dict[str, str]:
     return out
 
 
+# A parameter that gives a row count: LIMIT :n, OFFSET :n, FETCH FIRST/NEXT :n.
+_ROW_COUNT_PARAM = re.compile(r"\b(?:LIMIT|OFFSET|FETCH\s+(?:FIRST|NEXT))\s*\(?\s*:([A-Za-z_][A-Za-z0-9_]*)",
+                              re.IGNORECASE)
+_NON_NEGATIVE_INT = re.compile(r"[0-9]+")
+
+
+def row_count_parameters(sql: str) -> set[str]:
+    """The parameters ``sql`` uses as a LIMIT / OFFSET / FETCH row count (outside literals
+    and comments)."""
+    masked = "".join(text if code else " " * len(text) for code, text in _segments(sql))
+    return {m.group(1) for m in _ROW_COUNT_PARAM.finditer(masked)}
+
+
+def _check_row_count(name: str, literal: str, raw: Any, where: str) -> None:
+    if not _NON_NEGATIVE_INT.fullmatch(literal):
+        raise QueryError(f"{where}parameter {name!r} sets a LIMIT/OFFSET row count: "
+                         f"it must be a non-negative integer, not {raw!r}")
+
+
 def _literals(query: NamedQuery | None, sql: str, values: Mapping[str, Any],
               start: datetime | None, end: datetime | None) -> dict[str, str]:
     lits = {"since": render_literal(start or _MIN_TIME, "timestamp"),
             "until": render_literal(end or _MAX_TIME, "timestamp")}
+    counts = row_count_parameters(sql)
     if query is not None:
         declared = {p.name: p for p in query.params}
         unknown = sorted(set(values) - set(declared))
@@ -328,9 +354,13 @@ def _literals(query: NamedQuery | None, sql: str, values: Mapping[str, Any],
                 lits[p.name] = render_literal(raw, p.type)
             except QueryError as exc:
                 raise QueryError(f"parameter {p.name!r} of query {query.name!r}: {exc}") from None
+            if p.name in counts:
+                _check_row_count(p.name, lits[p.name], raw, f"query {query.name!r}: ")
     else:
         for k, v in values.items():
             lits[k] = render_literal(v, _type_of(v))
+            if k in counts:
+                _check_row_count(k, lits[k], v, "SQL: ")
     return lits
 
 
@@ -575,6 +605,68 @@ def _report(errors: Sequence[lake_mod.CorruptFileError], into: list[lake_mod.Cor
 
 _UNKNOWN_TABLE = re.compile(r"relation '([^']+)' was not found")
 
+#: the statements ``unveil query`` runs: reads only (EXPLAIN of one of them, SHOW TABLES)
+READ_ONLY = ("SELECT", "WITH", "VALUES", "FROM")
+_WORD = re.compile(r"[A-Za-z_]+")
+_EXPLAIN_OPTIONS = frozenset({"ANALYZE", "VERBOSE", "PLAN", "QUERY"})
+_SHOW_TABLES = re.compile(r"SHOW\s+TABLES\s*;?\s*", re.IGNORECASE)
+
+
+def statement_kind(sql: str) -> str:
+    """The first keyword of ``sql`` in upper case, past comments, whitespace and opening
+    parentheses ('' when there is none; the first characters when it does not start with
+    a word, e.g. a string literal)."""
+    for code, text in _segments(sql):
+        if not code:
+            if text.startswith(("--", "/*")):
+                continue
+            return text[:20]
+        rest = text.lstrip()
+        while rest.startswith("("):
+            rest = rest[1:].lstrip()
+        if not rest:
+            continue
+        m = _WORD.match(rest)
+        return m.group(0).upper() if m else rest.split()[0][:20]
+    return ""
+
+
+def _code_only(sql: str) -> str:
+    """``sql`` with comments, string literals and quoted identifiers each replaced by a space."""
+    return "".join(text if code else " " for code, text in _segments(sql))
+
+
+def check_read_only(sql: str, what: str = "SQL") -> None:
+    """Refuse, before anything is read, a statement that is not a read query: SELECT,
+    WITH ... SELECT, VALUES, FROM ... SELECT, EXPLAIN of one of them, SHOW TABLES."""
+    code = _code_only(sql)
+    kind = statement_kind(sql)
+    if kind == "EXPLAIN":  # EXPLAIN [ANALYZE] [VERBOSE] <statement>: the statement must be a read
+        words = iter(_WORD.finditer(code))
+        next(words)
+        for m in words:
+            if m.group(0).upper() not in _EXPLAIN_OPTIONS:
+                check_read_only(code[m.start():], what)
+                return
+        raise QueryError(f"{what}: EXPLAIN needs a query to explain")
+    if kind == "SHOW":
+        if _SHOW_TABLES.fullmatch(code.strip()):
+            return
+        raise QueryError(f"{what}: unveil query runs read-only queries (SELECT/WITH); of SHOW it runs only "
+                         f"'SHOW TABLES' (the lake's tables and views)")
+    if kind in READ_ONLY:
+        return
+    if not kind:
+        raise QueryError(f"{what}: no SQL statement (only comments or whitespace)")
+    raise QueryError(f"{what}: unveil query runs read-only queries (SELECT/WITH); {kind!r} is not one "
+                     f"(nothing was read or changed)")
+
+
+def is_show_tables(sql: str) -> bool:
+    """``SHOW TABLES`` (the lake registers tables lazily: answered from its table list)."""
+    code = _code_only(sql)
+    return bool(_SHOW_TABLES.fullmatch(code.strip()))
+
 
 def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None = None,
               end: datetime | None = None, hosts: Sequence[str] | None = None,
@@ -590,6 +682,7 @@ def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None
     named = load_named(text.strip(), sql_dir) if is_named(text) else None
     raw = named.sql if named is not None else text
     what = f"query {named.name!r} ({named.path})" if named is not None else "SQL"
+    check_read_only(raw, what)  # before anything else: DROP, INSERT, COPY ... never reach Polars
     sql = bind(raw, _literals(named, raw, params or {}, start, end))
     try:
         available = lake_mod.tables(lake)
@@ -597,6 +690,8 @@ def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None
         raise QueryError(str(exc)) from None
     # lake tables only: checked on the parsed statement before any table is scanned
     shown = [*available, *(v for v, b in VIEWS.items() if b in available)]
+    if is_show_tables(sql):  # tables are registered per query: list the lake's own
+        return pl.DataFrame({"name": sorted(shown)}, schema={"name": pl.String})
     check_tables(sql, {*available, *VIEWS, *_KNOWN_EMPTY, *schema.MEASUREMENTS}, shown, lake, what)
     damaged: list[lake_mod.CorruptFileError] = []
     while True:

@@ -225,7 +225,8 @@ def test_feature_values_view_is_the_features_table_in_long_form(lake: Path) -> N
 
 @pytest.mark.parametrize(("sql", "pattern"), [
     ("SELECT * FROM nosuchtable", r"unknown table 'nosuchtable'; tables in .*gpu.*host_facts"),
-    ("SELEC * FROM gpu", r"SQL: sql parser error"),
+    ("SELECT * FROM gpu WHERE", r"SQL: sql parser error"),
+    ("SELEC * FROM gpu", r"SQL: unveil query runs read-only queries \(SELECT/WITH\); 'SELEC' is not one"),
     ("SELECT nosuchcolumn FROM system", r"SQL: unable to find column \"nosuchcolumn\""),
 ])
 def test_bad_sql_gets_a_clear_error(lake: Path, sql: str, pattern: str) -> None:
@@ -409,7 +410,7 @@ def http_server() -> Iterator[tuple[str, list[str]]]:
 ])
 def test_sql_cannot_read_files_outside_the_lake(small_lake: Path, outside_file: Path, template: str) -> None:
     sql = template.format(f=outside_file)
-    with pytest.raises(q.QueryError, match=r"lake tables only|unknown table") as info:
+    with pytest.raises(q.QueryError, match=r"lake tables only|unknown table|read-only") as info:
         q.run_query(small_lake, sql)
     assert "s3cr3t" not in str(info.value)
 
@@ -517,3 +518,92 @@ def test_remediation_effects_on_a_lake_written_before_the_history_columns(tmp_pa
     assert out.schema["recurrence_of"] == pl.Int64 and out.schema["came_back_after_s"] == pl.Float64
     # and ad hoc SQL naming a new column works on the old files too
     assert q.run_query(tmp_path / "lake", "SELECT count(recurrence_of) AS n FROM remediations")["n"][0] == 0
+
+
+# ------------------------------------------------------------- read-only statements
+
+
+@pytest.mark.parametrize(("sql", "kind"), [
+    ("DROP TABLE system", "DROP"),
+    ("delete from system", "DELETE"),
+    ("truncate table system", "TRUNCATE"),
+    ("INSERT INTO system VALUES (1)", "INSERT"),
+    ("copy system to '/tmp/unveil-query-copy.csv'", "COPY"),
+    ("CREATE TABLE t AS SELECT 1", "CREATE"),
+    ("-- a comment\n/* another */ ( drop table system)", "DROP"),
+    ("EXPLAIN ANALYZE DROP TABLE system", "DROP"),
+])
+def test_cli_refuses_statements_that_are_not_reads(small_lake: Path, capsys: pytest.CaptureFixture[str],
+                                                   sql: str, kind: str) -> None:
+    assert main(["query", "--lake", str(small_lake), sql]) == 2
+    err = capsys.readouterr().err
+    assert f"runs read-only queries (SELECT/WITH); {kind!r} is not one" in err
+    assert "Traceback" not in err and "Insert(" not in err and "unknown table" not in err
+    assert not Path("/tmp/unveil-query-copy.csv").exists()
+    assert q.run_query(small_lake, "SELECT load1 FROM system").rows() == [(1.5,)]  # untouched
+
+
+@pytest.mark.parametrize("sql", [
+    "-- leading comment\n/* block */ ( SELECT load1 FROM system )",
+    "WITH t AS (SELECT load1 FROM system) SELECT * FROM t",
+    "FROM system SELECT load1",
+])
+def test_read_queries_behind_comments_and_parentheses_still_run(small_lake: Path, sql: str) -> None:
+    assert q.run_query(small_lake, sql).rows() == [(1.5,)]
+    assert q.run_query(small_lake, "EXPLAIN SELECT load1 FROM system").height > 0
+
+
+def test_show_tables_lists_the_lake_tables(small_lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert q.run_query(small_lake, "SHOW TABLES")["name"].to_list() == ["system"]
+    assert main(["query", "--lake", str(small_lake), "--format", "csv", "show tables;"]) == 0
+    assert capsys.readouterr().out.split() == ["name", "system"]
+    assert main(["query", "--lake", str(small_lake), "SHOW COLUMNS FROM system"]) == 2
+    assert "only 'SHOW TABLES'" in capsys.readouterr().err
+
+
+def test_row_count_parameters_must_be_non_negative_integers(small_lake: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["query", "--lake", str(small_lake), "top-incidents", "--param", "limit=-1"]) == 2
+    err = capsys.readouterr().err
+    assert "parameter 'limit'" in err and "must be a non-negative integer, not '-1'" in err
+    assert "non-numeric arguments" not in err
+    with pytest.raises(q.QueryError, match=r"SQL: parameter 'n' .*non-negative integer, not 'x'"):
+        q.run_query(small_lake, "SELECT load1 FROM system LIMIT :n", params={"n": "x"})
+    with pytest.raises(q.QueryError, match=r"parameter 'o' .*non-negative integer, not '1.5'"):
+        q.run_query(small_lake, "SELECT load1 FROM system LIMIT 5 OFFSET :o", params={"o": "1.5"})
+    assert q.run_query(small_lake, "SELECT load1 FROM system LIMIT :n", params={"n": "0"}).height == 0
+    assert q.run_query(small_lake, "top-incidents", params={"limit": "0"}).height == 0
+
+
+def test_cli_query_after_hosts_is_the_query(small_lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lake = str(small_lake)
+    assert main(["query", "--lake", lake, "--format", "csv", "--hosts", "h1", "SELECT host, load1 FROM system"]) == 0
+    assert capsys.readouterr().out.split() == ["host,load1", "h1,1.5"]
+    assert main(["query", "--lake", lake, "--format", "csv", "--hosts", "h2", "SELECT host FROM system"]) == 0
+    assert capsys.readouterr().out.split() == ["host"]  # the hosts still prune
+    assert main(["query", "--lake", lake, "--format", "csv", "--hosts", "h1", "top-incidents"]) == 0
+    assert capsys.readouterr().out.startswith("incident_id,host,")
+    assert main(["query", "--lake", lake, "--hosts", "h1", "top-incidentz"]) == 2
+    err = capsys.readouterr().err
+    assert "--hosts took 'top-incidentz' as a host; put the SQL or query name before --hosts" in err
+    assert main(["query", "--lake", lake, "--hosts", "top-incidents"]) == 2
+    assert "--hosts needs at least one host" in capsys.readouterr().err
+    assert main(["query", "--lake", lake]) == 2
+    assert "give SQL or a query name" in capsys.readouterr().err
+
+
+def test_cli_out_errors_name_the_users_path_and_missing_parents_are_made(small_lake: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["query", "--lake", str(small_lake), "--format", "csv", "SELECT load1 FROM system", "--out"]
+    missing = tmp_path / "nodir" / "q.csv"  # created, as by every command's --out
+    assert main([*base, str(missing)]) == 0
+    assert missing.read_text().split() == ["load1", "1.5"]
+    assert main([*base, str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path} is a directory" in err and "Traceback" not in err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main([*base, str(afile / "q.csv")]) == 2
+    assert f"{afile} is not a directory" in capsys.readouterr().err
+    assert main([*base, str(tmp_path / "q.csv")]) == 0
+    assert (tmp_path / "q.csv").read_text().split() == ["load1", "1.5"]

@@ -8,8 +8,8 @@ import sys
 from ingest import objstore
 from ingest.lake import CorruptFileError
 from jobs import config as config_mod
-from jobs.commands import warn_corrupt
-from jobs.query import FORMATS, named_queries, parse_param_args, run_query, write_output
+from jobs.commands import output_file, warn_corrupt
+from jobs.query import FORMATS, is_named, named_queries, parse_param_args, run_query, write_output
 from jobs.timeparse import parse_time
 
 
@@ -43,11 +43,30 @@ def _list() -> int:
     return 0
 
 
+def _query_from_hosts(args: argparse.Namespace) -> None:
+    """``--hosts`` takes every word after it, so SQL or a query name written after the
+    hosts lands in ``args.hosts``: when no query was given and the last of them is a named
+    query or has whitespace in it (no host name has), it is the query."""
+    if args.query or not args.hosts:
+        return
+    last = args.hosts[-1]
+    if any(c.isspace() for c in last) or (is_named(last) and last.strip() in named_queries()):
+        args.query = last
+        args.hosts = args.hosts[:-1]
+        if not args.hosts:
+            raise ValueError(f"--hosts needs at least one host before {last!r}")
+    else:
+        raise ValueError(f"give SQL or a query name: --hosts took {last!r} as a host; put the SQL or "
+                         f"query name before --hosts (unveil query --list shows the named queries)")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list:
         return _list()
+    _query_from_hosts(args)
     if not args.query:
         raise ValueError("give SQL or a query name (unveil query --list shows the named queries)")
+    output_file(args.out, "--out")  # before the query runs
     start = parse_time(args.since) if args.since else None
     end = parse_time(args.until) if args.until else None
     if start is not None and end is not None and start >= end:
@@ -58,7 +77,12 @@ def run(args: argparse.Namespace) -> int:
     df = run_query(args.lake, args.query, start=start, end=end, hosts=args.hosts,
                    params=parse_param_args(args.param), corrupt=corrupt)
     warn_corrupt("query", corrupt)
-    write_output(df, args.format, args.out)
+    try:
+        write_output(df, args.format, args.out)
+    except OSError as exc:
+        if not args.out:
+            raise
+        raise ValueError(f"--out {args.out}: cannot write: {exc.strerror or exc}") from None
     if args.out:
         print(f"{df.height} rows written to {args.out}", file=sys.stderr)
     return 0
