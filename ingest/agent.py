@@ -81,6 +81,13 @@ class AgentConfig:
     durable: bool = False
 
     def validate(self) -> None:
+        # the host names the journal directory and the partitions: checked before either exists
+        try:
+            lake_mod.check_host_name(self.host)
+        except lake_mod.LakeError as exc:
+            raise ValueError(f"agent.host: {exc}") from None
+        if self.collectors is not None and not self.collectors:
+            raise ValueError("agent.collectors is empty: name at least one collector (leave it out for all)")
         if not (0.01 <= self.interval_s <= 60):
             raise ValueError(f"agent.interval_s must be within 0.01..60 s, got {self.interval_s}")
         if self.flush_interval_s < self.interval_s:
@@ -116,6 +123,14 @@ class AgentStats:
     unavailable: dict[str, str] = field(default_factory=dict)
     errors: int = 0
     rows_lost: int = 0  # rows neither the lake nor the journal took (memory bound, exit)
+    #: rows of each table that this run sampled and wrote to the lake (without a lake: handed
+    #: to the sinks); rows_written also counts the rows replayed from earlier runs' journals
+    table_rows: dict[str, int] = field(default_factory=dict)
+    rows_replayed: int = 0  # rows of earlier runs' journals committed by this run
+
+
+class NothingToCollect(ValueError):
+    """Every selected collector is unavailable on this host: the agent would sample nothing."""
 
 
 @functools.cache
@@ -277,23 +292,38 @@ class Agent:
         # other sink (InfluxDB, another lake) gets each flush's rows as frames.
         self._lake: LakeSink | None = next((s for s in self.sinks if isinstance(s, LakeSink)), None)
         self._streams = [s for s in self.sinks if s is not self._lake]
-        self._journal: Journal | None = None
+        local: Path | None = None
         if self._lake is not None:
             # on object storage the journal is in the lake's local state directory
             try:
                 local = self._lake.root if self._lake.url is None else lake_mod.state_root(self._lake.url)
             except lake_mod.LakeError as exc:
                 raise SinkError(f"agent: {exc}") from None
-            self._journal = Journal(journal_mod.host_dir(local, config.host), durable=self._lake.durable)
         self.stats = AgentStats()
+        # the collectors before the journal: when none is available, nothing is created
+        self.collectors: list[Collector] = (
+            list(collectors) if collectors is not None else self._build_collectors()
+        )
+        if not self.collectors and self.stats.unavailable:
+            self._close_collectors()
+            raise NothingToCollect(
+                "no collector is available on this host, nothing to sample: "
+                + "; ".join(f"{name}: {why}" for name, why in self.stats.unavailable.items())
+            )
+        self._journal: Journal | None = None
+        if local is not None:
+            assert self._lake is not None
+            try:
+                self._journal = Journal(journal_mod.host_dir(local, config.host), durable=self._lake.durable)
+            except BaseException:
+                self._close_collectors()
+                raise
+        self._own_tokens: set[str] = set()  # the journal files of this run's rows
         self._clock = clock
         self._stop = threading.Event()
         self._trackers: dict[str, CounterTracker] = {}
         self._counter_stats = CounterStats()
         self._buffers: dict[str, _Buffer] = {}
-        self.collectors: list[Collector] = (
-            list(collectors) if collectors is not None else self._build_collectors()
-        )
         self._periods = {c.name: self._period_ticks(c) for c in self.collectors}
         # Collectors with sample()/parse() only read at the tick; parsing waits for the flush
         # (base.Sampled).
@@ -362,6 +392,13 @@ class Agent:
                 self.stats.unavailable[name] = str(exc)
                 log.info("collector %s unavailable on this host: %s", name, exc)
         return built
+
+    def _close_collectors(self) -> None:
+        for c in self.collectors:
+            try:
+                c.close()
+            except Exception:
+                log.exception("collector %s close failed", c.name)
 
     def _period_ticks(self, collector: Collector) -> int:
         tier = self.config.tiers.get(collector.name) or DEFAULT_TIERS.get(collector.name) or collector.tier
@@ -586,8 +623,9 @@ class Agent:
             except Exception:
                 log.exception("sink %s flush failed", sink.name)
         if self._lake is None:
-            for buf in self._buffers.values():
+            for name, buf in self._buffers.items():
                 self.stats.rows_written += buf.mark
+                self._count(name, buf.mark)
                 buf.clear()
         elif self._clock() - self._last_commit >= self.config.commit_interval_s:
             self.commit()
@@ -636,8 +674,9 @@ class Agent:
         self._finish_commit()  # the previous one first (only when commits come this close)
         self._last_commit = self._clock()
         if any(buf.n for buf in self._buffers.values()):
-            self._sealed.append(_Generation(self._journal.rotate(),
-                                            {name: buf for name, buf in self._buffers.items() if buf.n}))
+            token = self._journal.rotate()
+            self._own_tokens.add(token)
+            self._sealed.append(_Generation(token, {name: buf for name, buf in self._buffers.items() if buf.n}))
             self._buffers = {}
         self._bound_memory()
         work = [(g, name) for g in self._sealed for name in g.buffers]
@@ -716,16 +755,25 @@ class Agent:
         while self._committing is not None:
             self._commit_step()
 
-    def _commit_buffer(self, token: str, name: str, buf: _Buffer) -> str | None:
+    def _commit_buffer(self, token: str, name: str, buf: _Buffer, *, own: bool = True) -> str | None:
         """Write one table's rows under the journal's token; the error (None: done). The
-        buffer keeps its rows on failure."""
+        buffer keeps its rows on failure. ``own``: rows this run sampled (else an earlier
+        run's, replayed from its journal)."""
         assert self._lake is not None
         try:
-            self.stats.rows_written += buf.commit_to(self._lake, name, self.config.host,
-                                                     journal_mod.token_hex(token))
+            written = buf.commit_to(self._lake, name, self.config.host, journal_mod.token_hex(token))
         except Exception as exc:
             return f"{buf.n} rows of {name}: {exc}"
+        self.stats.rows_written += written
+        if own:
+            self._count(name, written)
+        else:
+            self.stats.rows_replayed += written
         return None
+
+    def _count(self, table: str, rows: int) -> None:
+        if rows:
+            self.stats.table_rows[table] = self.stats.table_rows.get(table, 0) + rows
 
     def _replay(self, token: str) -> None:
         assert self._journal is not None
@@ -756,7 +804,7 @@ class Agent:
             buf = _Buffer(m)
             buf.load(cols)
             rows += buf.n
-            error = self._commit_buffer(token, name, buf)
+            error = self._commit_buffer(token, name, buf, own=token in self._own_tokens)
             if error is not None:
                 log.error("journal %s: replay failed, the file stays for the next try: %s", path, error)
                 ok = False
@@ -786,11 +834,7 @@ class Agent:
             done.set()
         if self._journal is not None:
             self._journal.close()
-        for c in self.collectors:
-            try:
-                c.close()
-            except Exception:
-                log.exception("collector %s close failed", c.name)
+        self._close_collectors()
         for sink in self.sinks:
             try:
                 sink.close()

@@ -109,6 +109,12 @@ def _check_name(kind: str, name: str) -> str:
     return name
 
 
+def check_host_name(host: str) -> str:
+    """``host`` when it can name a host in the lake (it becomes a path component of the
+    partitions and of the agent's journal directory); else LakeError."""
+    return _check_name("host", host)
+
+
 def _visible(name: str) -> bool:
     return not name.startswith((".", "_"))
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from ingest import lake as lake_mod
-from ingest.agent import Agent, AgentConfig, install_signal_handlers
+from ingest.agent import Agent, AgentConfig, AgentStats, install_signal_handlers
 from ingest.sink import Sink
 from jobs import config as config_mod
 
@@ -54,9 +55,49 @@ def _positive_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} must be a positive number of seconds, got {value:g}")
 
 
+def _host_flag(host: str | None) -> None:
+    """``--host`` names the journal directory and the partitions: checked before either is
+    made (``--host ../x`` made a journal lock outside the lake); empty is an error, not the
+    hostname."""
+    if host is None:
+        return
+    if not host:
+        raise ValueError("--host is empty: give a host name, or leave --host out for this machine's hostname")
+    try:
+        lake_mod.check_host_name(host)
+    except lake_mod.LakeError as exc:
+        raise ValueError(f"--host: {exc}") from None
+
+
+def _collectors_flag(value: str | None) -> tuple[str, ...] | None:
+    """``--collectors A,B`` as names; an empty list (or name) is an error, not "all"."""
+    if value is None:
+        return None
+    names = tuple(n.strip() for n in value.split(","))
+    if not all(names):
+        raise ValueError(f"--collectors {value!r}: an empty collector name; give a comma-separated list of "
+                         "collectors, or leave --collectors out for all of them")
+    return names
+
+
+def _check_root(root: str, flag: str) -> None:
+    """The root must hold ``proc``: a wrong --root made every collector unavailable and the
+    agent sampled nothing, exiting 0."""
+    if not root:
+        raise ValueError(f"{flag} is empty: give the directory to read /proc and /sys under (default /)")
+    path = Path(root)
+    if not path.is_dir():
+        raise ValueError(f"{flag} {root}: no such directory")
+    if not (path / "proc").is_dir():
+        raise ValueError(f"{flag} {root}: has no proc directory: not a filesystem root to read /proc and /sys under")
+
+
 def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], str | Path]:
-    """The config file's [agent] and [influx], the flags overlaid."""
+    """The config file's [agent] and [influx], the flags overlaid. Every value is checked
+    before anything is created on disk."""
     _positive_flags(args)
+    _host_flag(args.host)
+    collectors = _collectors_flag(args.collectors)
     cfg = config_mod.load(args.config, analysis=False)  # the agent does not carry the analytics
     lake = config_mod.resolve_lake_and_state(args.lake, args.state, cfg)
     a = cfg.agent
@@ -65,17 +106,19 @@ def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], str | Path
     acfg = replace(
         a,
         lake=lake,
-        root=args.root or a.root,
-        host=args.host or a.host,
+        root=args.root if args.root is not None else a.root,
+        host=args.host if args.host is not None else a.host,
         interval_s=args.interval if args.interval is not None else a.interval_s,
         flush_interval_s=flush_s,
         commit_interval_s=args.commit_interval if args.commit_interval is not None else max(a.commit_interval_s, flush_s),
         duration_s=args.duration,
-        collectors=tuple(args.collectors.split(",")) if args.collectors else a.collectors,
+        collectors=collectors if collectors is not None else a.collectors,
         tiers=dict(a.tiers),
         all_fast=args.all_fast,
         durable=args.durable or a.durable,
     )
+    acfg.validate()  # before the lake sink makes the lake directory
+    _check_root(acfg.root, "--root" if args.root is not None else "[agent].root")
     from ingest.lake import LakeSink
 
     sinks: list[Sink] = [LakeSink(lake, durable=acfg.durable)]
@@ -92,7 +135,15 @@ def build(args: argparse.Namespace) -> tuple[AgentConfig, list[Sink], str | Path
 
 def run(args: argparse.Namespace) -> int:
     acfg, sinks, lake = build(args)
-    agent = Agent(acfg, sinks)
+    try:
+        agent = Agent(acfg, sinks)
+    except BaseException:  # no collector available, the journal locked by another agent ...
+        for sink in sinks:
+            try:
+                sink.close()
+            except Exception:
+                log.exception("sink %s close failed", sink.name)
+        raise
     install_signal_handlers(agent)
     for name, reason in agent.stats.unavailable.items():
         print(f"unveil agent: {name}: not collected ({reason})", file=sys.stderr)
@@ -108,20 +159,33 @@ def run(args: argparse.Namespace) -> int:
             f"agent on {acfg.host}: {stats.ticks} ticks, {stats.missed_ticks} missed, "
             f"{stats.rows_written} rows in {stats.flushes} flushes, {stats.errors} collector errors"
         )
-        print(summarize_lake(lake, acfg.host))
+        print(summarize(lake, stats, sinks[1:]))
     return 0
 
 
-def summarize_lake(lake: str | Path, host: str) -> str:
-    """Rows per table for one host: what landed."""
-    import polars as pl
-
-    lines = [f"lake {lake}:"]
-    for table in lake_mod.tables(lake):
-        try:
-            n = lake_mod.scan(lake, table, hosts=[host]).select(pl.len()).collect().item()
-        except lake_mod.LakeError as exc:
-            lines.append(f"  {table:<12} unreadable: {exc}")
-            continue
+def summarize(lake: str | Path, stats: AgentStats, streams: Sequence[Sink] = ()) -> str:
+    """What this run wrote: its rows per table in the lake (not the rows earlier runs left
+    there), and what each InfluxDB sink sent or spooled."""
+    lines = [f"lake {lake}: this run's rows"]
+    for table, n in sorted(stats.table_rows.items()):
         lines.append(f"  {table:<12} {n:>8} rows")
+    if not stats.table_rows:
+        lines.append("  (none)")
+    if stats.rows_replayed:
+        lines.append(f"  and {stats.rows_replayed} rows of an earlier run replayed from its journal")
+    if stats.rows_lost:
+        lines.append(f"  {stats.rows_lost} rows lost (neither the lake nor the journal took them)")
+    from ingest.influx import InfluxSink
+
+    for sink in streams:
+        if not isinstance(sink, InfluxSink):
+            continue
+        st = sink.stats
+        line = f"{sink.name} {sink.config.url}: {st.points_sent} points sent, {st.points_spooled} spooled"
+        extra = [f"{n} {word}" for n, word in (
+            (st.points_replayed, "replayed from the spool"), (st.points_rejected, "rejected"),
+            (st.points_evicted, "evicted from the full spool"), (st.points_lost, "lost")) if n]
+        if extra:
+            line += " (" + ", ".join(extra) + ")"
+        lines.append(line)
     return "\n".join(lines)
