@@ -557,7 +557,7 @@ def markdown() -> str:
     out = [
         "# Telemetry schema",
         "",
-        "Generated from `ingest/schema.py` by `unveil schema --markdown`; do not edit by hand.",
+        "Generated from `ingest/schema.py` by `unveil schema --format markdown`; do not edit by hand.",
         "",
         "Counters are stored as **deltas** since the previous sample of the same series "
         "(wraps and resets corrected at the source; null on a series' first sample). "

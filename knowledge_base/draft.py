@@ -40,7 +40,8 @@ def draft_entry(incident: Mapping[str, Any], entry_id: str | None = None) -> str
     if not subs:
         subs = sorted({str(f["subsystem"]) for f in factors if f.get("subsystem") in SUBSYSTEMS and f["subsystem"] != "other"})
     lines = [
-        f"# Drafted from unmatched incident {inc_id} on host {incident.get('host')} "
+        f"# Drafted from {'incident' if incident.get('entry_id') else 'unmatched incident'} {inc_id} "
+        f"on host {incident.get('host')} "
         f"({incident.get('start')} .. {incident.get('end')}).",
         "# Review every threshold and text, rename the file to <id>.toml, then `unveil kb validate`.",
         f"id = {_q(eid)}",

@@ -102,6 +102,9 @@ def test_draft_from_unmatched_incident_is_a_valid_entry(rec: dict[str, pl.DataFr
     entry = parse_entry(tomllib.loads(text), "<draft>")
     assert entry.id.startswith("draft_inc_")
     assert entry.required[0].family == u["top_factors"][0]["family"]
+    assert text.startswith(f"# Drafted from unmatched incident {u['incident_id']} ")
+    matched = inc.filter(pl.col("status") == "matched").row(0, named=True)
+    assert draft_entry(matched).startswith(f"# Drafted from incident {matched['incident_id']} ")
     # through the CLI, from a lake
     from ingest.lake import write_table
 

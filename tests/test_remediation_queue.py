@@ -249,9 +249,15 @@ def test_remediate_on_a_lake_without_a_queue_creates_nothing(tmp_path: Path,
     # `unveil remediate --lake TYPO show 1` used to create TYPO/_remediation/queue.db
     from jobs.cli import main
 
-    lake = tmp_path / "typo"
+    typo = tmp_path / "typo"
+    for verb in (["show", "1"], ["list"]):  # a lake that does not exist: an error, as everywhere
+        assert main(["remediate", "--lake", str(typo), *verb]) == 2
+        assert f"lake root {typo} does not exist" in capsys.readouterr().err
+    assert not typo.exists()
+    lake = tmp_path / "lake"  # a lake where nothing was proposed yet
+    lake.mkdir()
     assert main(["remediate", "--lake", str(lake), "show", "1"]) == 2
     assert "no remediation queue at" in capsys.readouterr().err
     assert main(["remediate", "--lake", str(lake), "list"]) == 0
     assert "nothing has been proposed" in capsys.readouterr().out
-    assert not lake.exists()
+    assert sorted(lake.iterdir()) == []

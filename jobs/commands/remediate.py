@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+from ingest import lake as lake_mod
 from jobs import config
 from remediation.errors import RemediationError
 from remediation.executor import Executor
@@ -61,7 +62,10 @@ def _open(args: argparse.Namespace) -> tuple[Queue, Executor]:
     elif exec_cfg.queue:
         qpath = Path(exec_cfg.queue)
     else:
-        qpath = default_path(config.resolve_lake(args.lake, cfg))
+        lake = config.resolve_lake(args.lake, cfg)
+        if not lake_mod.exists(lake):  # a mistyped --lake is an error, not an empty queue
+            raise lake_mod.LakeError(f"lake root {lake} does not exist or is not a directory")
+        qpath = default_path(lake)
     if args.verb == "verify":  # judged from the lake's features
         args.lake_dir = config.resolve_lake(args.lake, cfg)
     if not qpath.exists():  # every verb reads it: never create one where the user mistyped a path
