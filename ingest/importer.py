@@ -33,10 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
-from ingest.lake import LakeError, write_table
+from ingest.lake import LakeError, scan, tables, write_table
 from ingest.schema import HOST, TIME, TIME_DTYPE
 
 log = logging.getLogger(__name__)
@@ -375,6 +376,19 @@ def _read(
     return _validate(raw, time_column=time_column, interval=interval, start=start)
 
 
+def _refuse_overlap(lake_root: str | Path, table: str, host: str, first: Any, last: Any) -> None:
+    if table not in tables(lake_root):
+        return
+    end = last + timedelta(microseconds=1)
+    have = scan(lake_root, table, start=first, end=end, hosts=[host]).filter(
+        pl.col(TIME).is_between(first, last)).select(pl.len()).collect().item()
+    if have:
+        raise ImportFileError(
+            f"host {host} already has {have} rows in table {table} between {first} and {last}: importing "
+            f"again would store them twice (the lake appends). Nothing was written; use --append to add "
+            f"the rows anyway, or --host/--table to import them elsewhere")
+
+
 def import_files(
     lake_root: str | Path,
     host: str,
@@ -385,12 +399,16 @@ def import_files(
     interval: timedelta | None = None,
     start: datetime | None = None,
     has_header: bool = True,
+    append: bool = False,
 ) -> ImportReport:
     """Import files for one host into ``table`` of the lake; all or nothing per call.
 
     Several files are concatenated (metric columns are the union; missing ones null). With
     row-index timing each file starts at ``start`` unless it follows the previous one —
     files given together are taken as consecutive: file k starts where file k-1 ended.
+    When the host already has rows in ``table`` inside the imported time range (the same
+    file imported again, say) nothing is written unless ``append``: the lake appends, so
+    a second import would double every row.
     """
     if not files:
         raise ImportFileError("no files to import")
@@ -412,10 +430,12 @@ def import_files(
         report.nonfinite += r.nonfinite
         report.nonfinite_examples.extend(r.nonfinite_examples[: NONFINITE_EXAMPLES - len(report.nonfinite_examples)])
         if r.nonfinite:
-            log.warning("%s: %d non-finite values stored as null (first: %s)", f, r.nonfinite, r.nonfinite_examples[0])
+            log.debug("%s: %d non-finite values stored as null (first: %s)", f, r.nonfinite, r.nonfinite_examples[0])
     for s in report.skipped:
-        log.warning("skipped %s", s)
+        log.debug("skipped %s", s)  # the report carries them; the command prints them
     data = pl.concat(frames, how="diagonal_relaxed").sort(TIME)
+    if not append and data.height:
+        _refuse_overlap(lake_root, table, host, data[TIME].min(), data[TIME].max())
     metrics = [c for c in data.columns if c != TIME]
     data = data.select(
         pl.col(TIME).cast(TIME_DTYPE), pl.lit(host, dtype=pl.String).alias(HOST), *[pl.col(m).cast(pl.Float64) for m in metrics]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -125,6 +126,31 @@ def test_cli_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert scan(lake, "smd").collect().height == 3
     rc = main(["import", "--lake", str(lake), "--host", "m1", str(DATA / "nonnumeric.csv")])
     assert rc == 2 and "column 'state' is not numeric" in capsys.readouterr().err
+
+
+def test_importing_the_same_rows_again_is_refused_unless_appended(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    from jobs.cli import main
+
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    argv = ["import", "--lake", str(lake), "--host", "m1", str(DATA / "metrics.csv")]
+    assert main(argv) == 0
+    n = scan(lake, "imported").collect().height
+    capsys.readouterr()
+    assert main(argv) == 2  # the lake appends: a second import would double every row
+    assert "already has" in capsys.readouterr().err
+    assert scan(lake, "imported").collect().height == n
+    # another host, or rows after the stored ones, are not an overlap
+    assert main(["import", "--lake", str(lake), "--host", "m2", str(DATA / "metrics.csv")]) == 0
+    assert main([*argv, "--append"]) == 0
+    assert scan(lake, "imported", hosts=["m1"]).collect().height == 2 * n
+    # skipped rows and null cells are told once, by the command (not again as log warnings)
+    assert "skipped" in capsys.readouterr().out
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in warned if "skipped" in m or "non-finite" in m], warned
 
 
 def test_epoch_time_column_and_reserved_names(tmp_path: Path) -> None:

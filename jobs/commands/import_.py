@@ -27,6 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", metavar="DUR", help="row spacing when rows have no time column, e.g. 1m")
     p.add_argument("--start", metavar="TIME", help="time of the first row with --interval (ISO-8601 or relative)")
     p.add_argument("--no-header", action="store_true", help="CSV has no header row: columns become c1..cN")
+    p.add_argument("--append", action="store_true",
+                   help="import even when the host already has rows of the table in that time range "
+                        "(they would be stored twice)")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(func=run)
 
@@ -54,6 +57,7 @@ def _run(args: argparse.Namespace) -> int:
         interval=interval,
         start=start,
         has_header=not args.no_header,
+        append=args.append,
     )
     for s in report.skipped[:20]:
         print(f"skipped {s}")
