@@ -51,7 +51,10 @@ def parse_time(text: str, *, now: datetime | None = None) -> datetime:
         return ref
     rel = _RELATIVE.match(s.lower())
     if rel is not None:
-        back = parse_duration(rel.group(1))
+        try:
+            back = parse_duration(rel.group(1))
+        except ValueError as exc:  # name what the user wrote ("-0h"), not the part parsed ("0h")
+            raise ValueError(f"bad time {text!r}: {str(exc).split(': ', 1)[-1]}") from None
         try:
             return ref - back
         except OverflowError:

@@ -43,6 +43,11 @@ def test_parse_time_rejects(text: str) -> None:
         parse_time(text, now=NOW)
 
 
+def test_a_zero_relative_time_names_what_was_written() -> None:
+    with pytest.raises(ValueError, match=r"^bad time '-0h': must be positive$"):
+        parse_time("-0h", now=NOW)
+
+
 def test_parse_duration() -> None:
     assert parse_duration("1m") == timedelta(minutes=1)
     assert parse_duration("100ms") == timedelta(milliseconds=100)
