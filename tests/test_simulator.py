@@ -472,3 +472,18 @@ def test_cli_simulate_writes_the_lake(tmp_path: Path, capsys: pytest.CaptureFixt
                "--hosts", "3"])
     assert rc == 2
     assert "--hosts" in capsys.readouterr().err
+
+
+def test_cli_simulate_says_which_injections_a_short_duration_leaves_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from jobs.cli import main
+
+    lake = tmp_path / "lake"
+    assert main(["simulate", "--lake", str(lake), "--scenario", "gpu_power_throttle", "--duration", "2m"]) == 0
+    out, err = capsys.readouterr()
+    assert "0 label(s)" in out
+    assert "1 injection(s) of scenario 'gpu_power_throttle' left out" in err and "gpu_power_throttle on sim-00" in err
+    assert main(["simulate", "--lake", str(tmp_path / "full"), "--scenario", "gpu_power_throttle",
+                 "--duration", "20m"]) == 0
+    assert "left out" not in capsys.readouterr().err

@@ -1,8 +1,10 @@
 """``unveil simulate``: write a simulated GPU fleet's telemetry (with ground truth) into the lake.
 
 Without ``--scenario`` the fleet is healthy. ``--scenario`` takes a TOML file or the name of
-a scenario shipped with the package (``--list`` shows them). ``--hosts``, ``--duration``,
-``--seed`` and ``--start`` override the scenario's values.
+a scenario shipped with the package (``--list`` shows them). ``--duration``, ``--seed`` and
+``--start`` override the scenario's values, and ``--hosts`` its number of hosts (a scenario
+that names its hosts keeps them). Injections that would start after a shorter
+``--duration`` are left out, and the command says which.
 """
 
 from __future__ import annotations
@@ -64,12 +66,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         wl = args.workload or "llm_serving"
         sc = Scenario(name="healthy", hosts=counted_hosts(1, wl), workload=wl)
+    before = sc
     sc = sc.with_overrides(
         hosts=args.hosts,
         duration_s=parse_duration_s(args.duration, "--duration") if args.duration else None,
         seed=args.seed,
         start=parse_start(args.start, "--start") if args.start else None,
     )
+    dropped = [i for i in before.injections if i not in sc.injections]
+    if dropped:
+        print(f"unveil simulate: warning: {len(dropped)} injection(s) of scenario {sc.name!r} left out "
+              f"(they start after the {sc.duration_s:g} s simulated, or on a host not simulated): "
+              + ", ".join(f"{i.type} on {i.host} at {i.start_s:g} s" for i in dropped), file=sys.stderr)
     spec = parse_spec(args.engine, "--engine")
     # hosts are independent: each runs as one item of the engine, with sinks of its own
     with make_engine(spec) as engine:
