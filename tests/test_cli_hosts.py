@@ -65,3 +65,11 @@ def test_report_of_a_swept_lake_does_not_call_labels_missed(
     text = capsys.readouterr().out
     assert "not judged: no incidents in the lake" in text and "missed" not in text
     assert "not judged" in out.read_text() and ">missed<" not in out.read_text()
+
+
+def test_sweep_of_a_file_says_it_is_not_a_lake(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "a.csv"
+    f.write_text("time,x\n")
+    assert main(["sweep", "--lake", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"lake root {f} does not exist or is not a directory" in err and "watermark" not in err
