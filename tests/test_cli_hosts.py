@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ingest.lake import scan
 from jobs.cli import main
 
 
@@ -57,9 +58,14 @@ def test_report_of_a_swept_lake_does_not_call_labels_missed(
     lake = tmp_path / "lake"
     assert main(["simulate", "--lake", str(lake), "--scenario", "gpu_power_throttle",
                  "--duration", "20m"]) == 0
-    assert main(["sweep", "--lake", str(lake), "--since", "2026-01-05T08:00:00Z",
-                 "--until", "2026-01-05T08:20:00Z"]) == 0
+    swept = ["sweep", "--lake", str(lake), "--since", "2026-01-05T08:00:00Z", "--until", "2026-01-05T08:20:00Z"]
+    assert main(swept) == 0
     capsys.readouterr()
+    findings = scan(lake, "findings").collect().height
+    # the same interval again (or any overlap) would store every row twice: refused
+    assert main([*swept[:-1], "2026-01-05T08:30:00Z"]) == 2
+    assert "already has scores in this interval" in capsys.readouterr().err
+    assert scan(lake, "findings").collect().height == findings
     out = tmp_path / "r.html"
     assert main(["report", "--lake", str(lake), "--out", str(out)]) == 0
     text = capsys.readouterr().out

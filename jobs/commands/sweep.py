@@ -82,6 +82,29 @@ def check_watermarks(lake: str, start: datetime, hosts: list[str] | None) -> Non
         f"to append anyway.")
 
 
+def check_swept(lake: str, start: datetime, end: datetime, hosts: list[str] | None) -> None:
+    """Refuse (ValueError) to sweep an interval whose windows already have scores (an
+    earlier sweep by hand): the lake appends, so every feature, score and finding of the
+    overlap would be stored twice."""
+    import polars as pl
+
+    from ingest import schema
+
+    if "scores" not in lake_mod.tables(lake):
+        return
+    done = (lake_mod.scan(lake, "scores", start=start, end=end, hosts=hosts)
+            .group_by(schema.HOST).agg(pl.col(schema.TIME).min().alias("lo"), pl.col(schema.TIME).max().alias("hi"))
+            .sort(schema.HOST).collect())
+    if not done.height:
+        return
+    shown = ", ".join(f"{r['host']} {r['lo']:%Y-%m-%dT%H:%M:%S} .. {r['hi']:%H:%M:%S}"
+                      for r in done.head(5).iter_rows(named=True)) + (" ..." if done.height > 5 else "")
+    raise ValueError(
+        f"lake {lake} already has scores in this interval ({shown}): sweeping it again would store those "
+        f"windows' features, scores and findings a second time. Use --dry-run to look without writing, "
+        f"another --since/--until, or --force to append anyway.")
+
+
 def _telemetry_days(lake: str, hosts: list[str] | None) -> list[str]:
     """The days (partition names) with telemetry, for a sweep that found none."""
     try:
@@ -99,6 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     check_hosts(lake, args.hosts)
     if not (args.dry_run or args.force):
         check_watermarks(lake, start, args.hosts)
+        check_swept(lake, start, end, args.hosts)
     summary = run_sweep(lake, start, end, args.hosts, analytics, write=not args.dry_run, detection=detection,
                         engine=engine)
     print(f"sweep {start.isoformat()} .. {end.isoformat()}: {len(summary.hosts)} hosts, "
