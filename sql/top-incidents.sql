@@ -1,4 +1,4 @@
--- top-incidents: the incidents of the interval, worst (highest peak anomaly score) first.
+-- top-incidents: the incidents of the interval, worst (highest peak anomaly score, then longest) first.
 --
 -- One row per incident (consecutive anomalous windows of one host) with its
 -- knowledge-base match, or status 'unmatched' with the fingerprint it left; an incident
@@ -28,5 +28,5 @@ SELECT
     explanation
 FROM incidents
 WHERE :status = '' OR status = :status
-ORDER BY peak_score DESC, start, host
+ORDER BY peak_score DESC, n_windows DESC, start, host  -- equal peaks (infinite ones: a reference with no spread): the longer first
 LIMIT :limit

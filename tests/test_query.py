@@ -161,6 +161,8 @@ def test_top_incidents_filters_and_limits(lake: Path) -> None:
     all_ = q.run_query(lake, "top-incidents", params={"limit": "1000"})
     assert not all_.is_empty(), "the demo lake has no incidents (see test_demo: the analytics found nothing)"
     assert all_["peak_score"].is_sorted(descending=True, nulls_last=True)
+    for _, tied in all_.group_by("peak_score"):  # equal peaks (infinite ones): the longest first
+        assert tied["n_windows"].is_sorted(descending=True)
     # one row per incident, as of its latest update (a finished run: every incident closed)
     assert all_["incident_id"].is_unique().all() and set(all_["state"]) == {"closed"}
     assert (all_["updated"] >= all_["start"]).all()
