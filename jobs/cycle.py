@@ -300,7 +300,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
         # map: each host's features alone (raw rows of one host at a time), written to a
         # file of its own and its judged windows to the staged features table; the steps
         # then read batches of hosts from those files: no process holds the fleet's windows
-        scratch.mkdir()
+        lake_mod.makedirs(scratch, durable=False)
         cached = _cached_history(lake, cfg, s)
         jobs = [HostChunk(str(lake), h, first, e, a.history, a.window, scratch=str(scratch), stage=str(staged.root),
                           previous=cached[h][0] if h in cached else None,
@@ -345,7 +345,7 @@ def process_chunk(lake: str | os.PathLike[str], cfg: SweepConfig, kb: KnowledgeB
     written = [p for p in parts if p.path is not None]
     if written:
         kept = cache / f"pending-{sid}"
-        kept.mkdir(parents=True)
+        lake_mod.makedirs(kept, durable=False)
         for path in (Path(f) for p in written for f in (p.path, p.facts_path) if f is not None):
             os.replace(path, kept / path.name)
         # (a host's base stays in the cache, where the manifest names it)
@@ -410,7 +410,7 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
     if objstore.is_url(lake_p):  # (its state: a directory of this machine's, lake_mod.state_root)
         if not lake_mod.exists(lake_p):
             raise ValueError(f"lake {lake_p}: its bucket does not exist or is not reachable")
-        lake_mod.state_root(lake_p).mkdir(parents=True, exist_ok=True)
+        lake_mod.makedirs(lake_mod.state_root(lake_p), durable=False)
     elif not Path(lake_p).is_dir():
         raise ValueError(f"lake {lake_p} does not exist or is not a directory")
     with wm.scheduler_lock(lake_p) as got:

@@ -30,6 +30,7 @@ from analytics.features import (
 )
 from ingest import lake as lake_mod
 from ingest import schema
+from ingest.atomic import write_atomic
 from ingest.influx import InfluxConfig, InfluxSource
 from jobs.grid import US, floor_grid, utc
 from knowledge_base.facts import changes_only
@@ -562,7 +563,7 @@ def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
         if j0.scratch is not None and (feats.height or append):
             name = hashlib.sha1(h.encode()).hexdigest()[:16]
             one.path = str(Path(j0.scratch) / f"{name}-{first_us}.arrow")  # (a kept file keeps its name)
-            feats.write_ipc(one.path)  # uncompressed: read back memory-mapped
+            write_atomic(one.path, feats.write_ipc, durable=False)  # uncompressed: read back memory-mapped
             # (the base bounded to this chunk's history before the delta: older windows are not its own)
             if append and previous is not None and delta_lo is not None:
                 base, a, _ = previous[0]
@@ -572,7 +573,7 @@ def batch_features(jobs: Sequence[HostChunk]) -> list[HostFeatures]:
             one.features = feats.clear()
             if facts is not None and facts.height:
                 one.facts_path = str(Path(j0.scratch) / f"{name}.facts.arrow")
-                facts.write_ipc(one.facts_path)
+                write_atomic(one.facts_path, facts.write_ipc, durable=False)
                 one.facts = None
         out.append(one)
     for one in out:

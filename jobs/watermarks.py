@@ -54,7 +54,7 @@ import polars as pl
 
 from ingest import lake as lake_mod
 from ingest import objstore
-from ingest.atomic import fsync_path
+from ingest.atomic import FILE_MODE, fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ _fsync_dir = fsync_path
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Temp file, fsync, rename, fsync the directory: readers see the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    lake_mod.makedirs(path.parent, durable=False)
     lake_mod.write_json_atomic(path, obj, pretty=True)
 
 
@@ -181,8 +181,8 @@ def scheduler_lock(lake: str | os.PathLike[str]) -> Iterator[bool]:
     """Non-blocking flock on ``_state/scheduler.lock``; yields False when another process
     holds it. The kernel drops the lock when its holder dies, so kill -9 never wedges it."""
     d = state_dir(lake)
-    d.mkdir(parents=True, exist_ok=True)
-    fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    lake_mod.makedirs(d, durable=False)
+    fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -251,7 +251,7 @@ class StagedSweep:
         self.root = self.dir / "lake"
         if self.dir.exists():  # leftover of a crash before the commit point: recompute
             shutil.rmtree(self.dir)
-        self.root.mkdir(parents=True)
+        lake_mod.makedirs(self.root, durable=False)
         self.files: list[str] = []
 
     def write(self, table: str, df: pl.DataFrame) -> None:
@@ -310,7 +310,7 @@ def publish(lake: str | os.PathLike[str], sweep_id: str, hook: PublishHook | Non
             continue
         dst = Path(lake) / rel
         if src.exists():  # absent: moved before a crash
-            dst.parent.mkdir(parents=True, exist_ok=True)
+            lake_mod.makedirs(dst.parent)  # a new partition: DIR_MODE, its entry fsynced
             os.replace(src, dst)
             touched.add(dst.parent)
             checkpoint("mid_publish")

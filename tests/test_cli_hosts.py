@@ -79,3 +79,27 @@ def test_sweep_of_a_file_says_it_is_not_a_lake(tmp_path: Path, capsys: pytest.Ca
     assert main(["sweep", "--lake", str(f)]) == 2
     err = capsys.readouterr().err
     assert f"lake root {f} does not exist or is not a directory" in err and "watermark" not in err
+
+
+def test_what_the_scheduler_creates_keeps_the_lakes_modes(tmp_path: Path) -> None:
+    # operations.md: whatever the umask, directories 0750 and files 0640 (here: its state,
+    # its lock, its features cache and the partitions it publishes)
+    import os
+    import stat
+
+    lake = tmp_path / "lake"
+    old = os.umask(0o022)
+    try:
+        assert main(["simulate", "--lake", str(lake), "--duration", "2m", "--engine", "serial"]) == 0
+        assert main(["schedule", "--lake", str(lake), "--once", "--engine", "serial", "--no-progress"]) == 0
+    finally:
+        os.umask(old)
+    modes = {}
+    for dirpath, dirnames, filenames in os.walk(lake):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            modes[str(p.relative_to(lake))] = (p.is_dir(), stat.S_IMODE(p.lstat().st_mode))
+    assert any(k.startswith("scores/") for k in modes) and "_state/scheduler.lock" in modes
+    assert any(k.endswith(".arrow") for k in modes)  # the features cache
+    wrong = {k: oct(m) for k, (d, m) in modes.items() if m != (0o750 if d else 0o640)}
+    assert not wrong
