@@ -79,6 +79,7 @@ from jobs.telemetry import (
     has_data,
     joined,
     merge_corrupt,
+    next_data,
 )
 from jobs.writeback import WriteBack
 from knowledge_base import INCIDENT_SCHEMA, latest_incidents, load_kb
@@ -462,6 +463,7 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
                     if should_stop is not None and should_stop():
                         summary.caught_up = False
                         break
+                    e = _past_gap(lake_p, cfg, marks, group, s, e, horizon)
                     chunk, new, corrupt = process_chunk(lake_p, cfg, kb, group, s, e, marks, hook, queue_path,
                                                         known_first, engine)
                     marks.update(new)
@@ -481,6 +483,26 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
         finally:
             hook.close()
         return summary
+
+
+def _past_gap(lake: str | Path, cfg: SweepConfig, marks: Mapping[str, wm.HostMark], group: Sequence[str],
+              s: datetime, e: datetime, horizon: datetime) -> datetime:
+    """The end of the chunk ``[s, e)`` of ``group``: ``e``, or further when the hosts have no
+    telemetry from ``s`` on and nothing open. A lake whose data is months old (a simulation,
+    an import) would otherwise be caught up one empty chunk at a time, thousands of sweeps
+    that each commit nothing but their watermarks; the gap is one chunk instead, up to their
+    next partition with data, the horizon or another host's watermark (hosts at the same
+    watermark stay together)."""
+    if any(marks[h].open_since is not None for h in group):
+        return e  # an open incident is judged chunk by chunk as it closes
+    first = s - timedelta(seconds=cfg.analytics.window.length_s) + US
+    if has_data(lake, first, e, group):
+        return e
+    nxt = next_data(lake, e, group)
+    others = [m.watermark for h, m in marks.items() if h not in group and s < m.watermark < horizon]
+    limit = min([horizon, *others])
+    end = limit if nxt is None else min(limit, floor_grid(nxt, cfg.analytics.window.stride_s))
+    return max(e, end)
 
 
 def _plan(marks: dict[str, wm.HostMark], horizon: datetime,

@@ -73,6 +73,28 @@ def earliest(lake: str | os.PathLike[str], host: str) -> datetime | None:
 
 
 
+def _partition_start(path: Path) -> datetime | None:
+    """Where a lake file's partition begins (its ``date=`` and ``hour=`` directories)."""
+    day = next((p[5:] for p in path.parts if p.startswith("date=")), None)
+    if day is None:
+        return None
+    hour = next((int(p[5:]) for p in path.parts if p.startswith("hour=")), 0)
+    return datetime.fromisoformat(day).replace(tzinfo=UTC) + timedelta(hours=hour)
+
+
+def next_data(lake: str | os.PathLike[str], after: datetime, hosts: Sequence[str]) -> datetime | None:
+    """A lower bound on the hosts' first telemetry at or after ``after``: the start of the
+    first partition there that holds a file (directory listing only); None when there is none."""
+    best: datetime | None = None
+    for t in telemetry_tables(lake):
+        with contextlib.suppress(lake_mod.LakeError):
+            for f in lake_mod.files(lake, t, start=after, hosts=hosts):
+                p0 = _partition_start(Path(f))
+                if p0 is not None and (best is None or p0 < best):
+                    best = p0
+    return best
+
+
 def first_times(lake: str | os.PathLike[str], hosts: Sequence[str] | None,
                 cache: dict[str, datetime] | None = None) -> dict[str, datetime]:
     """host -> its first telemetry time in the lake (cached: it never moves later)."""

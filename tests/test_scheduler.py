@@ -390,3 +390,26 @@ def test_the_first_cycle_runs_at_once_and_the_next_on_the_data_grid(tmp_path: Pa
     assert t0 < nxt[0] <= t0 + timedelta(seconds=61)
     after = nxt[0] - lag - CYCLE_MARGIN
     assert (after.second, after.microsecond) == (0, 0)
+
+
+def test_a_gap_of_days_is_caught_up_in_one_chunk_not_one_per_hour(tmp_path: Path) -> None:
+    # a simulated or imported lake is months old: its empty hours were swept one chunk
+    # (and one commit) each, 8 059 of them for 11 months (72 s)
+    from jobs.cli import main
+    from jobs.cycle import run_cycle
+
+    root = tmp_path / "lake"
+    for start in ("2026-01-05T08:00:00Z", "2026-01-08T08:00:00Z"):  # 3 days apart
+        assert main(["simulate", "--lake", str(root), "--hosts", "2", "--duration", "4m", "--seed", "3",
+                     "--start", start, "--engine", "serial"]) == 0
+    until = datetime(2026, 1, 8, 9, tzinfo=UTC)
+    summary = run_cycle(root, SweepConfig(), until=until, progress=False)
+    assert summary is not None and summary.caught_up
+    # the first segment, the gap, the second segment (each chunk at most an hour of data)
+    assert len(summary.chunks) <= 4, [(c.start, c.end) for c in summary.chunks]
+    assert all(c.windows == 0 for c in summary.chunks if c.end - c.start > timedelta(hours=1))
+    feats = lake.read(root, "features")
+    days = feats.get_column("time").dt.date().unique().sort().to_list()
+    assert [d.day for d in days] == [5, 8]  # both segments judged
+    assert set(wm.load(root)) == {"sim-00", "sim-01"}
+    assert all(m.watermark == until for m in wm.load(root).values())
