@@ -73,7 +73,7 @@ def earliest(lake: str | os.PathLike[str], host: str) -> datetime | None:
 
 
 
-def _partition_start(path: Path) -> datetime | None:
+def partition_start(path: Path) -> datetime | None:
     """Where a lake file's partition begins (its ``date=`` and ``hour=`` directories)."""
     day = next((p[5:] for p in path.parts if p.startswith("date=")), None)
     if day is None:
@@ -89,7 +89,7 @@ def next_data(lake: str | os.PathLike[str], after: datetime, hosts: Sequence[str
     for t in telemetry_tables(lake):
         with contextlib.suppress(lake_mod.LakeError):
             for f in lake_mod.files(lake, t, start=after, hosts=hosts):
-                p0 = _partition_start(Path(f))
+                p0 = partition_start(Path(f))
                 if p0 is not None and (best is None or p0 < best):
                     best = p0
     return best

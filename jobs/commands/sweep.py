@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analytics.pipeline import AnalyticsConfig
@@ -14,6 +15,7 @@ from jobs.commands import check_hosts, warn_corrupt
 from jobs.commands.schedule import add_engine
 from jobs.engine import parse_spec
 from jobs.sweep import run_sweep
+from jobs.telemetry import partition_start
 from jobs.timeparse import parse_range
 
 if TYPE_CHECKING:
@@ -111,7 +113,7 @@ def _telemetry_days(lake: str, hosts: list[str] | None) -> list[str]:
         paths = lake_mod.files(lake, "system", hosts=hosts)
     except (LakeError, OSError):
         return []
-    return sorted({part[5:] for p in paths for part in p.parts if part.startswith("date=")})
+    return sorted({t.date().isoformat() for p in paths if (t := partition_start(Path(p))) is not None})
 
 
 def _run(args: argparse.Namespace) -> int:
