@@ -662,12 +662,6 @@ def check_read_only(sql: str, what: str = "SQL") -> None:
                      f"(nothing was read or changed)")
 
 
-def is_show_tables(sql: str) -> bool:
-    """``SHOW TABLES`` (the lake registers tables lazily: answered from its table list)."""
-    code = _code_only(sql)
-    return bool(_SHOW_TABLES.fullmatch(code.strip()))
-
-
 def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None = None,
               end: datetime | None = None, hosts: Sequence[str] | None = None,
               params: Mapping[str, Any] | None = None, sql_dir: str | os.PathLike[str] | None = None,
@@ -690,7 +684,8 @@ def run_query(lake: str | os.PathLike[str], text: str, *, start: datetime | None
         raise QueryError(str(exc)) from None
     # lake tables only: checked on the parsed statement before any table is scanned
     shown = [*available, *(v for v, b in VIEWS.items() if b in available)]
-    if is_show_tables(sql):  # tables are registered per query: list the lake's own
+    if statement_kind(sql) == "SHOW":  # SHOW TABLES (no other SHOW passed the check): tables
+        # are registered per query, so Polars would list none; the lake's own are the answer
         return pl.DataFrame({"name": sorted(shown)}, schema={"name": pl.String})
     check_tables(sql, {*available, *VIEWS, *_KNOWN_EMPTY, *schema.MEASUREMENTS}, shown, lake, what)
     damaged: list[lake_mod.CorruptFileError] = []
