@@ -43,16 +43,13 @@ def output_file(path: str | None, option: str) -> Path | None:
     return out
 
 
-def lake_hosts(lake: str | Path) -> set[str]:
-    """Every host with a partition in any table of the lake (directory names only)."""
-    return {h for t in lake_mod.tables(lake) for h in lake_mod.hosts(lake, t)}
-
-
 def unknown_hosts(lake: str | Path, hosts: Iterable[str] | None) -> str | None:
     """None when every host asked for has data in the lake; else what to tell the user."""
     if not hosts or not lake_mod.exists(lake):
         return None
-    known = lake_hosts(lake)
+    from jobs.telemetry import fleet_hosts  # (the analytics' imports: not for every command)
+
+    known = set(fleet_hosts(lake))
     missing = sorted(set(hosts) - known)
     if not missing:
         return None
