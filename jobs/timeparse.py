@@ -1,8 +1,8 @@
 """Parse the times the command line accepts: ISO-8601 and relative forms.
 
-``now``; a duration back from now (``90s``, ``90m``, ``24h``, ``7d``, ``2w``, also written
-``-24h`` or ``now-24h``); or an ISO-8601 date/time (``2026-11-30``, ``2026-11-30T02:00``,
-``2026-11-30T02:00:00Z``, ``...+02:00``). Naive ISO times are taken as UTC. Every result is
+``now``; a duration back from now (``90s``, ``90m``, ``24h``, ``7d``, ``2w``, ``1h30m``: see
+:mod:`ingest.durations`; also written ``-24h`` or ``now-24h``); or an ISO-8601 date/time
+(``2026-11-30``, ``2026-11-30T02:00``, ``2026-11-30T02:00:00Z``, ``...+02:00``). Naive ISO times are taken as UTC. Every result is
 a timezone-aware UTC :class:`datetime.datetime`.
 """
 
@@ -11,27 +11,22 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-# a sign is matched so that "-1m" gets "must be positive", not "expected a number"
-_DURATION = re.compile(r"^\s*([+-]?\s*\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
-_RELATIVE = re.compile(r"^\s*(?:now\s*)?-?\s*(\d+(?:\.\d+)?\s*(?:ms|s|m|h|d|w))\s*$")
+from ingest.durations import PARTS, duration_seconds
+
+_RELATIVE = re.compile(rf"^\s*(?:now\s*)?-?\s*({PARTS})$")
 
 
 def parse_duration(text: str, name: str | None = None) -> timedelta:
-    """``"1m"`` -> 60 s. Units: ms, s, m, h, d, w. Zero or negative durations are rejected.
+    """``"1m"`` -> 60 s, ``"1h30m"`` -> 90 min (:func:`ingest.durations.duration_seconds`).
+    Zero or negative durations are rejected.
 
     ``name`` (a flag or config key) starts the error message, so the user sees which value.
     """
     where = f"{name}: " if name else ""
-    m = _DURATION.match(text.lower())
-    if m is None:
-        raise ValueError(
-            f"{where}bad duration {text!r}: expected a number and a unit (ms, s, m, h, d, w), e.g. '1m'"
-        )
-    value, unit = float(m.group(1).replace(" ", "")), m.group(2)
-    seconds = value / 1000.0 if unit == "ms" else value * _UNITS[unit]
-    if seconds <= 0:
-        raise ValueError(f"{where}bad duration {text!r}: must be positive")
+    try:
+        seconds = duration_seconds(text)
+    except ValueError as exc:
+        raise ValueError(f"{where}{exc}") from None
     try:
         return timedelta(seconds=seconds)
     except OverflowError:

@@ -74,3 +74,18 @@ def test_parse_duration_names_the_flag_and_rejects_negative_and_huge() -> None:
     with pytest.raises(ValueError, match=r"^bad time '9999999d': reaches back before year 1$"):
         parse_time("9999999d", now=NOW)
     assert parse_duration("+2s") == timedelta(seconds=2)
+
+
+def test_compound_durations_are_read_alike_by_every_command_and_the_scenario_files() -> None:
+    from ingest.simulator.scenario import ScenarioError, parse_duration_s
+
+    assert parse_duration("1h30m") == timedelta(minutes=90)
+    assert parse_duration("2m 30s") == timedelta(seconds=150)
+    assert parse_time("1h30m", now=NOW) == NOW - timedelta(minutes=90)
+    assert parse_time("now-1d12h", now=NOW) == NOW - timedelta(hours=36)
+    assert parse_duration_s("1h30m", "duration") == 5400.0
+    assert parse_duration_s("2w", "duration") == 14 * 86400.0  # (weeks: the commands' unit too)
+    with pytest.raises(ValueError, match=r"^--since: bad duration '1h30x': expected a number and a unit"):
+        parse_duration("1h30x", "--since")
+    with pytest.raises(ScenarioError, match=r"^--duration: bad duration '-1h30m': must be positive$"):
+        parse_duration_s("-1h30m", "--duration")

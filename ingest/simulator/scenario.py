@@ -44,13 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from ingest import schema
+from ingest.durations import duration_seconds, is_duration
 from ingest.simulator.injections import TYPES, Injection
 from ingest.simulator.workloads import WORKLOADS
 
 DEFAULT_START = datetime(2026, 1, 5, 8, 0, 0, tzinfo=UTC)
-_DUR = re.compile(r"^\s*(?:\d+(?:\.\d+)?\s*(?:ms|s|m|h|d)\s*)+$")
-_DUR_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -61,15 +59,16 @@ class ScenarioError(ValueError):
 def parse_duration_s(value: object, where: str) -> float:
     if isinstance(value, bool):
         raise ScenarioError(f"{where}: expected a duration like '90s', '10m', '1h', got {value!r}")
-    if isinstance(value, int | float):
-        secs = float(value)
-    elif isinstance(value, str) and _DUR.match(value.lower()):
-        secs = sum(float(v) * _UNIT[u] for v, u in _DUR_PART.findall(value.lower()))
-    else:
+    if isinstance(value, str):
+        try:
+            return duration_seconds(value)
+        except ValueError as exc:
+            raise ScenarioError(f"{where}: {exc}") from None
+    if not isinstance(value, int | float):
         raise ScenarioError(f"{where}: expected a duration like '90s', '10m', '1h30m', got {value!r}")
-    if secs <= 0:
+    if not value > 0:
         raise ScenarioError(f"{where}: must be positive, got {value!r}")
-    return secs
+    return float(value)
 
 
 def parse_start(value: object, where: str) -> datetime:
@@ -326,7 +325,7 @@ def from_dict(doc: dict[str, Any], *, source: str = "<scenario>", name: str | No
         if "start" not in d:
             raise ScenarioError(f"{where}.start: missing (an offset like '10m' or an ISO time)")
         sv = d["start"]
-        if isinstance(sv, datetime) or (isinstance(sv, str) and not _DUR.match(sv.lower())):
+        if isinstance(sv, datetime) or (isinstance(sv, str) and not is_duration(sv)):
             start_s = (parse_start(sv, f"{where}.start") - start).total_seconds()
             if start_s < 0:
                 raise ScenarioError(f"{where}.start: {sv!r} is before the run start {start.isoformat()}")

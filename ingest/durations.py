@@ -1,0 +1,32 @@
+"""Durations as users write them, one parser for every command, config key and scenario
+file: a number and a unit (``ms``, ``s``, ``m``, ``h``, ``d``, ``w``), or several of them
+added up (``1h30m``, ``2m 30s``)."""
+
+from __future__ import annotations
+
+import re
+
+UNITS: dict[str, float] = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+#: one or more (number, unit) parts, optionally signed; the sign is matched so that "-1m"
+#: gets "must be positive", not "expected a number"
+PARTS = r"(?:\d+(?:\.\d+)?\s*(?:ms|s|m|h|d|w)\s*)+"
+_DURATION = re.compile(rf"^\s*([+-]?)\s*({PARTS})$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)")
+
+
+def duration_seconds(text: str) -> float:
+    """``"1h30m"`` -> 5400.0 (case-insensitive). Zero and negative durations are rejected.
+    Raises ValueError naming ``text`` (callers prefix the flag or key it came from)."""
+    m = _DURATION.match(text.lower())
+    if m is None:
+        raise ValueError(f"bad duration {text!r}: expected a number and a unit (ms, s, m, h, d, w), "
+                         "e.g. '1m' or '1h30m'")
+    seconds = sum(float(v) * UNITS[u] for v, u in _PART.findall(m.group(2)))
+    if m.group(1) == "-" or seconds <= 0:
+        raise ValueError(f"bad duration {text!r}: must be positive")
+    return seconds
+
+
+def is_duration(text: str) -> bool:
+    """Whether ``text`` is written as a duration (signed or not), not, say, a time."""
+    return _DURATION.match(text.lower()) is not None
