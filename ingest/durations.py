@@ -30,3 +30,16 @@ def duration_seconds(text: str) -> float:
 def is_duration(text: str) -> bool:
     """Whether ``text`` is written as a duration (signed or not), not, say, a time."""
     return _DURATION.match(text.lower()) is not None
+
+
+def seconds_of(text: str) -> float:
+    """A plain number of seconds (``150``, ``0.1``: returned as written, sign and all, for
+    the caller's range check) or a duration (``2m30s``, :func:`duration_seconds`)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if not is_duration(text):
+        raise ValueError(f"bad duration {text!r}: expected a number of seconds (150) or a number and a unit "
+                         "(ms, s, m, h, d, w), e.g. '2m30s'")
+    return duration_seconds(text)

@@ -181,3 +181,29 @@ def test_the_summary_counts_this_runs_rows_and_the_influx_points(
     assert int(m[1]) == 0 and int(m[2]) >= got["memory"]
     head = re.search(r"(\d+) rows in (\d+) flushes", out)
     assert head and int(head[1]) == sum(got.values())
+
+
+# ------------------------------------------------------------------- periods
+
+
+def test_period_flags_take_seconds_or_durations_as_every_command_does(tmp_path: Path) -> None:
+    from jobs.cli import build_parser
+    from jobs.commands.agent import build
+
+    argv = ["agent", "--lake", str(tmp_path / "lake"), "--duration", "1m30s", "--interval", "500ms",
+            "--flush-interval", "2", "--commit-interval", "1m"]
+    cfg, sinks, _ = build(build_parser(argv).parse_args(argv))
+    for s in sinks:
+        s.close()
+    assert (cfg.duration_s, cfg.interval_s, cfg.flush_interval_s, cfg.commit_interval_s) == (90.0, 0.5, 2.0, 60.0)
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("5x", "bad duration '5x': expected a number of seconds (150) or a number and a unit"),
+    ("-5m", "bad duration '-5m': must be positive"),
+])
+def test_a_bad_period_names_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, why: str) -> None:
+    rc, _, err = _cli(capsys, "agent", "--lake", str(tmp_path / "lake"), "--duration", value)
+    assert rc == 2
+    assert f"argument --duration: {why}" in err
+    assert _files(tmp_path) == []

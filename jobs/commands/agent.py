@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ingest import lake as lake_mod
 from ingest.agent import Agent, AgentConfig, AgentStats, install_signal_handlers
+from ingest.durations import seconds_of
 from ingest.sink import Sink
 from jobs import config as config_mod
 
@@ -28,16 +29,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state", metavar="DIR",
                    help="for a lake on object storage: the directory of this agent's journal "
                    "(default: [lake] state)")
-    p.add_argument("--interval", type=float, metavar="SECONDS", help="fast-tier period (default 0.1)")
-    p.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long")
+    p.add_argument("--interval", type=_seconds, metavar="SECONDS", help="fast-tier period (default 0.1)")
+    p.add_argument("--duration", type=_seconds, metavar="SECONDS",
+                   help="stop after this long (seconds, or a duration such as 2m30s)")
     p.add_argument("--influx-url", action="append", metavar="URL", default=None,
                    help="also write to this InfluxDB (repeatable)")
     p.add_argument("--influx-database", metavar="DB", help="InfluxDB database/bucket (default unveil)")
     p.add_argument("--host", metavar="NAME", help="host tag (default: hostname)")
     p.add_argument("--root", metavar="DIR", help="filesystem root to read /proc and /sys under")
-    p.add_argument("--flush-interval", type=float, metavar="SECONDS",
+    p.add_argument("--flush-interval", type=_seconds, metavar="SECONDS",
                    help="journal append / InfluxDB send period (default 10)")
-    p.add_argument("--commit-interval", type=float, metavar="SECONDS",
+    p.add_argument("--commit-interval", type=_seconds, metavar="SECONDS",
                    help="Parquet commit period of the journaled rows (default 60)")
     p.add_argument("--collectors", metavar="A,B", help="comma-separated collectors (default all)")
     p.add_argument("--all-fast", action="store_true", help="sample every source at the fast interval")
@@ -45,6 +47,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="fsync every lake file (survives power loss; costs CPU at each flush)")
     p.add_argument("--quiet", action="store_true", help="no summary at the end")
     p.set_defaults(func=run)
+
+
+def _seconds(text: str) -> float:
+    """A period flag: seconds (``0.1``) or a duration (``2m30s``), as every command reads them."""
+    try:
+        return seconds_of(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_flags(args: argparse.Namespace) -> None:
