@@ -12,6 +12,7 @@ UNITS: dict[str, float] = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 8
 PARTS = r"(?:\d+(?:\.\d+)?\s*(?:ms|s|m|h|d|w)\s*)+"
 _DURATION = re.compile(rf"^\s*([+-]?)\s*({PARTS})$")
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)")
+_FORM = "a number and a unit (ms, s, m, h, d, w)"
 
 
 def duration_seconds(text: str) -> float:
@@ -19,8 +20,7 @@ def duration_seconds(text: str) -> float:
     Raises ValueError naming ``text`` (callers prefix the flag or key it came from)."""
     m = _DURATION.match(text.lower())
     if m is None:
-        raise ValueError(f"bad duration {text!r}: expected a number and a unit (ms, s, m, h, d, w), "
-                         "e.g. '1m' or '1h30m'")
+        raise ValueError(f"bad duration {text!r}: expected {_FORM}, e.g. '1m' or '1h30m'")
     seconds = sum(float(v) * UNITS[u] for v, u in _PART.findall(m.group(2)))
     if m.group(1) == "-" or seconds <= 0:
         raise ValueError(f"bad duration {text!r}: must be positive")
@@ -40,6 +40,5 @@ def seconds_of(text: str) -> float:
     except ValueError:
         pass
     if not is_duration(text):
-        raise ValueError(f"bad duration {text!r}: expected a number of seconds (150) or a number and a unit "
-                         "(ms, s, m, h, d, w), e.g. '2m30s'")
+        raise ValueError(f"bad duration {text!r}: expected a number of seconds (150) or {_FORM}, e.g. '2m30s'")
     return duration_seconds(text)

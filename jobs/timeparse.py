@@ -2,8 +2,8 @@
 
 ``now``; a duration back from now (``90s``, ``90m``, ``24h``, ``7d``, ``2w``, ``1h30m``: see
 :mod:`ingest.durations`; also written ``-24h`` or ``now-24h``); or an ISO-8601 date/time
-(``2026-11-30``, ``2026-11-30T02:00``, ``2026-11-30T02:00:00Z``, ``...+02:00``). Naive ISO times are taken as UTC. Every result is
-a timezone-aware UTC :class:`datetime.datetime`.
+(``2026-11-30``, ``2026-11-30T02:00``, ``2026-11-30T02:00:00Z``, ``...+02:00``). Naive ISO
+times are taken as UTC. Every result is a timezone-aware UTC :class:`datetime.datetime`.
 """
 
 from __future__ import annotations

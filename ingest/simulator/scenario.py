@@ -57,14 +57,12 @@ class ScenarioError(ValueError):
 
 
 def parse_duration_s(value: object, where: str) -> float:
-    if isinstance(value, bool):
-        raise ScenarioError(f"{where}: expected a duration like '90s', '10m', '1h', got {value!r}")
     if isinstance(value, str):
         try:
             return duration_seconds(value)
         except ValueError as exc:
             raise ScenarioError(f"{where}: {exc}") from None
-    if not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise ScenarioError(f"{where}: expected a duration like '90s', '10m', '1h30m', got {value!r}")
     if not value > 0:
         raise ScenarioError(f"{where}: must be positive, got {value!r}")
