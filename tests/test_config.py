@@ -304,7 +304,7 @@ def test_scheduler_every_must_be_positive(tmp_path: Path, capsys: pytest.Capture
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
-        (["agent", "--interval", "abc"], "unveil agent: error: argument --interval: invalid float value: 'abc'"),
+        (["agent", "--interval", "abc"], "unveil agent: error: argument --interval: bad duration 'abc': expected a number of seconds (150)"),
         (["import", "--lake", "L"], "unveil import: error: the following arguments are required: --host, FILE"),
         (["schedule", "--every"], "unveil schedule: error: argument --every: expected one argument"),
         (["nosuch"], "unveil: error: argument COMMAND: invalid choice: 'nosuch'"),
