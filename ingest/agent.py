@@ -129,6 +129,16 @@ class AgentStats:
     rows_replayed: int = 0  # rows of earlier runs' journals committed by this run
 
 
+def close_each(parts: Iterable[Collector | Sink], kind: str) -> None:
+    """Close every one of ``parts`` (collectors or sinks); a failure is logged, and the
+    others are still closed."""
+    for part in parts:
+        try:
+            part.close()
+        except Exception:
+            log.exception("%s %s close failed", kind, part.name)
+
+
 class NothingToCollect(ValueError):
     """Every selected collector is unavailable on this host: the agent would sample nothing."""
 
@@ -394,11 +404,7 @@ class Agent:
         return built
 
     def _close_collectors(self) -> None:
-        for c in self.collectors:
-            try:
-                c.close()
-            except Exception:
-                log.exception("collector %s close failed", c.name)
+        close_each(self.collectors, "collector")
 
     def _period_ticks(self, collector: Collector) -> int:
         tier = self.config.tiers.get(collector.name) or DEFAULT_TIERS.get(collector.name) or collector.tier
@@ -835,11 +841,7 @@ class Agent:
         if self._journal is not None:
             self._journal.close()
         self._close_collectors()
-        for sink in self.sinks:
-            try:
-                sink.close()
-            except Exception:
-                log.exception("sink %s close failed", sink.name)
+        close_each(self.sinks, "sink")
 
     # -------------------------------------------------------------------- loop
     def run(self) -> AgentStats:

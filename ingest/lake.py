@@ -304,6 +304,12 @@ def _bucket_there(st: objstore.ObjectStore) -> bool:
         raise LakeError(f"lake {st.url}: cannot reach {st.settings.endpoint or 'AWS'}: {exc}") from exc
 
 
+def require(root: str | os.PathLike[str]) -> None:
+    """LakeError naming ``root`` unless the lake is there (:func:`exists`): a command checks
+    it before it reads or writes anything inside."""
+    _root(root)
+
+
 def _root(root: str | os.PathLike[str]) -> Path:
     st = _remote(root)
     if st is not None:

@@ -322,8 +322,7 @@ _NON_NEGATIVE_INT = re.compile(r"[0-9]+")
 def row_count_parameters(sql: str) -> set[str]:
     """The parameters ``sql`` uses as a LIMIT / OFFSET / FETCH row count (outside literals
     and comments)."""
-    masked = "".join(text if code else " " * len(text) for code, text in _segments(sql))
-    return {m.group(1) for m in _ROW_COUNT_PARAM.finditer(masked)}
+    return {m.group(1) for m in _ROW_COUNT_PARAM.finditer(_code_only(sql))}
 
 
 def _check_row_count(name: str, literal: str, raw: Any, where: str) -> None:

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from ingest import lake as lake_mod
-from ingest.agent import Agent, AgentConfig, AgentStats, install_signal_handlers
+from ingest.agent import Agent, AgentConfig, AgentStats, close_each, install_signal_handlers
 from ingest.durations import seconds_of
 from ingest.sink import Sink
 from jobs import config as config_mod
-
-log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -148,11 +145,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         agent = Agent(acfg, sinks)
     except BaseException:  # no collector available, the journal locked by another agent ...
-        for sink in sinks:
-            try:
-                sink.close()
-            except Exception:
-                log.exception("sink %s close failed", sink.name)
+        close_each(sinks, "sink")
         raise
     install_signal_handlers(agent)
     for name, reason in agent.stats.unavailable.items():

@@ -63,8 +63,7 @@ def _open(args: argparse.Namespace) -> tuple[Queue, Executor]:
         qpath = Path(exec_cfg.queue)
     else:
         lake = config.resolve_lake(args.lake, cfg)
-        if not lake_mod.exists(lake):  # a mistyped --lake is an error, not an empty queue
-            raise lake_mod.LakeError(f"lake root {lake} does not exist or is not a directory")
+        lake_mod.require(lake)  # a mistyped --lake is an error, not an empty queue
         qpath = default_path(lake)
     if args.verb == "verify":  # judged from the lake's features
         args.lake_dir = config.resolve_lake(args.lake, cfg)

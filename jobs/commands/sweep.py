@@ -119,8 +119,7 @@ def _telemetry_days(lake: str, hosts: list[str] | None) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     lake, analytics, detection, engine = _settings(args)
     start, end = parse_range(args.since, args.until, default_since="1h")
-    if not lake_mod.exists(lake):  # before the watermarks, which would name a file inside it
-        raise LakeError(f"lake root {lake} does not exist or is not a directory")
+    lake_mod.require(lake)  # before the watermarks, which would name a file inside it
     check_hosts(lake, args.hosts)
     if not (args.dry_run or args.force):
         check_watermarks(lake, start, args.hosts)
