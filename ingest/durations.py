@@ -42,3 +42,17 @@ def seconds_of(text: str) -> float:
     if not is_duration(text):
         raise ValueError(f"bad duration {text!r}: expected a number of seconds (150) or {_FORM}, e.g. '2m30s'")
     return duration_seconds(text)
+
+
+def readable(seconds: float | None) -> str:
+    """A duration to read at a glance: 20 s, 5 min 3 s, 3 h 25 min, 2 d 3 h (None: "")."""
+    if seconds is None:
+        return ""
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.3g} s" if seconds < 10 else f"{s} s"
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
+        if s >= size:
+            rest = (s % size) // sub_size
+            return f"{s // size} {unit}" + (f" {rest} {sub}" if rest else "")
+    return f"{s} s"  # unreachable: s >= 60

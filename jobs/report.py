@@ -41,6 +41,7 @@ import polars as pl
 
 from ingest import lake as lake_mod
 from ingest.atomic import write_atomic
+from ingest.durations import readable
 
 log = logging.getLogger(__name__)
 
@@ -531,20 +532,6 @@ def _none(what: str) -> str:
     return f'<p class="none">{html.escape(what)}</p>'
 
 
-def _duration(seconds: float | None) -> str:
-    """A duration to read at a glance: 20 s, 5 min 3 s, 3 h 25 min, 2 d 3 h."""
-    if seconds is None:
-        return ""
-    s = round(seconds)
-    if s < 60:
-        return f"{seconds:.3g} s" if seconds < 10 else f"{s} s"
-    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
-        if s >= size:
-            rest = (s % size) // sub_size
-            return f"{s // size} {unit}" + (f" {rest} {sub}" if rest else "")
-    return f"{s} s"  # unreachable: s >= 60
-
-
 def _factors(top: Any) -> str:
     if not top:
         return ""
@@ -723,7 +710,7 @@ def _render_incidents(inc: Incidents) -> str:
                      # one cause, one incident: the other entries that matched its windows,
                      # each with the evidence it was ranked lower on (one a line)
                      "alternatives": _Raw("<br>".join(_e(a) for a in r.get("alternatives") or [])),
-                     "duration": _duration((r["end"] - r["start"]).total_seconds()
+                     "duration": readable((r["end"] - r["start"]).total_seconds()
                                            if r["end"] and r["start"] else None)})
     cap = _cap_note(inc.table.height, "incidents", "highest peak score")
     return _section("incidents", "Incidents", cap + _table(rows, [

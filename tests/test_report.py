@@ -332,14 +332,6 @@ def test_incident_duration_host_and_status_render_on_one_line(tmp_path: Path) ->
         assert len(m[name]) == 5 and [c["lines"] for c in m[name]] == [1] * 5, (name, m[name])
 
 
-def test_duration_is_rendered_in_units_to_read_at_a_glance() -> None:
-    from jobs.report import _duration
-
-    assert [_duration(s) for s in (0.0, 2.5, 20.0, 59.6, 303.0, 3600.0, 12345.0, 2 * 86400 + 3 * 3600 + 5)] == [
-        "0 s", "2.5 s", "20 s", "1 min", "5 min 3 s", "1 h", "3 h 25 min", "2 d 3 h"]
-    assert _duration(None) == ""
-
-
 def test_infinite_scores_are_drawn_at_the_top_of_their_panel(tmp_path: Path) -> None:
     # +inf scores (a degenerate reference) used to vanish from the trace: the line broke and
     # no dot was drawn exactly where the anomaly was worst.

@@ -4,6 +4,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from ingest.durations import readable
 from jobs.timeparse import parse_duration, parse_range, parse_time
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -89,3 +90,10 @@ def test_compound_durations_are_read_alike_by_every_command_and_the_scenario_fil
         parse_duration("1h30x", "--since")
     with pytest.raises(ScenarioError, match=r"^--duration: bad duration '-1h30m': must be positive$"):
         parse_duration_s("-1h30m", "--duration")
+
+
+def test_a_duration_is_written_back_in_units_to_read_at_a_glance() -> None:
+    # the report's incident durations and the simulator's summary line
+    assert [readable(s) for s in (0.0, 2.5, 20.0, 59.6, 303.0, 2400.0, 3600.0, 12345.0, 2 * 86400 + 3 * 3600 + 5)] == [
+        "0 s", "2.5 s", "20 s", "1 min", "5 min 3 s", "40 min", "1 h", "3 h 25 min", "2 d 3 h"]
+    assert readable(None) == ""

@@ -13,6 +13,7 @@ import argparse
 import functools
 import sys
 
+from ingest.durations import readable
 from ingest.lake import LakeSink
 from ingest.simulator import INEFFICIENCIES, Scenario, named, resolve_scenario, simulate
 from ingest.simulator.scenario import counted_hosts, parse_duration_s, parse_start
@@ -76,15 +77,15 @@ def run(args: argparse.Namespace) -> int:
     dropped = [i for i in before.injections if i not in sc.injections]
     if dropped:
         print(f"unveil simulate: warning: {len(dropped)} injection(s) of scenario {sc.name!r} left out "
-              f"(they start after the {sc.duration_s:g} s simulated, or on a host not simulated): "
-              + ", ".join(f"{i.type} on {i.host} at {i.start_s:g} s" for i in dropped), file=sys.stderr)
+              f"(they start after the {readable(sc.duration_s)} simulated, or on a host not simulated): "
+              + ", ".join(f"{i.type} on {i.host} at {readable(i.start_s)}" for i in dropped), file=sys.stderr)
     spec = parse_spec(args.engine, "--engine")
     # hosts are independent: each runs as one item of the engine, with sinks of its own
     with make_engine(spec) as engine:
         res = simulate(sc, functools.partial(open_sinks, args.lake, args.influx_url), mapper=engine.map)
     n_lab = 0 if res.labels is None else res.labels.height
     print(
-        f"simulated {len(sc.hosts)} host(s) x {sc.duration_s / 3600:g} h (scenario {sc.name!r}, seed {sc.seed}) "
+        f"simulated {len(sc.hosts)} host(s) x {readable(sc.duration_s)} (scenario {sc.name!r}, seed {sc.seed}) "
         f"into {args.lake}: {sum(res.rows.values()):,} rows in {len(res.rows)} tables, {n_lab} label(s); "
         f"{res.wall_s:.1f} s ({res.host_hours / max(res.wall_s, 1e-9):.2f} host-hours/s)",
         file=sys.stdout,
