@@ -14,7 +14,9 @@ derived views help with the wide and nested tables:
   contribution, direction, value, reference_value.
 
 ``incidents`` shows each incident's latest row (the table holds a row per update of an
-open incident and one when it closed; see knowledge_base.incidents).
+open incident and one when it closed; see knowledge_base.incidents), and the view
+``lasting_incidents`` one row per lasting problem: the parts the scheduler cuts a long
+incident into (every ``max_incident``) joined, with ``parts`` (knowledge_base.incidents.episodes).
 
 Time pruning: rows with ``start <= time < end``, except ``host_facts`` (facts read before
 ``start`` are still in force: only ``time < end``) and ``labels`` (an injection that began
@@ -68,7 +70,7 @@ SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
 FORMATS: tuple[str, ...] = ("table", "csv", "json", "parquet")
 ParamType = Literal["int", "float", "bool", "str", "timestamp"]
 PARAM_TYPES: tuple[str, ...] = ("int", "float", "bool", "str", "timestamp")
-VIEWS: dict[str, str] = {"feature_values": "features", "finding_factors": "findings"}
+VIEWS: dict[str, str] = {"feature_values": "features", "finding_factors": "findings", "lasting_incidents": "incidents"}
 # Time pruning that is not "start <= time < end" (see the module docstring).
 _UNTIL_ONLY = frozenset({"host_facts", "labels"})
 # Bounds of :since / :until when the query has no range.
@@ -452,6 +454,20 @@ def _finding_factors(findings: pl.LazyFrame) -> pl.LazyFrame:
             .unnest("top_factors"))
 
 
+# (knowledge_base.incidents is imported when a query reads incidents: it brings
+# scikit-learn, ~1.5 s at every start otherwise)
+def _latest_incidents(lf: pl.LazyFrame) -> pl.LazyFrame:
+    from knowledge_base.incidents import latest_incidents_lazy
+
+    return latest_incidents_lazy(lf)
+
+
+def _lasting_incidents(lf: pl.LazyFrame) -> pl.LazyFrame:
+    from knowledge_base.incidents import episodes_lazy
+
+    return episodes_lazy(lf)
+
+
 def _empty_base(table: str) -> pl.LazyFrame:
     """The base table of a view, empty (a lake not swept yet, or a sweep with no findings)."""
     known = _empty_known(table)
@@ -575,15 +591,16 @@ def lake_context(lake: str | os.PathLike[str], sql: str, *, start: datetime | No
         if t in wanted or t.lower() in wanted:
             frames[t] = _scan(lake, t, start, end, hosts, found, exclude)
     if "incidents" in frames:  # append-only open/closed rows: queries see each incident's latest
-        from knowledge_base.incidents import latest_incidents_lazy
-
-        frames["incidents"] = latest_incidents_lazy(frames["incidents"])
+        frames["incidents"] = _latest_incidents(frames["incidents"])
     for view, base in VIEWS.items():
         if view in wanted:
             lf = frames.get(base)
             if lf is None:
                 lf = _scan(lake, base, start, end, hosts, found, exclude) if base in available else _empty_base(base)
-            frames[view] = _feature_values(lf) if view == "feature_values" else _finding_factors(lf)
+                if base == "incidents":
+                    lf = _latest_incidents(lf)
+            frames[view] = {"feature_values": _feature_values, "finding_factors": _finding_factors,
+                            "lasting_incidents": _lasting_incidents}[view](lf)
     for t in wanted - set(frames):
         empty = _empty_known(t)
         if empty is not None:

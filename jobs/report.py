@@ -80,7 +80,8 @@ class ReportSummary:
     windows: int = 0
     flagged: int = 0
     findings: int = 0
-    incidents: int = 0
+    incidents: int = 0  # lasting problems: the parts a long one is cut into count once
+    incident_parts: int = 0  # rows of the incidents table (each part of a lasting one)
     matched: int = 0
     by_entry: dict[str, int] = field(default_factory=dict)
     remediations: dict[str, int] = field(default_factory=dict)
@@ -126,7 +127,9 @@ class ReportSummary:
         share = f" ({100.0 * self.flagged / self.windows:.1f} %)" if self.windows else ""
         lines.append(f"  windows {self.windows}, flagged {self.flagged}{share}, findings {self.findings}")
         entries = ", ".join(f"{e} {n}" for e, n in sorted(self.by_entry.items(), key=lambda x: (-x[1], x[0])))
-        lines.append(f"  incidents {self.incidents}: {self.matched} matched" + (f" ({entries})" if entries else "")
+        parts = (f" ({self.incident_parts} parts: a lasting one is re-reported every max_incident)"
+                 if self.incident_parts > self.incidents else "")
+        lines.append(f"  incidents {self.incidents}{parts}: {self.matched} matched" + (f" ({entries})" if entries else "")
                      + f", {self.unmatched} unmatched")
         rem = ", ".join(f"{n} {s}" for s, n in sorted(self.remediations.items()))
         lines.append(f"  remediations: {rem or 'none'}")
@@ -625,10 +628,12 @@ def gather(lake: str | os.PathLike[str], out: str | os.PathLike[str], start: dat
     scores = _read(lake, "scores", available, start, end, hosts)
     findings = _read(lake, "findings", available, start, end, hosts)
     incidents = _read(lake, "incidents", available, start, end, hosts)
+    lasting = None  # the incidents, the parts of a lasting one joined (the summary, the tables, the plots)
     if incidents is not None:  # append-only open/closed rows: each incident's latest
-        from knowledge_base.incidents import latest_incidents
+        from knowledge_base.incidents import episodes, latest_incidents
 
         incidents = latest_incidents(incidents).sort("host", "start")
+        lasting = episodes(incidents)
     labels = _read(lake, "labels", available, start, end, hosts, until_only=True)
     if labels is not None and start is not None:
         labels = labels.filter(pl.col("end").is_null() | (pl.col("end") > start))
@@ -651,9 +656,10 @@ def gather(lake: str | os.PathLike[str], out: str | os.PathLike[str], start: dat
         summary.windows = ws.height
         summary.flagged = int(ws["flagged"].sum())
     summary.findings = findings.height if findings is not None else 0
-    if incidents is not None:
-        summary.incidents = incidents.height
-        matched = incidents.filter(pl.col("status") == "matched")
+    if lasting is not None:
+        summary.incidents = lasting.height
+        summary.incident_parts = int(lasting["parts"].sum())
+        matched = lasting.filter(pl.col("status") == "matched")
         summary.matched = matched.height
         summary.by_entry = dict(Counter(matched["entry_id"].to_list()))
     if remediations is not None:
@@ -667,9 +673,9 @@ def gather(lake: str | os.PathLike[str], out: str | os.PathLike[str], start: dat
     if ws is not None and ws.height:
         peaks = ws.group_by("host").agg(pl.col("score").max()).sort(["score", "host"], descending=[True, False])
         trace_hosts, n_hosts = sorted(peaks["host"].head(MAX_TRACE_HOSTS).to_list()), peaks.height
-    summary.plots = int(bool(trace_hosts)) + int(incidents is not None and incidents.height > 0)
-    return ReportFacts(str(lake), hosts, summary, Traces(ws, trace_hosts, n_hosts, incidents, labels),
-                       Incidents(incidents), Audit(audit_df), Remediations(remediations))
+    summary.plots = int(bool(trace_hosts)) + int(lasting is not None and lasting.height > 0)
+    return ReportFacts(str(lake), hosts, summary, Traces(ws, trace_hosts, n_hosts, lasting, labels),
+                       Incidents(lasting), Audit(audit_df), Remediations(remediations))
 
 
 # ----------------------------------------------------------------------------- render
@@ -714,7 +720,8 @@ def _render_incidents(inc: Incidents) -> str:
                                            if r["end"] and r["start"] else None)})
     cap = _cap_note(inc.table.height, "incidents", "highest peak score")
     return _section("incidents", "Incidents", cap + _table(rows, [
-        ("host", "host"), ("start", "start"), ("duration", "duration"), ("n_windows", "windows"), ("status", "status"),
+        ("host", "host"), ("start", "start"), ("duration", "duration"), ("parts", "parts"), ("n_windows", "windows"),
+        ("status", "status"),
         ("what", "knowledge-base entry"), ("confidence", "confidence"), ("alternatives", "alternatives"),
         ("peak_score", "peak"),
         ("devices", "devices"), ("factors", "top factors"), ("explanation", "explanation")], "incidents",

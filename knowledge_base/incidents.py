@@ -93,6 +93,47 @@ def latest_incidents_lazy(lf: pl.LazyFrame, *, superseded: bool = False) -> pl.L
     return out if superseded else out.filter(pl.col("state") != "superseded")
 
 
+def episodes(df: pl.DataFrame, gap_s: float = 5.0) -> pl.DataFrame:
+    """One row per lasting problem: the scheduler cuts an incident every ``max_incident``
+    (its findings are re-read while it is open, so its length is bounded), and the parts of
+    one host's one cause follow each other (the next part starts at most ``gap_s``, the
+    scheduler's ``incident_gap_s``, after the previous ends; a longer gap is a new
+    incident). ``df``: latest incident rows (:func:`latest_incidents`). The row of the
+    first part is kept (its ``incident_id``, entry, explanation, fingerprint), with the
+    episode's ``start``, ``end``, ``updated`` and ``state`` (the last part's), its windows
+    summed, the highest ``peak_score``, ``confidence``, ``match_share`` and the subsystem
+    shares weighted by each part's windows, the union of ``devices``, and ``parts`` (how
+    many)."""
+    return episodes_lazy(df.lazy(), gap_s).collect()
+
+
+def episodes_lazy(lf: pl.LazyFrame, gap_s: float = 5.0) -> pl.LazyFrame:
+    """:func:`episodes` for a lazy scan (the ``lasting_incidents`` view of ``unveil query``)."""
+    cols = [c for c in lf.collect_schema().names() if c != "parts"]
+    by = ["host", "_cause"]
+    gap = pl.duration(microseconds=int(round(gap_s * 1e6)))
+    s = (lf.with_columns(_cause=pl.col("entry_id").fill_null("") + "|" + pl.col("status").fill_null(""))
+         .sort("host", "_cause", "start")
+         .with_columns(_prev=pl.col("end").cum_max().shift(1).over(by)))
+    s = s.with_columns(_ep=(pl.col("_prev").is_null() | (pl.col("start") > pl.col("_prev") + gap)).cum_sum().over(by))
+    w = pl.col("n_windows").cast(pl.Float64)
+
+    def weighted(c: str) -> pl.Expr:  # null where no part has a value (an unmatched incident's confidence)
+        known = w.filter(pl.col(c).is_not_null()).sum()
+        return pl.when(known > 0).then((pl.col(c) * w).sum() / known)
+
+    merged = {
+        "start": pl.col("start").min(), "end": pl.col("end").max(), "n_windows": pl.col("n_windows").sum(),
+        "peak_score": pl.col("peak_score").max(),
+        **{c: weighted(c) for c in ("confidence", "match_share", *SHARE_COLUMNS) if c in cols},
+        "devices": pl.col("devices").explode().drop_nulls().unique(maintain_order=True),
+        "state": pl.col("state").last(), "updated": pl.col("updated").max(),
+    }
+    aggs = [merged[c].alias(c) if c in merged else pl.col(c).first() for c in cols if c != "host"]
+    out = s.group_by([*by, "_ep"], maintain_order=True).agg(*aggs, pl.len().cast(pl.Int64).alias("parts"))
+    return out.select(*cols, "parts").sort("host", "start")
+
+
 def incident_id(host: str, start: Any, entry_id: str = "") -> str:
     """``inc-`` + 12 hex digits of sha1(host|start ISO|entry id)."""
     iso = start.isoformat() if hasattr(start, "isoformat") else str(start)

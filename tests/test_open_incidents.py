@@ -382,3 +382,49 @@ def test_refit_config() -> None:
         analytics_from_mapping({"refit": "soon"})
     with pytest.raises(ValueError, match="analytics.refit .* multiple of scheduler.analysis_step"):
         SweepConfig(analytics=analytics_from_mapping({"refit": "90s"}))
+
+
+def test_the_parts_of_a_lasting_incident_are_read_as_one(throttle_template: Path, tmp_path: Path) -> None:
+    """A sweep that cuts incidents every minute (``max_incident``) writes the throttle in
+    parts; the report, ``top-incidents`` and the ``lasting_incidents`` view join them into
+    the incident a sweep without cuts writes (same start, end and windows)."""
+    from jobs.report import gather
+    from knowledge_base.incidents import episodes
+
+    t0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+    got = {}
+    for way, cut in (("whole", timedelta(minutes=15)), ("cut", timedelta(minutes=1))):
+        root = tmp_path / way
+        shutil.copytree(throttle_template, root)
+        run_cycle(root, _fast_cfg(max_incident=cut), now=t0 + timedelta(minutes=MINUTES))
+        got[way] = latest_incidents(lake.read(root, "incidents")).filter(pl.col("entry_id") == "gpu_power_throttle")
+    [whole] = got["whole"].iter_rows(named=True)
+    parts = got["cut"].sort("start")
+    assert parts.height >= 4 and parts["n_windows"].max() < whole["n_windows"]  # type: ignore[operator]
+    # (not the state: the last part closed when it reached max_incident; the next window starts another)
+    cols = ["host", "start", "end", "n_windows", "entry_id"]
+    [joined] = episodes(parts).iter_rows(named=True)
+    assert {c: joined[c] for c in cols} == {c: whole[c] for c in cols}
+    assert joined["parts"] == parts.height and joined["incident_id"] == parts["incident_id"][0]
+    assert joined["peak_score"] == parts["peak_score"].max()
+    top = query.run_query(tmp_path / "cut", "top-incidents", params={"limit": "100"})
+    row = top.filter(pl.col("entry_id") == "gpu_power_throttle")
+    assert row.height == 1 and row["parts"][0] == parts.height and row["n_windows"][0] == whole["n_windows"]
+    view = query.run_query(tmp_path / "cut", "SELECT count(*) AS n FROM lasting_incidents")["n"][0]
+    table = query.run_query(tmp_path / "cut", "SELECT count(*) AS n FROM incidents")["n"][0]
+    assert view == top.height < table
+    s = gather(tmp_path / "cut", tmp_path / "r.html").summary
+    assert s.incidents == top.height and s.incident_parts == table and s.by_entry["gpu_power_throttle"] == 1
+    assert f"incidents {s.incidents} ({table} parts: " in s.text()
+    # a gap longer than the scheduler's incident_gap_s is a new incident, and causes stay apart
+    first, second = parts.row(0, named=True), parts.row(1, named=True)
+    apart = pl.concat([parts.head(1), parts.slice(1, 1).with_columns(
+        pl.col("start") + timedelta(seconds=6) + (first["end"] - second["start"]))])
+    assert episodes(apart)["parts"].to_list() == [1, 1]
+    other = parts.slice(1, 1).with_columns(pl.lit("thermal_throttle").alias("entry_id"))
+    assert episodes(pl.concat([parts.head(1), other]))["parts"].to_list() == [1, 1]
+    # unmatched parts join too, and have no confidence (not NaN)
+    un = parts.head(2).with_columns(pl.lit("unmatched").alias("status"), pl.lit(None, pl.String).alias("entry_id"),
+                                    pl.lit(None, pl.Float64).alias("confidence"))
+    [u] = episodes(un).iter_rows(named=True)
+    assert u["parts"] == 2 and u["confidence"] is None and u["n_windows"] == un["n_windows"].sum()

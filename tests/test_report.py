@@ -318,7 +318,9 @@ def test_incident_labels_on_the_score_plot_do_not_overlap(tmp_path: Path) -> Non
 
 
 def test_incident_duration_host_and_status_render_on_one_line(tmp_path: Path) -> None:
-    lake = _small_lake(tmp_path / "lake", n_incidents=5, long_first=True)
+    # (five entries: the long first incident spans the others, and one of its own entry would join it)
+    lake = _small_lake(tmp_path / "lake", n_incidents=5, long_first=True, entries=(
+        "gpu_power_throttle", "thp_coverage_loss", "irq_locality_miss", "nic_drops", "memory_pressure"))
     out = tmp_path / "r.html"
     write_report(lake, out)
     m = _measure(out, tmp_path, width=900)  # a narrow window: the explanation column squeezes the others

@@ -12,6 +12,7 @@ from jobs.commands import output_file, warn_corrupt
 from jobs.commands.schedule import add_common, sweep_config
 from jobs.postmortem import label_interval, postmortem, postmortem_id
 from jobs.timeparse import parse_duration, parse_time
+from knowledge_base.incidents import episodes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,11 +55,13 @@ def run(args: argparse.Namespace) -> int:
                      progress=args.progress)
     print(f"post-mortem {res.pm_id}: {', '.join(res.hosts)} {res.start.isoformat()} .. {res.end.isoformat()} "
           f"(from {res.source})")
-    print(f"  {res.windows} windows, {res.findings} findings, {res.incidents.height} incidents")
-    for inc in res.incidents.iter_rows(named=True):
+    lasting = episodes(res.incidents, sc.incident_gap_s)  # a lasting one's parts (every max_incident) as one
+    print(f"  {res.windows} windows, {res.findings} findings, {lasting.height} incidents")
+    for inc in lasting.iter_rows(named=True):
         what = inc["entry_id"] or "unmatched"
+        parts = f", {inc['parts']} parts" if inc["parts"] > 1 else ""
         print(f"  {inc['host']} {inc['start']:%Y-%m-%d %H:%M:%S} .. {inc['end']:%H:%M:%S} {what}"
-              f" ({inc['n_windows']} windows): {(inc['explanation'] or '')[:100]}")
+              f" ({inc['n_windows']} windows{parts}): {(inc['explanation'] or '')[:100]}")
     print(f"  results: {res.path}")
     sys.stdout.flush()
     warn_corrupt("postmortem", res.corrupt)
