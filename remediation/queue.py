@@ -451,7 +451,8 @@ class Queue:
     # ---- export --------------------------------------------------------------------------------
 
     def to_frame(self) -> pl.DataFrame:
-        """The ``remediations`` lake table: one row per action."""
+        """The ``remediations`` lake table: one row per action, ``updated`` = its latest change
+        (a state change or any audit event: an incident attached too)."""
         rows = []
         for a in self.actions():
             events = self.audit(a.id)
@@ -466,7 +467,10 @@ class Queue:
                 "action_id": a.id, "host": a.host, "entry_id": a.entry_id, "incident_id": a.incident_id,
                 "script_id": a.script_id, "params": json.dumps(a.params, sort_keys=True), "mode": a.mode,
                 "state": a.state, "executed": a.executed, "approved_by": a.approved_by,
-                "created": a.created_us, "updated": a.updated_us, "approved": first("approved"),
+                # the row changes with every audit event (an incident attached too), not only
+                # with the state: readers of the latest row must see the latest attachments
+                "created": a.created_us, "updated": max([a.updated_us, *(e.time_us for e in events)]),
+                "approved": first("approved"),
                 "started": first("running"),
                 "finished": a.updated_us if a.state in TERMINAL | {"succeeded", "failed", "unverifiable"} else None,
                 "verdict": eff.get("verdict"),

@@ -302,6 +302,26 @@ def test_a_split_incident_produces_no_duplicate_proposal(tmp_path: Path) -> None
         assert [x.incident_id for x in q.actions(host="h1")] == ["inc-a", "inc-d"]
 
 
+def test_a_fragment_attached_in_a_later_chunk_is_a_later_row_of_its_action(tmp_path: Path) -> None:
+    """Each chunk writes the rows of the actions its incidents touched: a fragment attached in
+    a later chunk changes the action, so its row is later, and readers of the latest row
+    (remediation-effects, the cycle's export) see one row with every attachment."""
+    from jobs.remediations import export_remediations, new_remediation_rows, queue_remediations
+    from tests.test_remediation_safety import m, thp_facts, thp_incidents
+
+    facts = thp_facts([(0, "always", "madvise"), (15, "never", "never")], until=40)
+    chunk1 = queue_remediations(tmp_path, thp_incidents(("inc-a", m(15), m(20)), ("inc-b", m(20), m(25))), facts,
+                                load_kb(), now=m(25))
+    lake.write_table(tmp_path, "remediations", new_remediation_rows(tmp_path, chunk1, []))
+    chunk2 = queue_remediations(tmp_path, thp_incidents(("inc-c", m(25), m(30))), facts, load_kb(), now=m(30))
+    new = new_remediation_rows(tmp_path, chunk2, [])
+    assert new.height == 1 and new["updated"][0] > chunk1["updated"][0]
+    lake.write_table(tmp_path, "remediations", new)
+    assert export_remediations(tmp_path) == 0  # the lake has the queue's latest row already
+    [row] = query.run_query(tmp_path, "remediation-effects").iter_rows(named=True)
+    assert row["incident_id"] == "inc-a" and json.loads(row["attached_incidents"]) == ["inc-b", "inc-c"]
+
+
 # sim-00: THP off from minute 17 to 20, where the fix lands (the simulator restores it then);
 # healthy for the 7 minutes before that within the entry's 600 s before-window
 LATE_ONSET = """
