@@ -64,7 +64,7 @@ def queue_remediations(lake: str | os.PathLike[str], incidents: pl.DataFrame, fa
             device = devices[0] if devices else ""
             hf = HostFacts.from_frame(facts, inc[HOST], inc["start"], onset=inc["start"])
             try:
-                params = fill_params(rem.params, device, hf, fault_values=rem.fault_values)
+                params = fill_params(rem.params, device, hf, fault_values=rem.fault_values, devices=devices)
                 current = HostFacts.from_frame(facts, inc[HOST], now, with_before=False)
                 if in_force(rem.params, params, device, current):
                     log.info("incident %s (%s on %s): remediation %s %s not queued: already in force on the host",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
@@ -376,7 +376,7 @@ def _fact_value(got: tuple[str | None, float | None]) -> Any:
 
 
 def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, Any],
-          faults: tuple[Any, ...] = ()) -> Any:
+          faults: tuple[Any, ...] = (), devices: Sequence[str] = ()) -> Any:
     if placeholder in extra:
         return extra[placeholder]
     if placeholder.startswith("fact_before:"):
@@ -429,6 +429,14 @@ def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, A
         if not m:
             raise FactError(f"{{device_index}}: device {device!r} has no index")
         return int(m.group(1))
+    if placeholder == "device_indices":
+        # every device of the incident of the first one's kind (gpu0, gpu3 -> "0,3")
+        kind = re.sub(r"\d+$", "", device)
+        found = [re.fullmatch(rf"{re.escape(kind)}(\d+)", d) for d in (devices or [device])]
+        indices = sorted({int(m.group(1)) for m in found if m is not None})
+        if not indices:
+            raise FactError(f"{{device_indices}}: device {device!r} has no index")
+        return ",".join(map(str, indices))
     if placeholder in ("device_node", "device_node_cpus"):
         node = facts.node_of(device)
         if node is None:
@@ -451,11 +459,14 @@ def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, A
 
 def fill_params(params: Mapping[str, Any], device: str, facts: HostFacts,
                 extra: Mapping[str, Any] | None = None,
-                fault_values: Mapping[str, tuple[Any, ...]] | None = None) -> dict[str, Any]:
-    """Remediation parameters with their templates filled from the incident's device and the
-    host's facts. A value that is exactly one placeholder keeps the fact's type (int node,
-    float power limit); otherwise placeholders are substituted as text. ``fault_values``: per
-    parameter, values a ``{fact_before:...}`` lookup passes over. Raises FactError."""
+                fault_values: Mapping[str, tuple[Any, ...]] | None = None,
+                devices: Sequence[str] = ()) -> dict[str, Any]:
+    """Remediation parameters with their templates filled from the incident's device (its
+    first) and the host's facts. A value that is exactly one placeholder keeps the fact's type
+    (int node, float power limit); otherwise placeholders are substituted as text.
+    ``fault_values``: per parameter, values a ``{fact_before:...}`` lookup passes over.
+    ``devices``: every device of the incident (``{device_indices}``; default: ``device``).
+    Raises FactError."""
     extra = extra or {}
     faults = fault_values or {}
     out: dict[str, Any] = {}
@@ -465,10 +476,10 @@ def fill_params(params: Mapping[str, Any], device: str, facts: HostFacts,
             continue
         whole = TEMPLATE_RE.fullmatch(value)
         if whole:
-            v = _fill(whole.group(1), device, facts, extra, tuple(faults.get(name, ())))
+            v = _fill(whole.group(1), device, facts, extra, tuple(faults.get(name, ())), devices)
             out[name] = int(v) if isinstance(v, float) and v.is_integer() and name != "limit_w" else v
         else:
-            out[name] = TEMPLATE_RE.sub(lambda m: str(_fill(m.group(1), device, facts, extra)), value)
+            out[name] = TEMPLATE_RE.sub(lambda m: str(_fill(m.group(1), device, facts, extra, (), devices)), value)
     return out
 
 

@@ -36,7 +36,7 @@ docs/knowledge_base.md; in short::
     [remediation]
     script = "gpu_power_limit"           # a remediation.registry.SCRIPTS id (checked on load)
     mode = "manual"                      # auto | manual (auto only if the script is safe for it)
-    params = { gpu = "{device_index}" }  # literals, or templates filled from the incident and facts
+    params = { gpu = "{device_indices}" }  # literals, or templates filled from the incident and facts
     guidance = "..."                     # what to do by hand (always shown)
 
     [verification]                       # what must return to normal after the fix
@@ -85,7 +85,7 @@ DERIVED: dict[str, str] = {
     "power.slow_governor": "a cpufreq policy whose governor holds the clocks low (see HostFacts.derived)",
 }
 
-TEMPLATE_RE = re.compile(r"\{(device|device_index|device_node|device_node_cpus|device_pci|netdev|cgroup"
+TEMPLATE_RE = re.compile(r"\{(device|device_index|device_indices|device_node|device_node_cpus|device_pci|netdev|cgroup"
                          r"|pid|fact:[a-z_]+\.[a-z0-9_]+|fact_before:[a-z_]+\.[a-z0-9_]+(?:\|[A-Za-z0-9_.-]+)?)\}")
 
 
@@ -473,7 +473,7 @@ def _remediation(ctx: _Ctx, d: Any) -> Remediation:
         if isinstance(value, str) and "{" in value:
             rest = TEMPLATE_RE.sub("", value)
             if "{" in rest or "}" in rest:
-                raise ctx.err(pw, f"bad template {value!r}; placeholders: {{device}}, {{device_index}}, "
+                raise ctx.err(pw, f"bad template {value!r}; placeholders: {{device}}, {{device_index}}, {{device_indices}}, "
                               "{device_node}, {device_node_cpus}, {device_pci}, {netdev}, {cgroup}, {pid}, "
                               "{fact:<category>.<key>}, {fact_before:<category>.<key>[|fallback]}")
             for m in TEMPLATE_RE.finditer(value):

@@ -60,6 +60,8 @@ class Param:
             raise ParamError(f"{where}: expected true or false, got {value!r}")
         if self.type in ("int", "float"):
             return self._number(where, value)
+        if self.type == "intlist" and isinstance(value, int):
+            value = str(value)  # one integer is a list of one (a GPU index queued before lists)
         if not isinstance(value, str):
             raise ParamError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
         if len(value) > self.max_len or not value:
@@ -226,9 +228,10 @@ SCRIPTS: dict[str, ScriptSpec] = {
         ),
         ScriptSpec(
             id="gpu_power_limit",
-            summary="restore a GPU's power limit (default: its default limit) via NVML",
+            summary="restore the power limit of one or more GPUs (default: each one's default limit) via NVML",
             params=(
-                Param("gpu", "int", "GPU index", required=True, min=0, max=63),
+                Param("gpu", "intlist", "GPU index, or the indices of several (0,1,7)", required=True,
+                      pattern=r"\d{1,2}(,\d{1,2}){0,63}"),
                 Param("limit_w", "float", "power limit in W (default: the default limit)", min=1, max=5000),
             ),
             safe_for_auto=False,

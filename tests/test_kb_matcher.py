@@ -27,6 +27,7 @@ from knowledge_base import (
 from knowledge_base.facts import FactError
 from knowledge_base.loader import parse_entry
 from remediation import registry
+from remediation.errors import ParamError
 
 DATA = Path(__file__).parent / "data" / "knowledge_base"
 
@@ -153,8 +154,14 @@ def test_remediation_params_filled_from_facts(rec: dict[str, pl.DataFrame]) -> N
     power = kb.get("gpu_power_throttle").remediation
     assert power is not None and power.script is not None
     params = fill_params(power.params, "gpu5", facts)
-    assert params == {"gpu": 5, "limit_w": 700.0}
-    assert registry.validate_params(power.script, params)["gpu"] == 5
+    assert params == {"gpu": "5", "limit_w": 700.0}
+    assert registry.validate_params(power.script, params)["gpu"] == "5"
+    # a cap lowered on several GPUs is one action for all of them (other kinds of device left out)
+    every = fill_params(power.params, "gpu5", facts, devices=["gpu5", "gpu0", "node1", "gpu7"])
+    assert every == {"gpu": "0,5,7", "limit_w": 700.0}
+    registry.validate_params(power.script, every)
+    with pytest.raises(ParamError, match="does not match"):
+        registry.validate_params(power.script, {"gpu": "0,1,100"})
     irq = kb.get("irq_locality_miss").remediation
     assert irq is not None and irq.script is not None
     p = fill_params(irq.params, "ens1np0", facts)  # irq.locality features name the netdev

@@ -160,3 +160,24 @@ def test_the_issue_reproduction_never_proposes_thp_off(tmp_path: Path, capsys: p
         out = capsys.readouterr().out
         assert "enabled=never" not in out and "defrag=never" not in out
         assert params_of(lake) == [{"enabled": "always", "defrag": "madvise"}]
+
+
+def test_a_cap_lowered_on_every_gpu_is_one_action_for_every_gpu(tmp_path: Path) -> None:
+    """A power cap lowered on all 8 GPUs is one incident naming them: its action restores the
+    8 GPUs its verification then checks, not the first alone (which the verification would
+    fail and roll back)."""
+    gpus = [f"gpu{i}" for i in range(8)]
+    rows = [(m(t), "h1", "gpu", g, k, None, v) for t in range(11) for g in gpus
+            for k, v in (("power_limit_w", 500.0), ("power_limit_default_w", 700.0))]
+    facts = pl.DataFrame(rows, orient="row", schema={
+        "time": pl.Datetime("us", "UTC"), "host": pl.String, "category": pl.String, "device": pl.String,
+        "key": pl.String, "value": pl.String, "value_num": pl.Float64})
+    base: dict[str, Any] = {c: None for c in INCIDENT_SCHEMA}
+    inc = pl.DataFrame([{**base, "incident_id": "inc-p", "host": "h1", "start": m(2), "end": m(10), "n_windows": 480,
+                         "status": "matched", "entry_id": "gpu_power_throttle", "devices": gpus}], schema=INCIDENT_SCHEMA)
+    queue_remediations(tmp_path, inc, facts, load_kb(), now=m(10))
+    with Queue(default_path(tmp_path)) as q:
+        [a] = q.actions()
+        assert a.params == {"gpu": "0,1,2,3,4,5,6,7", "limit_w": 700.0}
+        assert a.verification is not None
+        assert sorted(f["name"] for f in a.verification["features"]) == [f"gpu.power_limit_ratio@{g}" for g in gpus]

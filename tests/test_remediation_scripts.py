@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from remediation.errors import ParamError
 from remediation.scripts import _base, cpu_governor, gpu_power_limit, irq_affinity, nic_ring, thp
 from remediation.scripts._base import Context
 
@@ -272,6 +273,30 @@ def test_gpu_power_limit_restores_default_and_rolls_back(tmp_path: Path, capsys:
     assert json.loads((tmp_path / "nvml.json").read_text())["gpus"][0]["power_limit_mw"] == 700000
     rc, out = _gpu_main(["rollback", "--gpu=0", "--state", state], nv, capsys)
     assert rc == 0 and nv.power_limit_mw(0) == 400000
+
+
+def test_gpu_power_limit_on_several_gpus_changes_and_restores_each(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # GPU 0 lowered to 400 W, GPU 1 at its default: one action for both writes only GPU 0
+    nv = _nvml(tmp_path)
+    nv.data["gpus"][1]["power_limit_mw"] = 500000
+    state = str(tmp_path / "p.json")
+    rc, out = _gpu_main(["apply", "--gpu=0,1", "--state", state], nv, capsys)
+    assert rc == 0, out
+    assert out["changes"] == {"power_limit_mw@0": [400000, 700000], "power_limit_mw@1": [500000, 700000]}
+    assert (nv.power_limit_mw(0), nv.power_limit_mw(1)) == (700000, 700000)
+    rc, out = _gpu_main(["rollback", "--gpu=0,1", "--state", state], nv, capsys)
+    assert rc == 0 and (nv.power_limit_mw(0), nv.power_limit_mw(1)) == (400000, 500000)
+    # NVML refusing one GPU's write: the frame restores the one that had changed
+    nv.refuse_mw = 650000
+    nv.data["gpus"][1]["default_limit_mw"] = 650000
+    rc, out = _gpu_main(["apply", "--gpu=0,1", "--state", str(tmp_path / "q.json")], nv, capsys)
+    assert rc == 1 and out["restored"] is True and "GPU 1" in out["error"]
+    assert (nv.power_limit_mw(0), nv.power_limit_mw(1)) == (400000, 500000)
+    # a state file of one GPU (actions queued before lists) still rolls back
+    assert gpu_power_limit.check_state("gpu_power_limit", {"power_limit_mw": 400000}) == {"power_limit_mw": 400000}
+    with pytest.raises(ParamError, match="state must be"):
+        gpu_power_limit.check_state("gpu_power_limit", {"power_limit_mw@x": 400000})
 
 
 def test_gpu_power_limit_refused_and_out_of_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

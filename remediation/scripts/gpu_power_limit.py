@@ -1,7 +1,11 @@
-"""A GPU's power management limit, through NVML (nvmlDeviceSetPowerManagementLimit).
+"""The power management limit of one or more GPUs, through NVML
+(nvmlDeviceSetPowerManagementLimit).
 
-Default target: the board's default limit (nvmlDeviceGetPowerManagementDefaultLimit), i.e.
-"restore the power limit someone lowered". NVML is reached through the small
+Default target: each board's default limit (nvmlDeviceGetPowerManagementDefaultLimit), i.e.
+"restore the power limit someone lowered". ``gpu`` is one index (state ``{"power_limit_mw":
+N}``) or several (``0,1,7``: state ``{"power_limit_mw@0": N, ...}``, one key per GPU, so a
+rollback or a failed apply writes back only the GPUs that changed); a cap lowered on every
+GPU of a host is one incident and one action. NVML is reached through the small
 :class:`NvmlBackend` interface: :class:`PynvmlBackend` on real hosts, :class:`ReplayBackend` over
 recorded readings in tests. Without a GPU or driver the script says "no GPU" and exits 3.
 The limit set here does not survive a driver reload or reboot (nor does the lowered one).
@@ -10,6 +14,7 @@ The limit set here does not survive a driver reload or reboot (nor does the lowe
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Protocol
@@ -120,39 +125,55 @@ def functions(backend_factory: Any) -> tuple[Any, Any, Any]:
                 raise Unsupported("no GPU: NVML reports 0 devices")
         return cache["b"]
 
+    def keys(ctx: Context, params: dict[str, Any]) -> dict[str, int]:
+        """State key -> GPU index: one GPU keeps the single key (and its index in ``extra``)."""
+        gpus = list(dict.fromkeys(int(g) for g in str(params.get("gpu", ctx.extra.get("gpu", 0))).split(",")))
+        if len(gpus) == 1:
+            ctx.extra["gpu"] = gpus[0]
+            return {"power_limit_mw": gpus[0]}
+        return {f"power_limit_mw@{g}": g for g in gpus}
+
     def read(ctx: Context, params: dict[str, Any]) -> State:
-        gpu = int(params.get("gpu", ctx.extra.get("gpu", 0)))
-        ctx.extra["gpu"] = gpu
-        return {"power_limit_mw": nv().power_limit_mw(gpu)}
+        return {k: nv().power_limit_mw(g) for k, g in keys(ctx, params).items()}
 
     def plan(ctx: Context, params: dict[str, Any], current: State) -> State:
-        gpu = int(params["gpu"])
-        if "limit_w" in params:
-            target = int(round(float(params["limit_w"]) * 1000))
-        else:
-            target = nv().default_limit_mw(gpu)
-        lo, hi = nv().limit_constraints_mw(gpu)
-        if not lo <= target <= hi:
-            raise ScriptFailed(f"GPU {gpu}: {target} mW is outside the allowed {lo}..{hi} mW")
-        return {"power_limit_mw": target}
+        out: State = {}
+        for k, gpu in keys(ctx, params).items():
+            if "limit_w" in params:
+                target = int(round(float(params["limit_w"]) * 1000))
+            else:
+                target = nv().default_limit_mw(gpu)
+            lo, hi = nv().limit_constraints_mw(gpu)
+            if not lo <= target <= hi:
+                raise ScriptFailed(f"GPU {gpu}: {target} mW is outside the allowed {lo}..{hi} mW")
+            out[k] = target
+        return out
 
     def write(ctx: Context, state: State) -> None:
-        if "power_limit_mw" in state:
-            nv().set_power_limit_mw(int(ctx.extra["gpu"]), int(state["power_limit_mw"]))
+        for k, mw in state.items():
+            gpu = int(ctx.extra["gpu"]) if k == "power_limit_mw" else int(k.partition("@")[2])
+            nv().set_power_limit_mw(gpu, int(mw))
 
     return read, plan, write
 
 
+_STATE_KEY = re.compile(r"power_limit_mw(@\d{1,2})?")
+
+
 def check_state(script_id: str, state: State) -> State:
-    """``{"power_limit_mw": int}`` within what the registry allows for ``limit_w``."""
-    if not isinstance(state, dict) or set(state) - {"power_limit_mw"}:
-        raise ParamError(f"{script_id}: state must be {{'power_limit_mw': N}}, got {state!r}")
-    mw = state.get("power_limit_mw")
-    if mw is None:
-        return {}
-    if isinstance(mw, bool) or not isinstance(mw, int) or not 1000 <= mw <= 5_000_000:
-        raise ParamError(f"{script_id}: power_limit_mw {mw!r} is not an integer in 1000..5000000")
-    return {"power_limit_mw": mw}
+    """``{"power_limit_mw": int}`` (one GPU) or ``{"power_limit_mw@N": int, ...}`` (several),
+    each within what the registry allows for ``limit_w``."""
+    if not isinstance(state, dict) or not all(isinstance(k, str) and _STATE_KEY.fullmatch(k) for k in state):
+        raise ParamError(f"{script_id}: state must be {{'power_limit_mw': N}} or {{'power_limit_mw@GPU': N, ...}},"
+                         f" got {state!r}")
+    out: State = {}
+    for k, mw in state.items():
+        if mw is None:
+            continue
+        if isinstance(mw, bool) or not isinstance(mw, int) or not 1000 <= mw <= 5_000_000:
+            raise ParamError(f"{script_id}: {k} {mw!r} is not an integer in 1000..5000000")
+        out[k] = mw
+    return out
 
 
 def main(argv: list[str] | None = None, backend: NvmlBackend | None = None) -> int:
