@@ -452,6 +452,12 @@ def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, A
         if pci is None:
             raise FactError(f"{{device_pci}}: no PCI address fact for {device!r}")
         return pci
+    if placeholder == "device_pcis":
+        # the PCI addresses of every device of the incident that has one (the first must)
+        if facts.pci_of(device) is None:
+            raise FactError(f"{{device_pcis}}: no PCI address fact for {device!r}")
+        pcis = [facts.pci_of(d) for d in (devices or [device])]
+        return ",".join(dict.fromkeys(p for p in pcis if p is not None))
     if placeholder == "netdev":
         return device
     raise FactError(f"unknown placeholder {{{placeholder}}}")

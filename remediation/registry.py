@@ -191,9 +191,10 @@ SCRIPTS: dict[str, ScriptSpec] = {
         ),
         ScriptSpec(
             id="irq_affinity",
-            summary="pin a PCI device's interrupts to the CPUs of its local NUMA node",
+            summary="pin the interrupts of one or more PCI devices to the CPUs of each one's local NUMA node",
             params=(
-                Param("pci", "str", "PCI address of the device", required=True, pattern=PCI_RE),
+                Param("pci", "str", "PCI address of the device, or of several (comma-separated)", required=True,
+                      pattern=rf"{PCI_RE}(,{PCI_RE}){{0,63}}", max_len=64 * 13),
                 Param("cpus", "cpulist", "target CPUs (default: the device's local node CPUs)"),
                 Param("irqs", "intlist", "only these IRQs (default: all MSI IRQs of the device)"),
             ),

@@ -165,8 +165,11 @@ def test_remediation_params_filled_from_facts(rec: dict[str, pl.DataFrame]) -> N
     irq = kb.get("irq_locality_miss").remediation
     assert irq is not None and irq.script is not None
     p = fill_params(irq.params, "ens1np0", facts)  # irq.locality features name the netdev
-    assert p == {"pci": "0000:1a:00.0", "cpus": "0-15"}
+    assert p == {"pci": "0000:1a:00.0"}  # the script pins it to its own node's CPUs
     registry.validate_params(irq.script, p)
+    every = fill_params(irq.params, "ens1np0", facts, devices=["ens1np0", "ens2np0", "node0"])
+    assert every["pci"].split(",")[0] == "0000:1a:00.0" and len(every["pci"].split(",")) == 2
+    registry.validate_params(irq.script, every)
     numa = kb.get("gpu_nic_numa_misplacement").remediation
     assert numa is not None
     with pytest.raises(FactError, match="process id"):

@@ -179,6 +179,28 @@ def test_irq_affinity_pins_to_local_node_and_rolls_back(root: Path, tmp_path: Pa
     assert irq_affinity.read(Context(root), params) == before
 
 
+def test_irq_affinity_pins_several_devices_each_to_its_own_node(root: Path, tmp_path: Path) -> None:
+    # a second NIC, on node 0, its IRQs on node 1's CPUs: one action for both devices
+    dev = root / "sys/bus/pci/devices/0000:5e:00.0"
+    (dev / "msi_irqs").mkdir(parents=True)
+    (dev / "numa_node").write_text("0\n")
+    for irq in (124, 125):
+        (dev / "msi_irqs" / str(irq)).write_text("msix\n")
+        (root / f"proc/irq/{irq}").mkdir()
+        (root / f"proc/irq/{irq}/smp_affinity_list").write_text("4-7\n")
+    params = {"pci": "0000:3b:00.0,0000:5e:00.0"}
+    before = irq_affinity.read(Context(root), params)
+    assert set(before) == {"120", "121", "122", "123", "124", "125"}
+    rc, out = run("irq_affinity", "apply", root, "--pci=0000:3b:00.0,0000:5e:00.0", state=tmp_path / "i.json")
+    assert rc == 0, out
+    after = irq_affinity.read(Context(root), params)
+    assert {k: after[k] for k in ("120", "124", "125")} == {"120": "4,5,6,7", "124": "0,1,2,3", "125": "0,1,2,3"}
+    assert run("irq_affinity", "rollback", root, state=tmp_path / "i.json")[0] == 0
+    assert irq_affinity.read(Context(root), params) == before
+    rc, out = run("irq_affinity", "check", root, "--pci=0000:3b:00.0,0000:5e:00.0", "--irqs=120")
+    assert rc == 2 and "one device" in out["error"]
+
+
 def test_irq_affinity_refused_write_restores_every_irq(root: Path, tmp_path: Path) -> None:
     """A managed IRQ refuses the write: the IRQs already changed go back."""
     before = irq_affinity.read(Context(root), {"pci": "0000:3b:00.0"})
