@@ -471,7 +471,8 @@ def fill_params(params: Mapping[str, Any], device: str, facts: HostFacts,
     first) and the host's facts. A value that is exactly one placeholder keeps the fact's type
     (int node, float power limit); otherwise placeholders are substituted as text.
     ``fault_values``: per parameter, values a ``{fact_before:...}`` lookup passes over.
-    ``devices``: every device of the incident (``{device_indices}``; default: ``device``).
+    ``devices``: every device of the incident (``{device_indices}``, ``{device_pcis}``;
+    default: ``device``).
     Raises FactError."""
     extra = extra or {}
     faults = fault_values or {}
