@@ -37,7 +37,7 @@ from typing import Any
 
 import polars as pl
 
-from ingest.lake import LakeError, scan, tables, write_table
+from ingest.lake import LakeError, exists, scan, tables, write_table
 from ingest.schema import HOST, TIME, TIME_DTYPE
 
 log = logging.getLogger(__name__)
@@ -377,8 +377,8 @@ def _read(
 
 
 def _refuse_overlap(lake_root: str | Path, table: str, host: str, first: Any, last: Any) -> None:
-    if table not in tables(lake_root):
-        return
+    if not exists(lake_root) or table not in tables(lake_root):
+        return  # (a new lake: write_table creates it)
     end = last + timedelta(microseconds=1)
     have = scan(lake_root, table, start=first, end=end, hosts=[host]).filter(
         pl.col(TIME).is_between(first, last)).select(pl.len()).collect().item()

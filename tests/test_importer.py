@@ -91,6 +91,13 @@ def test_import_writes_lake_table(tmp_path: Path) -> None:
     assert got["mem_used"].to_list() == [1024.0, 1030.0, 1070.0, 1080.0]
 
 
+def test_import_creates_a_lake_that_does_not_exist_yet(tmp_path: Path) -> None:
+    # the first step of a post-mortem of another tool's data: nothing to mkdir first
+    lake = tmp_path / "new" / "lake"
+    rep = import_files(lake, "srv1", [DATA / "metrics.csv"])
+    assert tables(lake) == [rep.table] and scan(lake, rep.table).collect().height == rep.rows > 0
+
+
 def test_fatal_error_writes_nothing(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     lake.mkdir()

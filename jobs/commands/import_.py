@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "imported at all (no data rows, a non-numeric column ...) stops the import before "
         "anything is written.",
     )
-    p.add_argument("--lake", required=True, metavar="PATH", help="lake root directory")
+    p.add_argument("--lake", required=True, metavar="PATH", help="lake root directory (created if missing)")
     p.add_argument("--host", required=True, metavar="NAME", help="host name the data belongs to")
     p.add_argument("--table", default=DEFAULT_TABLE, metavar="NAME", help=f"lake table (default {DEFAULT_TABLE})")
     p.add_argument("--time-column", metavar="COL", help="time column (default: time, timestamp, datetime, date ...)")
