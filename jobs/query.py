@@ -51,7 +51,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -468,6 +468,11 @@ def _lasting_incidents(lf: pl.LazyFrame) -> pl.LazyFrame:
     return episodes_lazy(lf)
 
 
+#: how each of VIEWS is derived from its base table
+_VIEW_OF: dict[str, Callable[[pl.LazyFrame], pl.LazyFrame]] = {
+    "feature_values": _feature_values, "finding_factors": _finding_factors, "lasting_incidents": _lasting_incidents}
+
+
 def _empty_base(table: str) -> pl.LazyFrame:
     """The base table of a view, empty (a lake not swept yet, or a sweep with no findings)."""
     known = _empty_known(table)
@@ -587,20 +592,16 @@ def lake_context(lake: str | os.PathLike[str], sql: str, *, start: datetime | No
     found: list[lake_mod.CorruptFileError] = []
     wanted = referenced_names(sql)
     frames: dict[str, pl.LazyFrame] = {}
+    views = [v for v in VIEWS if v in wanted]
+    bases = {VIEWS[v] for v in views}
     for t in available:
-        if t in wanted or t.lower() in wanted:
+        if t in wanted or t.lower() in wanted or t in bases:
             frames[t] = _scan(lake, t, start, end, hosts, found, exclude)
     if "incidents" in frames:  # append-only open/closed rows: queries see each incident's latest
         frames["incidents"] = _latest_incidents(frames["incidents"])
-    for view, base in VIEWS.items():
-        if view in wanted:
-            lf = frames.get(base)
-            if lf is None:
-                lf = _scan(lake, base, start, end, hosts, found, exclude) if base in available else _empty_base(base)
-                if base == "incidents":
-                    lf = _latest_incidents(lf)
-            frames[view] = {"feature_values": _feature_values, "finding_factors": _finding_factors,
-                            "lasting_incidents": _lasting_incidents}[view](lf)
+    for view in views:
+        base = VIEWS[view]
+        frames[view] = _VIEW_OF[view](frames[base] if base in frames else _empty_base(base))
     for t in wanted - set(frames):
         empty = _empty_known(t)
         if empty is not None:
