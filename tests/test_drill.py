@@ -121,13 +121,28 @@ def _state_on_disk(ctx: d.Context) -> list[dict[str, Any]]:
     return entries
 
 
-def _gone(pids: list[int], timeout: float = 5.0) -> bool:
+def _left(pids: list[int], timeout: float = 5.0) -> list[str]:
+    """The processes of ``pids`` still alive after ``timeout``, each described (state, parent,
+    command line, whether it carries a drill mark): empty when all are gone."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not any(d.alive(p) for p in pids):
-            return True
+            return []
         time.sleep(0.05)
-    return False
+    out = []
+    for p in pids:
+        if not d.alive(p):
+            continue
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+            marked = d.MARK_ENV.encode() in Path(f"/proc/{p}/environ").read_bytes()
+        except OSError as exc:
+            out.append(f"pid {p}: {exc}")
+            continue
+        out.append(f"pid {p} state {fields[0]} ppid {fields[1]} start {fields[19]} marked {marked}: {cmd}")
+    return out
 
 
 # ------------------------------------------------------------------------- faults
@@ -172,7 +187,8 @@ def test_quota_fault_throttles_a_burner_and_removes_its_cgroup(host: dict[str, A
     stat = dict(line.split() for line in (cg / "cpu.stat").read_text().splitlines())
     assert int(stat["nr_throttled"]) > 0  # the quota really bites
     assert f.restore(ctx) == []
-    assert not cg.exists() and _gone(pids)
+    assert not cg.exists()
+    assert _left(pids) == []
 
 
 def test_quota_fault_moves_the_workload_in_and_back_out(host: dict[str, Any], ctx: d.Context) -> None:
@@ -197,7 +213,8 @@ def test_cpu_fault_processes_are_gone_after_restore(host: dict[str, Any], ctx: d
     pids = [e["pid"] for e in _state_on_disk(ctx)]
     assert len(pids) == 2 and all(d.alive(p) for p in pids)
     assert f.restore(ctx) == []
-    assert _gone(pids) and _marked_pids() == host["procs"]
+    assert _left(pids) == []
+    assert _marked_pids() == host["procs"]
 
 
 def test_disk_fault_writes_then_removes_its_files(host: dict[str, Any], ctx: d.Context) -> None:
@@ -210,7 +227,8 @@ def test_disk_fault_writes_then_removes_its_files(host: dict[str, Any], ctx: d.C
     assert scratch.stat().st_size > 0
     pids = [e["pid"] for e in _state_on_disk(ctx) if e["kind"] == "proc"]
     assert f.restore(ctx) == []
-    assert _gone(pids) and not scratch.exists()
+    assert _left(pids) == []
+    assert not scratch.exists()
 
 
 def test_memory_fault_hog_holds_memory_then_is_gone(host: dict[str, Any], ctx: d.Context) -> None:
@@ -226,7 +244,7 @@ def test_memory_fault_hog_holds_memory_then_is_gone(host: dict[str, Any], ctx: d
     assert rss >= 100 << 20
     assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
     assert f.restore(ctx) == []
-    assert _gone([pid])
+    assert _left([pid]) == []
 
 
 def test_netem_fault_loses_packets_in_its_own_netns_then_removes_it(host: dict[str, Any], ctx: d.Context) -> None:
@@ -257,7 +275,8 @@ def test_netem_fault_loses_packets_in_its_own_netns_then_removes_it(host: dict[s
     assert dropped() > 0
     pids = [e["pid"] for e in _state_on_disk(ctx) if e["kind"] == "proc"]
     assert f.restore(ctx) == []
-    assert _netns() == [] and _links() == [] and _gone(pids)
+    assert _netns() == [] and _links() == []
+    assert _left(pids) == []
 
 
 # ----------------------------------------------------------------- crash, signals
@@ -302,7 +321,8 @@ def test_kill_9_then_restore_puts_the_host_back(host: dict[str, Any], tmp_path: 
     r = _cli("drill", "--restore", "--lake", str(lake))
     assert r.returncode == 0, r.stderr
     assert "restored" in r.stdout
-    assert _gone(snapshot()["procs"]) and snapshot() == host
+    assert _left(snapshot()["procs"]) == []
+    assert snapshot() == host
     assert not d.state_path(lake).exists()
     # idempotent: a second restore finds nothing to do
     again = _cli("drill", "--restore", "--lake", str(lake))
