@@ -62,19 +62,22 @@ from pathlib import Path
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)  # the simulator's default start
 ROOT = Path(__file__).resolve().parent.parent
 
-#: stage -> function names that implement it (matched in the project's own files, any
-#: module, so moving a function between modules keeps the breakdown working)
+#: stage -> the functions that implement it: a name (any of the project's modules, so moving
+#: a function between modules keeps the breakdown working) or "path:name" where the name is
+#: common (e.g. "_features", "_read")
 STAGES: dict[str, tuple[str, ...]] = {
-    "lake read (scan, history)": ("load_lake", "_raw"),  # (_raw: one host's raw telemetry, jobs.telemetry)
-    "features": ("compute_features",),
+    # raw telemetry (load_lake, _raw) and the stored features the steps read back (HostFiles._read)
+    "lake read (raw, stored features)": ("load_lake", "_raw", "jobs/telemetry.py:_read"),
+    "features": ("analytics/features/engine.py:_features",),
     "standardise + detectors + attribution": ("analyze", "_analysed"),
     "signature matching + findings": ("detect",),
     "incidents": ("incidents_of",),
     "remediation proposals + queue export": ("queue_remediations", "export_remediations"),
-    "staged writes + seal + publish": ("write", "seal", "publish"),
+    "staged writes + seal + publish": ("jobs/watermarks.py:write", "jobs/watermarks.py:seal",
+                                       "jobs/watermarks.py:publish", "write_table", "_stage_scores"),
 }
 #: the stages that do not nest in each other, for "other"
-TOP_LEVEL = ("lake read (scan, history)", "features", "standardise + detectors + attribution",
+TOP_LEVEL = ("lake read (raw, stored features)", "features", "standardise + detectors + attribution",
              "signature matching + findings", "incidents", "remediation proposals + queue export",
              "staged writes + seal + publish")
 
@@ -173,6 +176,15 @@ def verdicts(lake: str | Path) -> dict[str, int]:
     return out
 
 
+def _is_stage(fname: str, func: str, names: tuple[str, ...]) -> bool:
+    """Whether function ``func`` of file ``fname`` is one of ``names`` (see :data:`STAGES`)."""
+    for n in names:
+        path, _, name = n.rpartition(":")
+        if func == name and (not path or fname.endswith("/" + path)):
+            return True
+    return False
+
+
 def stage_split(prof: Path) -> dict[str, float]:
     """Cumulative seconds per stage from a cProfile dump (project functions only)."""
     st = pstats.Stats(str(prof))
@@ -182,12 +194,10 @@ def stage_split(prof: Path) -> dict[str, float]:
     for stage, names in STAGES.items():
         s = 0.0
         for (fname, _line, func), (_cc, _nc, _tt, ct, callers) in st.stats.items():  # type: ignore[attr-defined]
-            if func not in names or not fname.startswith(root) or "/benchmarks/" in fname:
-                continue
-            if func in ("write", "seal", "publish") and "watermarks" not in fname:
+            if not fname.startswith(root) or "/benchmarks/" in fname or not _is_stage(fname, func, names):
                 continue
             # a recursive or re-entrant stage: count only calls from outside the stage
-            if any(c[2] in names for c in callers):
+            if any(_is_stage(c[0], c[2], names) for c in callers):
                 continue
             s += ct
         out[stage] = s
