@@ -523,16 +523,22 @@ class _Detector(BaseEstimator):
     def margin(self, scores: ArrayLike) -> Array:
         """Scores rescaled so the reference median is 0 and the threshold is 1 (used to
         combine detectors with different score scales)."""
-        s = np.asarray(scores, dtype=np.float64)
-        span = self.threshold_ - self.score_median_
-        if not np.isfinite(span) or span <= 0:
-            return np.where(s > self.threshold_, np.inf, 0.0)
-        return (s - self.score_median_) / span
+        return margin(scores, self.score_median_, self.threshold_)
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = True
         return tags
+
+
+def margin(scores: ArrayLike, median: float, threshold: float) -> Array:
+    """``scores`` rescaled so ``median`` is 0 and ``threshold`` is 1. A degenerate reference
+    (threshold not above its median) gives +inf above the threshold and 0 elsewhere."""
+    s = np.asarray(scores, dtype=np.float64)
+    span = threshold - median
+    if not np.isfinite(span) or span <= 0:
+        return np.where(s > threshold, np.inf, 0.0)
+    return (s - median) / span
 
 
 class RobustZScore(_Detector):

@@ -71,6 +71,7 @@ from analytics.detectors import (
     RobustZScore,
     ThresholdRule,
     _Detector,
+    margin,
     scores_to_labels,
 )
 from analytics.features import (
@@ -504,13 +505,6 @@ class _Block:
             self.thresholds = {d: m.threshold_ for d, m in self.fit.models.items()}
 
 
-def _margin(s: np.ndarray, median: float, threshold: float) -> np.ndarray:
-    span = threshold - median
-    if not np.isfinite(span) or span <= 0:
-        return np.where(s > threshold, np.inf, 0.0)
-    return np.asarray((s - median) / span)
-
-
 def _cohort_thresholds(pool_of: Sequence[_Block]) -> dict[str, tuple[float, float]]:
     """Detector -> (threshold, median) for a cohort, from the *out-of-sample* scores of the
     hosts of ``pool_of`` pooled (each scored against its peers): the detector's
@@ -545,7 +539,7 @@ def _recalibrate_cohort(config: AnalyticsConfig, blocks: Sequence[_Block],
             b.thresholds[d] = thr
             b.medians[d] = med
             b.flags[d] = scores_to_labels(b.scores[d], thr)
-            margins[id(b)].append(_margin(b.scores[d], med, thr))
+            margins[id(b)].append(margin(b.scores[d], med, thr))
     for b in blocks:
         b.combined = _combine(np.vstack(margins[id(b)]), config.combine_rank)
 
@@ -699,7 +693,7 @@ def _confirm_edges(feats: pl.DataFrame, cols: Sequence[str], config: AnalyticsCo
         margins = []
         for d, det in b.fit.models.items():
             med = det.score_median_ if b.reference == "self" else b.medians.get(d, det.score_median_)
-            margins.append(_margin(det._score_z(z), med, b.thresholds[d]))
+            margins.append(margin(det._score_z(z), med, b.thresholds[d]))
         b.combined[sel] = np.minimum(b.combined[sel], _combine(np.vstack(margins), config.combine_rank))
 
 
