@@ -353,6 +353,35 @@ def test_configuration_without_effect_is_quiet(cols: dict[str, list[float | None
     assert match_windows(_frame(40, cols), _gpu_facts(), load_kb()).is_empty()
 
 
+def _numa_facts(nodes: int) -> pl.DataFrame:
+    return pl.DataFrame({"time": [T0 - timedelta(minutes=1)], "host": ["vm"], "category": ["numa"], "device": [""],
+                         "key": ["nodes"], "value": [str(nodes)], "value_num": [float(nodes)]})
+
+
+def _irq_frame(n: int, locality: float, rate: float) -> pl.DataFrame:
+    # a busy NIC (and a second one, local) whose interrupts are serviced on the far node
+    # since the first window: no history and no peers to differ from
+    return _frame(n, {"irq.locality@ens1np0": [locality] * n, "irq.rate@ens1np0": [rate] * n,
+                      "irq.locality@ens2np0": [1.0] * n, "irq.rate@ens2np0": [rate] * n})
+
+
+def test_irq_locality_miss_since_boot_is_named_from_the_placement() -> None:
+    m = match_windows(_irq_frame(40, 0.2, 1200.0), _numa_facts(2), load_kb())
+    got = _rank1(m)
+    assert len(got) == 40 and set(got.values()) == {"irq_locality_miss"}, got
+    assert set(m.filter(pl.col("rank") == 1)["devices"].explode().to_list()) == {"ens1np0"}
+
+
+@pytest.mark.parametrize(("locality", "rate", "nodes"), [
+    (0.6, 1200.0, 2),  # most interrupts on the device's own node: no miss read from the level alone
+    (0.2, 20.0, 2),  # an idle device's stray interrupts
+    (0.2, 1200.0, 1),  # one NUMA node: there is no far node (the locality of a one-node host is 1 anyway)
+])
+def test_irq_placement_without_cost_is_quiet(locality: float, rate: float, nodes: int) -> None:
+    m = match_windows(_irq_frame(40, locality, rate), _numa_facts(nodes), load_kb())
+    assert m.filter(pl.col("entry_id") == "irq_locality_miss").is_empty()
+
+
 def _power_facts(governor: str, driver: str) -> pl.DataFrame:
     rows = [("policy0", "scaling_governor", governor), ("policy1", "scaling_governor", governor),
             ("", "scaling_driver", driver)]

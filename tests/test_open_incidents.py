@@ -428,3 +428,28 @@ def test_the_parts_of_a_lasting_incident_are_read_as_one(throttle_template: Path
                                     pl.lit(None, pl.Float64).alias("confidence"))
     [u] = episodes(un).iter_rows(named=True)
     assert u["parts"] == 2 and u["confidence"] is None and u["n_windows"] == un["n_windows"].sum()
+
+
+def test_a_fault_longer_than_half_the_history_stays_one_incident(tmp_path: Path) -> None:
+    """Two hosts (no cohort: fewer than 3 of a hardware) and IRQs moved to the far node for
+    8 minutes of a 4-minute history: once the fault is most of the host's own reference, a
+    relative signal no longer sees it; the placement read directly still names it, so the
+    incident lasts as long as the fault instead of closing while it goes on."""
+    from ingest.simulator import from_dict, simulate
+
+    t0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+    root = tmp_path / "lake"
+    sc = from_dict({"seed": 5, "duration": "11m", "hosts": 2, "workload": "training", "injections": [
+        {"type": "irq_locality_miss", "hosts": ["sim-01"], "start": "2m", "duration": "9m", "severity": 0.8}]})
+    sink = lake.LakeSink(root)
+    simulate(sc, [sink])
+    sink.close()
+    run_cycle(root, _fast_cfg(), now=t0 + timedelta(minutes=11))
+    inc = query.run_query(root, "SELECT * FROM lasting_incidents WHERE host = 'sim-01'")
+    irq = inc.filter(pl.col("entry_id") == "irq_locality_miss")
+    assert irq.height == 1, inc.select("entry_id", "start", "end", "parts")
+    [row] = irq.iter_rows(named=True)
+    # from the fault's first windows to the data's last (windows are 3 s long)
+    assert row["start"] <= t0 + timedelta(minutes=2, seconds=5)
+    assert row["end"] >= t0 + timedelta(minutes=10, seconds=50)
+    assert query.run_query(root, "SELECT * FROM lasting_incidents WHERE host = 'sim-00'").is_empty()
