@@ -20,6 +20,7 @@ issue's targets.
     .venv/bin/python benchmarks/id_matrix.py --quick                    # both seed sets
     .venv/bin/python benchmarks/id_matrix.py --quick --set tuning --cache /tmp/idm
     .venv/bin/python benchmarks/id_matrix.py --json /tmp/idm.json       # the full matrix (hours)
+    .venv/bin/python benchmarks/id_matrix.py --long --jobs 2             # lasting faults, no cohort
     .venv/bin/python benchmarks/id_matrix.py --quick --config my.toml   # another [analytics] setting
 
 Nothing may be tuned on the held-out seeds (11 12 by default): they are the check.
@@ -170,6 +171,19 @@ def quick_cells(seeds: Sequence[int]) -> list[Cell]:
     return out
 
 
+#: the long cells' run: a fault of 45 minutes from minute 44, most of the hour of history
+#: (``[analytics] history``) the host's own reference holds by its end
+LONG_MINUTES = 90
+
+
+def long_cells(seeds: Sequence[int], types: Sequence[str]) -> list[Cell]:
+    """Lasting faults on a fleet without a cohort: each type alone on a 2-host training fleet
+    (fewer than 3 hosts of a hardware: no cohort reference), 45 minutes long. The matrix's
+    12-minute runs cannot show a fault reported only while it is new (``covered``)."""
+    return [Cell(2, False, "training", "mid", "alone", 0.5, (t,), LONG_MINUTES, seed)
+            for seed in seeds for t in types]
+
+
 def full_cells(seeds: Sequence[int], types: Sequence[str]) -> list[Cell]:
     """The full matrix: every type alone at three severities, on 2- and 8-host fleets,
     homogeneous (serving, training) and mixed, from boot and mid-run; pairs of types on one
@@ -250,6 +264,26 @@ def _answers(labels: pl.DataFrame, final: pl.DataFrame) -> dict[str, list[str]]:
     return out
 
 
+def covered(final: pl.DataFrame, host: str, kind: str, start: datetime, end: datetime) -> float:
+    """The share of ``[start, end)`` that final incidents of ``host`` naming ``kind`` cover
+    (their union: a lasting incident's parts, or several incidents, count once)."""
+    if final.is_empty() or end <= start:
+        return 0.0
+    hit = _overlapping(final, host, start, end).filter(pl.col("label_type") == kind)
+    spans = sorted((max(r["start"], start), min(r["end"], end)) for r in hit.iter_rows(named=True))
+    total, cur_s, cur_e = timedelta(0), None, None
+    for a, b in spans:
+        if cur_e is None or a > cur_e:
+            if cur_e is not None and cur_s is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    if cur_e is not None and cur_s is not None:
+        total += cur_e - cur_s
+    return total / (end - start)
+
+
 def score_labels(labels: pl.DataFrame, rows: pl.DataFrame, horizons: Sequence[datetime],
                  lag: timedelta) -> list[dict[str, Any]]:
     """One dict per label: ``detected`` (a final incident of its host overlaps it),
@@ -264,7 +298,9 @@ def score_labels(labels: pl.DataFrame, rows: pl.DataFrame, horizons: Sequence[da
     ``latency_cycles`` / ``latency_s`` (onset -> the first cycle whose incident rows hold an
     incident overlapping it; cycle 1 = the first cycle whose horizon passes the onset;
     seconds = that cycle's ``now`` (horizon + lag) - onset), and the same for the first
-    incident naming the right type (``right_cycles``). ``rows`` is every row the sweeps
+    incident naming the right type (``right_cycles``); ``covered``: the share of the label's
+    time that incidents naming its type cover (a lasting fault reported only while it was
+    new covers part of it). ``rows`` is every row the sweeps
     wrote to ``incidents``; ``horizons[k]`` is cycle k+1's horizon."""
     final, _ = final_incidents(rows, horizons[-1] if horizons else None)
     answers = _answers(labels, final)
@@ -307,7 +343,8 @@ def score_labels(labels: pl.DataFrame, rows: pl.DataFrame, horizons: Sequence[da
         out.append({"label_id": lab["label_id"], "host": host, "type": lab["type"],
                     "severity": lab.get("severity"), "cost": lab.get("cost"),
                     "detected": ov.height > 0, "top1": top1, "got": got, "top1_longest": top1_longest,
-                    "latency_cycles": cyc, "latency_s": sec, "right_cycles": right})
+                    "latency_cycles": cyc, "latency_s": sec, "right_cycles": right,
+                    "covered": covered(final, host, lab["type"], s, e)})
     return out
 
 
@@ -365,7 +402,8 @@ def group(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[str,
                     "detected_rate": _rate(sum(r["detected"] for r in b), len(b)),
                     "top1_rate": _rate(sum(r["top1"] for r in b), len(b)),
                     "median_cycles": statistics.median(lat) if lat else None,
-                    "median_s": statistics.median(sec) if sec else None})
+                    "median_s": statistics.median(sec) if sec else None,
+                    "covered": statistics.mean(r["covered"] for r in b)})
     return out
 
 
@@ -527,13 +565,13 @@ def _num(x: float | None) -> str:
 
 
 def table(rows: list[dict[str, Any]], keys: Sequence[str]) -> str:
-    head = [*keys, "labels", "detected", "top-1", "median cycles", "median s"]
+    head = [*keys, "labels", "detected", "top-1", "median cycles", "median s", "covered"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in group(rows, keys):
         out.append("| " + " | ".join([*(str(g[k]) for k in keys), str(g["labels"]),
                                       f"{g['detected']} ({_pct(g['detected_rate'])})",
                                       f"{g['top1']} ({_pct(g['top1_rate'])})",
-                                      _num(g["median_cycles"]), _num(g["median_s"])]) + " |")
+                                      _num(g["median_cycles"]), _num(g["median_s"]), _pct(g["covered"])]) + " |")
     return "\n".join(out)
 
 
@@ -571,7 +609,7 @@ def render(s: dict[str, Any]) -> str:
                    f"{'detected' if r['detected'] else 'MISSED'}, top-1 {r['got']}"
                    f"{' (right)' if r['top1'] else ' (WRONG)' if r['detected'] else ''}, visible after "
                    f"{_num(r['latency_cycles'])} cycle(s) / {_num(r['latency_s'])} s, right type after "
-                   f"{_num(r['right_cycles'])} cycle(s)")
+                   f"{_num(r['right_cycles'])} cycle(s), covered {_pct(r['covered'])}")
     for keys in (("type", "band"), ("band",), ("workload",), ("onset",), ("overlap",), ("fleet",), ("seed",)):
         out += ["", f"### by {' x '.join(keys)}", table(rows, keys)]
     hf, af = s["healthy_fleets"], s["all_runs_healthy_time"]
@@ -611,6 +649,9 @@ def sweep_config(p: argparse.ArgumentParser, path: Path | None) -> SweepConfig:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the small matrix (minutes per seed) instead of the full one")
+    p.add_argument("--long", action="store_true",
+                   help="lasting faults instead: each type alone for 45 min on a 2-host fleet (no cohort); "
+                        "read the 'covered' column")
     p.add_argument("--set", dest="sets", choices=("tuning", "held-out", "both"), default="both")
     p.add_argument("--tuning-seeds", type=int, nargs="+", default=list(TUNING_SEEDS))
     p.add_argument("--held-out-seeds", type=int, nargs="+", default=list(HELD_OUT_SEEDS))
@@ -656,7 +697,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg = replace(cfg, batch_hosts=args.batch_hosts)
     sets = [("tuning", args.tuning_seeds), ("held-out", args.held_out_seeds)]
     sets = [s for s in sets if args.sets in ("both", s[0])]
-    plan = [(name, seeds, quick_cells(seeds) if args.quick else full_cells(seeds, types)) for name, seeds in sets]
+    if args.quick and args.long:
+        p.error("--quick and --long are two matrices: choose one")
+
+    def cells_of(seeds: Sequence[int]) -> list[Cell]:
+        if args.quick:
+            return quick_cells(seeds)
+        return long_cells(seeds, types) if args.long else full_cells(seeds, types)
+
+    plan = [(name, seeds, cells_of(seeds)) for name, seeds in sets]
     if args.only:
         try:
             only = re.compile(args.only)
@@ -671,7 +720,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(c.hosts * c.minutes for *_, cs in plan for c in cs) / 60:.1f} simulated host-hours")
         return 0
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"matrix": "quick" if args.quick else "full", "lag_s": cfg.lag.total_seconds(),
+    out: dict[str, Any] = {"matrix": "quick" if args.quick else "long" if args.long else "full",
+                           "lag_s": cfg.lag.total_seconds(),
                            "cycle_s": CYCLE.total_seconds(), "sets": {}}
     with tempfile.TemporaryDirectory(prefix="id_matrix-") as tmp:
         for name, seeds, cells in plan:

@@ -19,6 +19,7 @@ from benchmarks.id_matrix import (
     final_incidents,
     group,
     healthy_hours,
+    long_cells,
     quick_cells,
     run_cell,
     score_labels,
@@ -91,6 +92,22 @@ def test_detected_top1_and_latency() -> None:
     assert r["latency_cycles"] == 2
     assert r["latency_s"] == pytest.approx((m(5) + LAG - m(3.5)).total_seconds())
     assert r["right_cycles"] == 3
+    # the right type covers minutes 5.3 to 7 of the label's 3.5 to 7
+    assert r["covered"] == pytest.approx(1.7 / 3.5)
+
+
+def test_coverage_of_a_lasting_fault_joins_parts_and_counts_only_its_type() -> None:
+    # a fault from minute 2 to 10: parts 2-4 and 3.5-6 overlap (counted once), a wrong entry
+    # over 6-8 and another host's incident do not count; minutes 8-10 are not reported
+    lab = labels(("a", 2, 10, "nic_drops"))
+    rows = incidents(("i1", "a", 2, 4, "matched", "nic_drops", "closed", 4),
+                     ("i2", "a", 3.5, 6, "matched", "nic_drops", "closed", 6),
+                     ("i3", "a", 6, 8, "matched", "tcp_retransmissions", "closed", 8),
+                     ("i4", "b", 2, 10, "matched", "nic_drops", "closed", 10))
+    (r,) = score_labels(lab, rows, HORIZONS, LAG)
+    assert r["covered"] == pytest.approx(4 / 8)
+    (r,) = score_labels(lab, rows.head(0), HORIZONS, LAG)
+    assert r["covered"] == 0.0
 
 
 def test_wrong_unmatched_and_missed_labels() -> None:
@@ -149,7 +166,7 @@ def test_healthy_hours_merges_overlapping_labels() -> None:
 
 def _row(**kw: object) -> dict[str, object]:
     base = {"run": "r", "band": "3-10 %", "proxy": False, "overlap": "alone", "detected": True, "top1": True,
-            "latency_cycles": 1, "latency_s": 90.0, "type": "t"}
+            "latency_cycles": 1, "latency_s": 90.0, "type": "t", "covered": 1.0}
     return {**base, **kw}
 
 
@@ -176,11 +193,12 @@ def test_targets_pass_fail_and_na() -> None:
 
 
 def test_group_rates_and_medians() -> None:
-    rows = [_row(type="a", latency_cycles=1), _row(type="a", detected=False, top1=False, latency_cycles=None),
+    rows = [_row(type="a", latency_cycles=1), _row(type="a", detected=False, top1=False, latency_cycles=None, covered=0.0),
             _row(type="b", latency_cycles=4, latency_s=250.0)]
     g = {x["type"]: x for x in group(rows, ["type"])}
     assert g["a"]["labels"] == 2 and g["a"]["detected_rate"] == 0.5 and g["a"]["median_cycles"] == 1
     assert g["b"]["median_s"] == 250.0
+    assert g["a"]["covered"] == pytest.approx(0.5)  # (one label covered whole, the missed one not at all)
 
 
 def test_cells_are_valid_scenarios() -> None:
@@ -198,6 +216,12 @@ def test_cells_are_valid_scenarios() -> None:
     for c in cells:
         from_dict(c.doc())
     assert {c.seed for c in cells} == {3, 4} and len({c.name for c in cells}) == len(cells)
+    # the long cells: every type alone on a 2-host fleet (no cohort), a fault of most of an hour
+    long = long_cells([5], ["nic_drops", "gpu_power_throttle"])
+    for c in long:
+        sc = from_dict(c.doc())
+        (inj,) = sc.injections
+        assert len(sc.hosts) == 2 and inj.duration_s >= 45 * 60
 
 
 def test_run_cell_sweeps_cycle_by_cycle(tmp_path: Path) -> None:
