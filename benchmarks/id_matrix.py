@@ -264,15 +264,12 @@ def _answers(labels: pl.DataFrame, final: pl.DataFrame) -> dict[str, list[str]]:
     return out
 
 
-def covered(final: pl.DataFrame, host: str, kind: str, start: datetime, end: datetime) -> float:
-    """The share of ``[start, end)`` that final incidents of ``host`` naming ``kind`` cover
-    (their union: a lasting incident's parts, or several incidents, count once)."""
-    if final.is_empty() or end <= start:
-        return 0.0
-    hit = _overlapping(final, host, start, end).filter(pl.col("label_type") == kind)
-    spans = sorted((max(r["start"], start), min(r["end"], end)) for r in hit.iter_rows(named=True))
+def _union(spans: Iterable[tuple[datetime, datetime]]) -> timedelta:
+    """The length of the union of ``spans`` (empty or reversed ones add nothing)."""
     total, cur_s, cur_e = timedelta(0), None, None
-    for a, b in spans:
+    for a, b in sorted(spans):
+        if b <= a:
+            continue
         if cur_e is None or a > cur_e:
             if cur_e is not None and cur_s is not None:
                 total += cur_e - cur_s
@@ -281,7 +278,16 @@ def covered(final: pl.DataFrame, host: str, kind: str, start: datetime, end: dat
             cur_e = max(cur_e, b)
     if cur_e is not None and cur_s is not None:
         total += cur_e - cur_s
-    return total / (end - start)
+    return total
+
+
+def covered(final: pl.DataFrame, host: str, kind: str, start: datetime, end: datetime) -> float:
+    """The share of ``[start, end)`` that final incidents of ``host`` naming ``kind`` cover
+    (their union: a lasting incident's parts, or several incidents, count once)."""
+    if final.is_empty() or end <= start:
+        return 0.0
+    hit = _overlapping(final, host, start, end).filter(pl.col("label_type") == kind)
+    return _union((max(r["start"], start), min(r["end"], end)) for r in hit.iter_rows(named=True)) / (end - start)
 
 
 def score_labels(labels: pl.DataFrame, rows: pl.DataFrame, horizons: Sequence[datetime],
@@ -352,21 +358,9 @@ def healthy_hours(labels: pl.DataFrame, hosts: Iterable[str], start: datetime, e
     """Host-hours of ``hosts`` in [start, end) outside every label of the host."""
     total = 0.0
     for h in hosts:
-        spans = sorted((max(r["time"], start), min(r["end"] or end, end))
-                       for r in labels.filter(pl.col("host") == h).iter_rows(named=True))
-        busy, cur_s, cur_e = 0.0, None, None
-        for a, b in spans:
-            if b <= a:
-                continue
-            if cur_e is None or a > cur_e:
-                if cur_e is not None and cur_s is not None:
-                    busy += (cur_e - cur_s).total_seconds()
-                cur_s, cur_e = a, b
-            else:
-                cur_e = max(cur_e, b)
-        if cur_e is not None and cur_s is not None:
-            busy += (cur_e - cur_s).total_seconds()
-        total += (end - start).total_seconds() - busy
+        busy = _union((max(r["time"], start), min(r["end"] or end, end))
+                      for r in labels.filter(pl.col("host") == h).iter_rows(named=True))
+        total += (end - start - busy).total_seconds()
     return total / 3600.0
 
 
