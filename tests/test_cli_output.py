@@ -51,3 +51,20 @@ def test_out_in_a_missing_directory_creates_it(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b" / "r.html"
     assert main(["report", "--lake", str(lake), "--out", str(out)]) == 0
     assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize(("argv", "want"), [
+    (["remediate", "list", "--lake", "L"], {"lake": "L", "queue": None}),
+    (["remediate", "--lake", "L", "list"], {"lake": "L", "queue": None}),
+    (["remediate", "--lake", "OLD", "show", "3", "--lake", "L", "--queue", "Q"], {"lake": "L", "queue": "Q"}),
+    (["remediate", "list"], {"lake": None, "queue": None}),
+    (["kb", "show", "nic_drops", "--kb", "K"], {"kb": "K"}),
+    (["kb", "--kb", "K", "list"], {"kb": "K"}),
+    (["kb", "list"], {"kb": None}),
+])
+def test_a_commands_options_go_before_or_after_its_verb(argv: list[str], want: dict[str, str | None]) -> None:
+    # `unveil remediate list --lake L` was refused ("unrecognized arguments: --lake L")
+    from jobs.cli import build_parser
+
+    args = build_parser(argv).parse_args(argv)
+    assert {k: getattr(args, k) for k in want} == want

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ingest import lake as lake_mod
 from ingest.lake import CorruptFileError
+
+
+def verb_options(parser: argparse.ArgumentParser,
+                 add: Callable[[argparse.ArgumentParser], object]) -> argparse.ArgumentParser:
+    """Options of a command with verbs (``unveil remediate list``) that go before or after
+    the verb: ``add`` puts them on the command, and on the returned parent parser (give it
+    to every verb's ``parents``) without defaults, so one given after the verb wins and one
+    given before it is kept."""
+    add(parser)
+    after = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    add(after)
+    return after
 
 
 def warn_corrupt(command: str, errors: Iterable[CorruptFileError], seen: set[Path] | None = None) -> None:

@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 from ingest.atomic import write_atomic
+from jobs.commands import verb_options
 from knowledge_base.loader import KBError, KnowledgeBase, load_entry, load_kb, parse_entry
 
 
@@ -17,14 +18,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("kb", help="the knowledge base of known inefficiencies",
                        description="List, show and validate knowledge-base entries (TOML files); draft a new "
                        "entry from an unmatched incident.")
-    p.add_argument("--kb", metavar="PATH", help="entries directory or file (default: the shipped knowledge base)")
+    after = verb_options(p, lambda q: q.add_argument(
+        "--kb", metavar="PATH", help="entries directory or file (default: the shipped knowledge base)"))
     s = p.add_subparsers(dest="kb_command", required=True, metavar="ACTION")
-    s.add_parser("list", help="one line per entry")
-    sh = s.add_parser("show", help="one entry in full")
+    s.add_parser("list", parents=[after], help="one line per entry")
+    sh = s.add_parser("show", parents=[after], help="one entry in full")
     sh.add_argument("entry_id", metavar="ID")
-    v = s.add_parser("validate", help="validate entry files (default: the knowledge base in use)")
+    v = s.add_parser("validate", parents=[after], help="validate entry files (default: the knowledge base in use)")
     v.add_argument("paths", nargs="*", metavar="PATH", help="entry files or directories")
-    d = s.add_parser("draft", help="write a new entry skeleton from an unmatched incident's fingerprint")
+    d = s.add_parser("draft", parents=[after], help="write a new entry skeleton from an unmatched incident's fingerprint")
     d.add_argument("--incident", required=True, metavar="ID", help="incident_id from the lake's incidents table")
     d.add_argument("--lake", metavar="PATH", default=os.environ.get("UNVEIL_LAKE"),
                    help="lake root (default: $UNVEIL_LAKE)")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ingest import lake as lake_mod
 from jobs import config
+from jobs.commands import verb_options
 from remediation.errors import RemediationError
 from remediation.executor import Executor
 from remediation.queue import STATES, Action, Queue, default_path
@@ -18,31 +19,36 @@ from remediation.queue import STATES, Action, Queue, default_path
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("remediate", help="review, approve, run and roll back queued remediations")
-    p.add_argument("--queue", metavar="DB", help="queue file (default: [remediation] queue, or <lake>/_remediation/queue.db)")
-    p.add_argument("--lake", metavar="DIR", help="lake directory (default: $UNVEIL_LAKE or [lake] path in config)")
+
+    def where(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--queue", metavar="DB",
+                       help="queue file (default: [remediation] queue, or <lake>/_remediation/queue.db)")
+        q.add_argument("--lake", metavar="DIR", help="lake directory (default: $UNVEIL_LAKE or [lake] path in config)")
+
+    after = verb_options(p, where)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
-    ls = verbs.add_parser("list", help="list actions")
+    ls = verbs.add_parser("list", parents=[after], help="list actions")
     ls.add_argument("--state", choices=STATES)
     ls.add_argument("--host")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
-    show = verbs.add_parser("show", help="one action with its audit trail")
+    show = verbs.add_parser("show", parents=[after], help="one action with its audit trail")
     show.add_argument("id", type=int)
-    ap = verbs.add_parser("approve", help="approve a proposed action")
+    ap = verbs.add_parser("approve", parents=[after], help="approve a proposed action")
     ap.add_argument("id", type=int)
     ap.add_argument("--by", help="approver (default: the login name)")
-    rj = verbs.add_parser("reject", help="reject a proposed or approved action")
+    rj = verbs.add_parser("reject", parents=[after], help="reject a proposed or approved action")
     rj.add_argument("id", type=int)
     rj.add_argument("--reason", default="")
     rj.add_argument("--by")
-    run = verbs.add_parser("run", help="dry-run an action (default) or really apply it (--execute)")
+    run = verbs.add_parser("run", parents=[after], help="dry-run an action (default) or really apply it (--execute)")
     run.add_argument("id", type=int)
     run.add_argument("--execute", action="store_true", help="really change the host (needs approval)")
     run.add_argument("--by")
-    vf = verbs.add_parser("verify", help="judge a verifying action now from the lake's features "
+    vf = verbs.add_parser("verify", parents=[after], help="judge a verifying action now from the lake's features "
                           "(succeeded, or rolled back and failed; unverifiable without data)")
     vf.add_argument("id", type=int)
     vf.add_argument("--by")
-    rb = verbs.add_parser("rollback", help="restore the state recorded before an action")
+    rb = verbs.add_parser("rollback", parents=[after], help="restore the state recorded before an action")
     rb.add_argument("id", type=int)
     rb.add_argument("--by")
     p.set_defaults(func=main)
