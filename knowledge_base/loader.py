@@ -107,12 +107,15 @@ class Gate:
     """Evaluate a signal only on devices where another feature of the same device is within
     bounds (e.g. PCIe link state only on GPUs that are busy: idle links downshift), and/or
     only in windows where a host fact holds (``fact``, a fact signal's test: e.g. a level
-    that is evidence only while THP is off)."""
+    that is evidence only while THP is off). ``if_missing``: where the device has no value
+    of the gate feature, "pass" (default: the gate says nothing) or "fail" (the signal is
+    not evaluated: the gate feature says what kind of device the signal is for)."""
 
     feature: str | None = None
     above: float | None = None
     below: float | None = None
     fact: Signal | None = None
+    if_missing: Literal["pass", "fail"] = "pass"
 
 
 @dataclass(frozen=True)
@@ -394,16 +397,16 @@ def _fact_signal(ctx: _Ctx, where: str, d: Mapping[str, Any]) -> Signal:
 
 def _gate(ctx: _Ctx, where: str, d: Any) -> Gate:
     d = _table(ctx, where, d)
-    _keys(ctx, where, d, ("feature", "above", "below", "fact", "op", "value"), ())
+    _keys(ctx, where, d, ("feature", "above", "below", "fact", "op", "value", "if_missing"), ())
     if "feature" not in d and "fact" not in d:
         raise ctx.err(where, "give a feature (with above and/or below) and/or a fact (with op and value)")
     fact = None
     if "fact" in d:
         fact = _fact_signal(ctx, where, {k: d[k] for k in ("fact", "op", "value") if k in d} | {"role": "required"})
     if "feature" not in d:
-        for k in ("above", "below"):
+        for k in ("above", "below", "if_missing"):
             if k in d:
-                raise ctx.err(f"{where}.{k}", "bounds a gate feature: give feature too")
+                raise ctx.err(f"{where}.{k}", "applies to a gate feature: give feature too")
         return Gate(fact=fact)
     feature = _family(ctx, f"{where}.feature", d["feature"])
     if "@" in feature:
@@ -412,7 +415,8 @@ def _gate(ctx: _Ctx, where: str, d: Any) -> Gate:
     below = _num(ctx, f"{where}.below", d["below"]) if "below" in d else None
     if above is None and below is None:
         raise ctx.err(where, "give above and/or below")
-    return Gate(feature, above, below, fact)
+    if_missing = _choice(ctx, f"{where}.if_missing", d.get("if_missing", "pass"), ("pass", "fail"))
+    return Gate(feature, above, below, fact, if_missing)  # type: ignore[arg-type]
 
 
 def _precondition(ctx: _Ctx, where: str, d: Any) -> Precondition:

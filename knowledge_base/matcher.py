@@ -547,14 +547,17 @@ def _eval_absolute(sig: Signal, idx: list[int], V: np.ndarray, refs: _Refs, col_
 
 
 def _gate_mask(sig: Signal, idx: list[int], refs: _Refs, col_family: list[str], col_device: list[str]) -> np.ndarray:
-    """(n, k) True where the gate feature of the column's device is within bounds (or has no data)."""
+    """(n, k) True where the gate feature of the column's device is within bounds; where it
+    has no data, the gate's ``if_missing`` ("pass": True)."""
     assert sig.gate is not None and sig.gate.feature is not None
     g, gf = sig.gate, sig.gate.feature
+    missing = g.if_missing == "pass"
     where = {(f, d): j for j, (f, d) in enumerate(zip(col_family, col_device, strict=True))}
     out = np.ones((refs.value.shape[0], len(idx)), bool)
     for k, j in enumerate(idx):
         gj = where.get((gf, col_device[j]), where.get((gf, "")))
         if gj is None:
+            out[:, k] = missing
             continue
         v = refs.value[:, gj]
         ok = np.ones(v.shape, bool)
@@ -563,7 +566,7 @@ def _gate_mask(sig: Signal, idx: list[int], refs: _Refs, col_family: list[str], 
                 ok &= v > g.above
             if g.below is not None:
                 ok &= v < g.below
-        out[:, k] = ok | ~np.isfinite(v)
+        out[:, k] = ok | (~np.isfinite(v) & missing)
     return out
 
 

@@ -358,27 +358,33 @@ def _numa_facts(nodes: int) -> pl.DataFrame:
                          "key": ["nodes"], "value": [str(nodes)], "value_num": [float(nodes)]})
 
 
-def _irq_frame(n: int, locality: float, rate: float) -> pl.DataFrame:
-    # a busy NIC (and a second one, local) whose interrupts are serviced on the far node
-    # since the first window: no history and no peers to differ from
-    return _frame(n, {"irq.locality@ens1np0": [locality] * n, "irq.rate@ens1np0": [rate] * n,
-                      "irq.locality@ens2np0": [1.0] * n, "irq.rate@ens2np0": [rate] * n})
+def _irq_frame(n: int, locality: float, rx: float | None, dev: str = "ens1np0") -> pl.DataFrame:
+    # a device (and a NIC whose interrupts are local) whose interrupts are serviced on the far
+    # node since the first window: no history and no peers to differ from; rx None: the
+    # device is no NIC (no net.* of its name)
+    cols = {f"irq.locality@{dev}": [locality] * n, f"irq.rate@{dev}": [1200.0] * n,
+            "irq.locality@ens2np0": [1.0] * n, "irq.rate@ens2np0": [1200.0] * n,
+            "net.rx_bytes_rate@ens2np0": [2e8] * n}
+    if rx is not None:
+        cols[f"net.rx_bytes_rate@{dev}"] = [rx] * n
+    return _frame(n, cols)
 
 
 def test_irq_locality_miss_since_boot_is_named_from_the_placement() -> None:
-    m = match_windows(_irq_frame(40, 0.2, 1200.0), _numa_facts(2), load_kb())
+    m = match_windows(_irq_frame(40, 0.2, 2e8), _numa_facts(2), load_kb())
     got = _rank1(m)
     assert len(got) == 40 and set(got.values()) == {"irq_locality_miss"}, got
     assert set(m.filter(pl.col("rank") == 1)["devices"].explode().to_list()) == {"ens1np0"}
 
 
-@pytest.mark.parametrize(("locality", "rate", "nodes"), [
-    (0.6, 1200.0, 2),  # most interrupts on the device's own node: no miss read from the level alone
-    (0.2, 20.0, 2),  # an idle device's stray interrupts
-    (0.2, 1200.0, 1),  # one NUMA node: there is no far node (the locality of a one-node host is 1 anyway)
+@pytest.mark.parametrize(("locality", "rx", "nodes", "dev"), [
+    (0.6, 2e8, 2, "ens1np0"),  # most interrupts on the NIC's own node: no miss read from the level alone
+    (0.2, 2e4, 2, "ens1np0"),  # an idle NIC's stray interrupts
+    (0.2, 2e8, 1, "ens1np0"),  # one NUMA node: there is no far node (a one-node host's locality is 1 anyway)
+    (0.2, None, 2, "nvme0"),  # NVMe queues are serviced where the I/O is submitted: not a setting
 ])
-def test_irq_placement_without_cost_is_quiet(locality: float, rate: float, nodes: int) -> None:
-    m = match_windows(_irq_frame(40, locality, rate), _numa_facts(nodes), load_kb())
+def test_irq_placement_without_cost_is_quiet(locality: float, rx: float | None, nodes: int, dev: str) -> None:
+    m = match_windows(_irq_frame(40, locality, rx, dev), _numa_facts(nodes), load_kb())
     assert m.filter(pl.col("entry_id") == "irq_locality_miss").is_empty()
 
 
@@ -471,7 +477,7 @@ def test_thp_level_without_the_setting_or_the_footprint_is_quiet(cols: dict[str,
 @pytest.mark.parametrize(("gate", "message"), [
     ("{}", "signals[0].gate: give a feature (with above and/or below) and/or a fact (with op and value)"),
     ('{ fact = "thp.enabled", op = "==", value = "never", above = 0.5 }',
-     "signals[0].gate.above: bounds a gate feature: give feature too"),
+     "signals[0].gate.above: applies to a gate feature: give feature too"),
     ('{ fact = "thp.enabled", op = "exists", value = 1 }', "signals[0].gate.op"),
     ('{ fact = "thp.enabled", op = "==" }', "signals[0].gate.value: missing"),
     ('{ fact = "THP", op = "==", value = "never" }', "signals[0].gate.fact"),

@@ -125,3 +125,20 @@ def test_cli_list_show_validate(tmp_path: Path, capsys: pytest.CaptureFixture[st
     bad = _write(tmp_path, GOOD.replace('direction = "down"', 'direction = "left"', 1))
     assert main(["kb", "validate", str(bad)]) == 1
     assert f"invalid: {bad}: signals[0].direction" in capsys.readouterr().err
+
+
+def test_a_gate_says_what_a_device_without_its_feature_gets(tmp_path: Path) -> None:
+    gate = 'gate = { feature = "gpu.throttle_power_share", above = 0.05 }'
+    assert gate in GOOD
+
+    def gate_of(text: str) -> object:
+        return next(s.gate for s in load_entry(_write(tmp_path, text)).signals if s.gate is not None)
+
+    assert gate_of(GOOD).if_missing == "pass"  # type: ignore[attr-defined]
+    failing = GOOD.replace(gate, gate[:-2] + ', if_missing = "fail" }')
+    assert gate_of(failing).if_missing == "fail"  # type: ignore[attr-defined]
+    with pytest.raises(KBError, match=r"gate\.if_missing: .*'maybe'"):
+        load_entry(_write(tmp_path, GOOD.replace(gate, gate[:-2] + ', if_missing = "maybe" }')))
+    with pytest.raises(KBError, match=r"gate\.if_missing: applies to a gate feature"):
+        load_entry(_write(tmp_path, GOOD.replace(
+            gate, 'gate = { fact = "thp.enabled", op = "==", value = "never", if_missing = "fail" }')))
