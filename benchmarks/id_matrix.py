@@ -21,6 +21,7 @@ issue's targets.
     .venv/bin/python benchmarks/id_matrix.py --quick --set tuning --cache /tmp/idm
     .venv/bin/python benchmarks/id_matrix.py --json /tmp/idm.json       # the full matrix (hours)
     .venv/bin/python benchmarks/id_matrix.py --long --jobs 2             # lasting faults, no cohort
+    .venv/bin/python benchmarks/id_matrix.py --long --severity 0.7 --types nic_drops   # at another severity
     .venv/bin/python benchmarks/id_matrix.py --quick --config my.toml   # another [analytics] setting
 
 Nothing may be tuned on the held-out seeds (11 12 by default): they are the check.
@@ -176,11 +177,11 @@ def quick_cells(seeds: Sequence[int]) -> list[Cell]:
 LONG_MINUTES = 90
 
 
-def long_cells(seeds: Sequence[int], types: Sequence[str]) -> list[Cell]:
+def long_cells(seeds: Sequence[int], types: Sequence[str], severity: float = 0.5) -> list[Cell]:
     """Lasting faults on a fleet without a cohort: each type alone on a 2-host training fleet
     (fewer than 3 hosts of a hardware: no cohort reference), 45 minutes long. The matrix's
     12-minute runs cannot show a fault reported only while it is new (``covered``)."""
-    return [Cell(2, False, "training", "mid", "alone", 0.5, (t,), LONG_MINUTES, seed)
+    return [Cell(2, False, "training", "mid", "alone", severity, (t,), LONG_MINUTES, seed)
             for seed in seeds for t in types]
 
 
@@ -646,6 +647,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long", action="store_true",
                    help="lasting faults instead: each type alone for 45 min on a 2-host fleet (no cohort); "
                         "read the 'covered' column")
+    p.add_argument("--severity", type=float, default=None,
+                   help="with --long: the faults' severity (default 0.5; the full matrix has 0.15, 0.35 and 0.7)")
     p.add_argument("--set", dest="sets", choices=("tuning", "held-out", "both"), default="both")
     p.add_argument("--tuning-seeds", type=int, nargs="+", default=list(TUNING_SEEDS))
     p.add_argument("--held-out-seeds", type=int, nargs="+", default=list(HELD_OUT_SEEDS))
@@ -693,11 +696,15 @@ def main(argv: list[str] | None = None) -> int:
     sets = [s for s in sets if args.sets in ("both", s[0])]
     if args.quick and args.long:
         p.error("--quick and --long are two matrices: choose one")
+    if args.severity is not None and not args.long:
+        p.error("--severity sets the --long cells' severity (the other matrices have their own)")
+    if args.severity is not None and not 0.0 < args.severity <= 1.0:
+        p.error(f"--severity must be in (0, 1], not {args.severity}")
 
     def cells_of(seeds: Sequence[int]) -> list[Cell]:
         if args.quick:
             return quick_cells(seeds)
-        return long_cells(seeds, types) if args.long else full_cells(seeds, types)
+        return long_cells(seeds, types, args.severity or 0.5) if args.long else full_cells(seeds, types)
 
     plan = [(name, seeds, cells_of(seeds)) for name, seeds in sets]
     if args.only:

@@ -221,7 +221,9 @@ def test_cells_are_valid_scenarios() -> None:
     for c in long:
         sc = from_dict(c.doc())
         (inj,) = sc.injections
-        assert len(sc.hosts) == 2 and inj.duration_s >= 45 * 60
+        assert len(sc.hosts) == 2 and inj.duration_s >= 45 * 60 and inj.severity == 0.5
+    (strong,) = long_cells([5], ["nic_drops"], severity=0.7)
+    assert from_dict(strong.doc()).injections[0].severity == 0.7 and strong.name != long[0].name
 
 
 def test_run_cell_sweeps_cycle_by_cycle(tmp_path: Path) -> None:
@@ -257,3 +259,15 @@ def test_config_file_is_read_and_a_bad_one_is_a_usage_error(tmp_path: Path,
     with pytest.raises(SystemExit) as exc:
         main(["--quick", "--list", "--config", str(bad)])
     assert exc.value.code == 2 and "threshold_rule" in capsys.readouterr().err
+
+
+def test_severity_sets_the_long_cells_only(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.id_matrix import main
+
+    assert main(["--long", "--severity", "0.7", "--types", "nic_drops", "--set", "tuning", "--list"]) == 0
+    names = capsys.readouterr().out.split()
+    assert any("-s0.7-" in n for n in names) and not any("-s0.5-" in n for n in names)
+    for argv in (["--quick", "--severity", "0.7", "--list"], ["--long", "--severity", "0", "--list"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and "--severity" in capsys.readouterr().err
