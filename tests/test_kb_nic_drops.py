@@ -69,3 +69,38 @@ def test_drop_share_is_read_by_the_knowledge_base_not_judged_by_the_detectors(
     mgmt = feats.filter(pl.col("host") == "train-0")["net.drop_share@eno1"]
     assert mgmt.max() > 0.01
     assert not [c for c in feature_columns(feats) if c.startswith("net.drop_share")]
+
+
+def _alone_from_boot(severity: float) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One busy training host (no peers) whose first NIC overflows from its first sample: no
+    past and no cohort differ from it, so only the level read directly can name it."""
+    doc = {"seed": 1, "duration": "3m", "profile": "realistic", "start": "2026-01-05T08:00:00+00:00",
+           "hosts": [{"name": "train-0", "workload": "training", "nics": 4}],
+           "injections": [{"type": "nic_drops", "host": "train-0", "start": "2026-01-05T08:00:00+00:00", "duration": "3m",
+                           "severity": severity}]}
+    frames, _ = simulate_frames(from_dict(doc, name="nic-drops-boot"))
+    facts = frames.pop("host_facts")
+    frames.pop("labels")
+    frames.pop("workload", None)
+    feats = compute_features({k: v.lazy() for k, v in frames.items()}, host_facts=facts)
+    matches = match_windows(feats, facts, load_kb()).filter((pl.col("rank") == 1) & pl.col("matched"))
+    return feats, matches
+
+
+def test_an_overflow_present_from_boot_is_named_from_its_share_of_the_traffic() -> None:
+    # severity 0.7 loses 1.4e-3 of the port's packets, past the absolute bound (1e-3)
+    feats, matches = _alone_from_boot(0.7)
+    busy = feats.filter(pl.col("net.drop_rate@ens1np0") > 100.0)
+    assert busy.height >= 0.5 * feats.height and busy["net.drop_share@ens1np0"].min() > 1e-3
+    got = matches.filter(pl.col("entry_id") == "nic_drops").join(busy.select("window_start"), on="window_start")
+    assert got.height >= 0.9 * busy.height, f"{got.height}/{busy.height} overflowing windows named nic_drops"
+    assert all(d == ["ens1np0"] for d in got["devices"].to_list())
+    assert all("net.drop_share > 0.001" in e for e in got["explanation"].to_list())
+
+
+def test_a_loss_below_the_absolute_bound_needs_a_past_or_peers_to_differ_from() -> None:
+    # severity 0.35 loses 7e-4: a rise against the port's own normal would be named (above),
+    # a level alone is not enough evidence below 1e-3
+    feats, matches = _alone_from_boot(0.35)
+    assert feats["net.drop_share@ens1np0"].max() < 1e-3 and feats["net.drop_rate@ens1np0"].max() > 100.0
+    assert matches.filter(pl.col("entry_id") == "nic_drops").is_empty()
