@@ -58,6 +58,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)  # the simulator's default start
 ROOT = Path(__file__).resolve().parent.parent
@@ -248,7 +249,8 @@ from jobs.config import SweepConfig
 from jobs.cycle import maintain, run_cycle
 from jobs.engine import make_engine, parse_spec
 lake, start, minutes, every = sys.argv[1], datetime.fromisoformat(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-sc = SweepConfig(**({"engine": parse_spec(sys.argv[5], "--engine")} if len(sys.argv) > 5 else {}))
+prof_out = sys.argv[5]  # "": not profiled; else the live cycles' cProfile dump (this process only)
+sc = SweepConfig(**({"engine": parse_spec(sys.argv[6], "--engine")} if len(sys.argv) > 6 else {}))
 me = psutil.Process()
 def cpu():
     t = sum(me.cpu_times()[:4])  # (user, system, and the reaped children's)
@@ -262,6 +264,10 @@ with make_engine(sc.engine) as engine:
     c0 = cpu()
     run_cycle(lake, sc, until=start, engine=engine)
     c1 = cpu()
+    if prof_out:
+        import cProfile
+        prof = cProfile.Profile(time.process_time)
+        prof.enable()
     walls = []
     compact = round(sc.compact_every.total_seconds() / 60) if sc.compact_every else 0
     for k in range(every, minutes + 1, every):
@@ -271,6 +277,9 @@ with make_engine(sc.engine) as engine:
         if compact and k % compact < every:  # the scheduler's maintenance job, on simulated time
             maintain(lake, sc)
     c2 = cpu()
+    if prof_out:
+        prof.disable()
+        prof.dump_stats(prof_out)
 print(json.dumps({"catchup_cpu_s": c1 - c0, "live_cpu_s": c2 - c1, "walls": walls}))
 """
 
@@ -287,37 +296,56 @@ class LivePoint:
     findings: int = 0
     incidents: int = 0
     every: int = 1  # minutes between cycles (each sweeps that many)
+    stages: dict[str, float] = field(default_factory=dict)  # of the timed cycles (--profile)
 
     @property
     def cpu_per_host_hour(self) -> float:
         return self.live_cpu_s / (self.hosts * self.minutes / 60)
 
 
+def _run_live(lake: Path, start: datetime, minutes: int, every: int, engine: str | None, d: Path,
+              prof_out: Path | None = None) -> tuple[dict[str, Any], float]:
+    """(the live child's figures, its peak RSS in MiB)."""
+    cmd = [sys.executable, "-c", LIVE_CHILD, str(lake), start.isoformat(), str(minutes), str(every),
+           str(prof_out or ""), *([engine] if engine else [])]
+    with open(d / "stderr", "w+b") as err:
+        p = subprocess.Popen(cmd, cwd=d, env=_env(), stdout=subprocess.PIPE, stderr=err)
+        assert p.stdout is not None
+        out = p.stdout.read()
+        _, status, ru = os.wait4(p.pid, 0)  # (peak RSS of the largest of it and its workers)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"live sweep exited {p.returncode}:\n{err.read().decode(errors='replace')[-4000:]}")
+    return json.loads(out.decode().strip().splitlines()[-1]), ru.ru_maxrss / 1024
+
+
 def measure_live(hosts: int, duration: timedelta, minutes: int, seed: int, keep: Path | None,
-                 engine: str | None = None, every: int = 1, facts_before: timedelta | None = None) -> LivePoint:
+                 engine: str | None = None, every: int = 1, facts_before: timedelta | None = None,
+                 profile: bool = False) -> LivePoint:
     """The steady state of ``unveil schedule``: the last ``minutes`` of the data swept one
     cycle per minute after a catch-up over the rest (so each step reads its full history);
-    ``facts_before``: :func:`prepend_facts` first (a lake that old)."""
+    ``facts_before``: :func:`prepend_facts` first (a lake that old). ``profile``: a second
+    run on a copy of the lake splits the timed cycles' CPU into stages (cProfile of the
+    scheduler's process: with a pool, the workers' share is not in it)."""
     with tempfile.TemporaryDirectory(prefix="sweep-live-", dir=keep) as d:
         lake = Path(d) / "lake"
         simulate_fleet(lake, hosts, duration, seed)
         if facts_before:
             prepend_facts(lake, facts_before)
+        prof_lake = None
+        if profile:
+            prof_lake = Path(d) / "lake-prof"
+            shutil.copytree(lake, prof_lake)
         start = T0 + duration - timedelta(minutes=minutes)
-        cmd = [sys.executable, "-c", LIVE_CHILD, str(lake), start.isoformat(), str(minutes), str(every),
-               *([engine] if engine else [])]
-        with open(Path(d) / "stderr", "w+b") as err:
-            p = subprocess.Popen(cmd, cwd=d, env=_env(), stdout=subprocess.PIPE, stderr=err)
-            assert p.stdout is not None
-            out = p.stdout.read()
-            _, status, ru = os.wait4(p.pid, 0)  # (peak RSS of the largest of it and its workers)
-            p.returncode = os.waitstatus_to_exitcode(status)
-            if p.returncode != 0:
-                err.seek(0)
-                raise RuntimeError(f"live sweep exited {p.returncode}:\n{err.read().decode(errors='replace')[-4000:]}")
-        got = json.loads(out.decode().strip().splitlines()[-1])
-        return LivePoint(hosts, minutes, duration.total_seconds() / 60 - minutes, got["catchup_cpu_s"],
-                         got["live_cpu_s"], got["walls"], ru.ru_maxrss / 1024, **verdicts(lake), every=every)
+        got, rss = _run_live(lake, start, minutes, every, engine, Path(d))
+        lp = LivePoint(hosts, minutes, duration.total_seconds() / 60 - minutes, got["catchup_cpu_s"],
+                       got["live_cpu_s"], got["walls"], rss, **verdicts(lake), every=every)
+        if prof_lake is not None:
+            out = Path(d) / "live.prof"
+            _run_live(prof_lake, start, minutes, every, engine, Path(d), out)
+            lp.stages = stage_split(out)
+        return lp
 
 
 def render(points: list[Point]) -> str:
@@ -330,12 +358,18 @@ def render(points: list[Point]) -> str:
                      f"{p.peak_rss_mb:.0f} | {p.cpu_per_host_hour / p0.cpu_per_host_hour:.2f}x | "
                      f"{p.peak_rss_mb / p0.peak_rss_mb:.2f}x | {p.findings} | {p.incidents} |")
     for p in points:
-        if p.stages:
-            tot = p.stages.get("total (profiled)", 0.0) or 1.0
-            lines.append(f"\nStages at {p.hosts} hosts (cProfile, cumulative s; nested, not additive):")
-            for k, v in p.stages.items():
-                lines.append(f"  {k:<45} {v:8.2f}  {100 * v / tot:5.1f} %")
+        lines += render_stages(p.hosts, p.stages)
     return "\n".join(lines)
+
+
+def render_stages(hosts: int, stages: dict[str, float], what: str = "") -> list[str]:
+    if not stages:
+        return []
+    tot = stages.get("total (profiled)", 0.0) or 1.0
+    lines = [f"\nStages at {hosts} hosts{what} (cProfile, cumulative s; nested, not additive):"]
+    for k, v in stages.items():
+        lines.append(f"  {k:<45} {v:8.2f}  {100 * v / tot:5.1f} %")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hosts", type=int, nargs="+", default=[8], help="fleet sizes (default 8)")
     ap.add_argument("--duration", default="30m", help="simulated time per host, e.g. 30m, 1h (default 30m)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--profile", action="store_true", help="also split the CPU into stages (cProfile, second run)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also split the CPU into stages (cProfile, second run; with --live, of the timed cycles; "
+                    "the scheduler's process only: use --engine serial to see the workers' share)")
     ap.add_argument("--tmp", type=Path, default=None, help="where the scratch lakes go (default $TMPDIR)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
     ap.add_argument("--engine", default=None, metavar="SPEC",
@@ -388,12 +424,14 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; {a.facts_age} of host_facts snapshots before the telemetry" if facts_age else ""))
         lives = []
         for n in sorted(a.hosts):
-            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine, a.every, facts_age)
+            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine, a.every, facts_age, a.profile)
             w = sorted(lp.cycle_wall_s)
             print(f"  {n} hosts: {lp.live_cpu_s:.1f} CPU-s in {len(w)} cycles ({lp.cpu_per_host_hour:.2f} per "
                   f"host-hour; catch-up {lp.catchup_cpu_s:.1f} CPU-s), cycle wall median {w[len(w) // 2]:.1f} s, "
                   f"max {w[-1]:.1f} s (cadence {60 * a.every} s), peak RSS {lp.peak_rss_mb:.0f} MiB, "
                   f"{lp.findings} findings, {lp.incidents} incidents", flush=True)
+            for line in render_stages(n, lp.stages, f", the {len(w)} timed cycles of a second run"):
+                print(line, flush=True)
             lives.append(lp)
         if a.json:
             a.json.write_text(json.dumps([asdict(p) | {"cpu_per_host_hour": p.cpu_per_host_hour} for p in lives],

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pstats
 from datetime import timedelta
 from pathlib import Path
 
-from benchmarks.sweep_scale import TOP_LEVEL, measure
+from benchmarks.sweep_scale import T0, TOP_LEVEL, _run_live, measure, simulate_fleet, stage_split
 
 
 def test_profile_splits_a_real_sweep_into_its_stages(tmp_path: Path) -> None:
@@ -17,3 +18,19 @@ def test_profile_splits_a_real_sweep_into_its_stages(tmp_path: Path) -> None:
     ran = [s for s in TOP_LEVEL if s != "remediation proposals + queue export"]  # a healthy fleet queues none
     assert [s for s in ran if st[s] <= 0] == []
     assert sum(st[s] for s in TOP_LEVEL) <= st["total (profiled)"]
+
+
+
+def test_live_profile_splits_the_timed_cycles(tmp_path: Path) -> None:
+    # the live scheduler's steady state: a catch-up over the first 6 minutes of one host, then
+    # 2 one-minute cycles under cProfile; the split is of those 2 cycles, not the catch-up
+    lake = tmp_path / "lake"
+    simulate_fleet(lake, 1, timedelta(minutes=8), 3)
+    out = tmp_path / "live.prof"
+    got, rss = _run_live(lake, T0 + timedelta(minutes=6), 2, 1, "serial", tmp_path, out)
+    assert len(got["walls"]) == 2 and got["live_cpu_s"] > 0 and rss > 0
+    calls = {fn: nc for (_f, _l, fn), (_cc, nc, *_rest) in pstats.Stats(str(out)).stats.items()}  # type: ignore[attr-defined]
+    assert calls["run_cycle"] == 2
+    st = stage_split(out)
+    ran = [s for s in TOP_LEVEL if s != "remediation proposals + queue export"]
+    assert [s for s in ran if st[s] <= 0] == []
