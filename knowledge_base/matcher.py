@@ -525,7 +525,9 @@ def _eval_absolute(sig: Signal, idx: list[int], V: np.ndarray, refs: _Refs, col_
                    col_device: list[str]) -> _SigEval:
     """An absolute signal: the value alone, against its bound (no reference, no z). It is
     never "contradicted": a value inside the bound is simply no evidence. ``best_z`` holds
-    the most extreme value in the signal's direction (shown in explanations)."""
+    the most extreme value in the signal's direction among the devices that satisfy it
+    (gate included; where none does, among all): the explanation names the device matched,
+    not a gated-off one with a larger value."""
     n = V.shape[0]
     finite = np.isfinite(V)
     with np.errstate(invalid="ignore"):
@@ -537,10 +539,10 @@ def _eval_absolute(sig: Signal, idx: list[int], V: np.ndarray, refs: _Refs, col_
     if sig.gate is not None and sig.gate.feature:
         sat &= _gate_mask(sig, idx, refs, col_family, col_device)
     d = 1.0 if sig.direction == "up" else -1.0
-    key = np.where(finite, d * V, -np.inf)
+    matched = sat.any(axis=1)
+    key = np.where(np.where(matched[:, None], sat, finite), d * V, -np.inf)
     best_j = np.argmax(key, axis=1)
     best = V[np.arange(n), best_j]
-    matched = sat.any(axis=1)
     devs = [col_device[j] for j in idx]
     return _SigEval(sig, matched, np.zeros(n, bool), finite.any(axis=1), matched.astype(np.float64),
                     np.where(finite.any(axis=1), best, np.nan), [devs[int(j)] for j in best_j], sat, devs)

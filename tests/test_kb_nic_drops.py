@@ -9,7 +9,7 @@ packets (here 2e-3 x severity): real simulator, real feature code, the shipped k
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import polars as pl
 import pytest
@@ -104,3 +104,18 @@ def test_a_loss_below_the_absolute_bound_needs_a_past_or_peers_to_differ_from() 
     feats, matches = _alone_from_boot(0.35)
     assert feats["net.drop_share@ens1np0"].max() < 1e-3 and feats["net.drop_rate@ens1np0"].max() > 100.0
     assert matches.filter(pl.col("entry_id") == "nic_drops").is_empty()
+
+
+def test_the_explanation_names_the_port_that_overflows_not_a_gated_off_one() -> None:
+    # a busy port losing 1.2e-3 of its traffic beside a management port whose few unknown-
+    # protocol frames are 1.4 % of its own: the overflow is the busy port's, and so is the
+    # value the explanation shows
+    t0 = datetime(2026, 1, 5, 8, tzinfo=UTC)
+    starts = [t0 + timedelta(seconds=3 * i) for i in range(20)]
+    f = pl.DataFrame({"host": ["h"] * 20, "window_start": starts, "window_end": [s + timedelta(seconds=3) for s in starts],
+                      "net.drop_share@ens1np0": [1.2e-3] * 20, "net.drop_rate@ens1np0": [1700.0] * 20,
+                      "net.drop_share@eno1": [1.4e-2] * 20, "net.drop_rate@eno1": [0.3] * 20})
+    got = match_windows(f, None, load_kb()).filter((pl.col("entry_id") == "nic_drops") & pl.col("matched"))
+    assert got.height == 20
+    assert all(d == ["ens1np0"] for d in got["devices"].to_list())
+    assert all("net.drop_share > 0.001 (value=0.0012 on ens1np0)" in e for e in got["explanation"].to_list())
