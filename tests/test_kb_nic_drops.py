@@ -34,7 +34,12 @@ def fleet() -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     doc = {"seed": 1, "duration": "4m", "profile": "realistic", "hosts": hosts,
            "injections": [{"type": "nic_drops", "host": "train-2", "start": "1m", "duration": "3m",
                            "severity": 0.25}]}
-    frames, _ = simulate_frames(from_dict(doc, name="nic-drops"))
+    return _simulated(doc, "nic-drops")
+
+
+def _simulated(doc: dict[str, object], name: str) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(features, labels, rank-1 matched candidates) of a simulated scenario document."""
+    frames, _ = simulate_frames(from_dict(doc, name=name))
     facts = frames.pop("host_facts")
     labels = frames.pop("labels")
     frames.pop("workload", None)
@@ -83,12 +88,7 @@ def _alone_from_boot(severity: float) -> tuple[pl.DataFrame, pl.DataFrame]:
            "hosts": [{"name": "train-0", "workload": "training", "nics": 4}],
            "injections": [{"type": "nic_drops", "host": "train-0", "start": "2026-01-05T08:00:00+00:00", "duration": "3m",
                            "severity": severity}]}
-    frames, _ = simulate_frames(from_dict(doc, name="nic-drops-boot"))
-    facts = frames.pop("host_facts")
-    frames.pop("labels")
-    frames.pop("workload", None)
-    feats = compute_features({k: v.lazy() for k, v in frames.items()}, host_facts=facts)
-    matches = match_windows(feats, facts, load_kb()).filter((pl.col("rank") == 1) & pl.col("matched"))
+    feats, _, matches = _simulated(doc, "nic-drops-boot")
     return feats, matches
 
 
