@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,14 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks.id_matrix import CYCLE, T0, TAIL_CYCLES, cached_lake, final_incidents, sweep_config  # noqa: E402
+from benchmarks.id_matrix import (  # noqa: E402
+    CYCLE,
+    cached_lake,
+    cycle_every,
+    cycle_times,
+    final_incidents,
+    sweep_config,
+)
 
 
 def fleet_doc(seed: int, hosts: int, minutes: int, profile: str) -> dict[str, Any]:
@@ -72,7 +79,7 @@ def breakdown(final: pl.DataFrame, findings: pl.DataFrame) -> list[dict[str, Any
 
 
 def run(seed: int, hosts: int, minutes: int, profile: str, cfg: Any, cache: Path | None, tmp: Path,
-        keep: Path | None = None) -> dict[str, Any]:
+        keep: Path | None = None, every: timedelta = CYCLE) -> dict[str, Any]:
     from ingest import lake
     from jobs.cycle import run_cycle
 
@@ -81,8 +88,8 @@ def run(seed: int, hosts: int, minutes: int, profile: str, cfg: Any, cache: Path
     shutil.rmtree(root, ignore_errors=True)
     lake_of(fleet_doc(seed, hosts, minutes, profile), root, cache)
     horizons: list[datetime] = []
-    for k in range(1, minutes + TAIL_CYCLES + 1):
-        s = run_cycle(root, cfg, now=T0 + k * CYCLE + cfg.lag)
+    for k, now in enumerate(cycle_times(minutes, cfg.lag, every), 1):
+        s = run_cycle(root, cfg, now=now)
         if s is None or s.horizon is None:
             raise RuntimeError(f"seed {seed}: cycle {k} did not run")
         horizons.append(s.horizon)
@@ -144,13 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if set(args.seeds) & set(args.held_out):
         p.error("a seed is in both the tuning and the held-out set")
-    cfg = sweep_config(p, args.config)
+    cfg, every = sweep_config(p, args.config), cycle_every(p, args.config)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="healthy_fleet-") as tmp:
         for name, seeds in (("tuning", args.seeds), ("held-out", args.held_out)):
             runs = []
             for seed in seeds:
-                runs.append(run(seed, args.hosts, args.minutes, args.profile, cfg, args.cache, Path(tmp), args.keep))
+                runs.append(run(seed, args.hosts, args.minutes, args.profile, cfg, args.cache, Path(tmp), args.keep,
+                                every))
                 print(f"[{name}] seed {seed}: {runs[-1]['false']} false, {runs[-1]['seconds']:.0f} s",
                       file=sys.stderr, flush=True)
             out[name] = runs

@@ -57,11 +57,19 @@ if TYPE_CHECKING:
 TUNING_SEEDS = (1, 2)
 HELD_OUT_SEEDS = (11, 12)
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)  # the simulator's default start
-CYCLE = timedelta(minutes=1)  # `unveil schedule` default --every
+CYCLE = timedelta(minutes=1)  # `unveil schedule` default every
 #: cycles swept after a run's data ends: a segment still growing at the last minute stays
 #: open (unmatched incidents are only written when they close), so without these the end
 #: of a run would hide incidents; two cycles pass any segment's end + gap + window
 TAIL_CYCLES = 2
+
+
+def cycle_times(minutes: int, lag: timedelta, every: timedelta = CYCLE) -> list[datetime]:
+    """The ``now`` of each cycle of a live scheduler over ``minutes`` of data from
+    :data:`T0`: one ``every`` (``[scheduler] every``, a minute by default), ``lag`` (the
+    sweep's) after its horizon, and :data:`TAIL_CYCLES` more after the data ends."""
+    n = math.ceil(timedelta(minutes=minutes) / every) + TAIL_CYCLES
+    return [T0 + k * every + lag for k in range(1, n + 1)]
 
 #: cost bands of the issue (fractions of throughput); upper bounds exclusive
 BANDS = ((0.01, "<1 %"), (0.03, "1-3 %"), (0.10, "3-10 %"), (math.inf, ">10 %"))
@@ -505,9 +513,10 @@ class CellResult:
     seconds: float = 0.0
 
 
-def run_cell(cell: Cell, cfg: Any, cache: Path | None, tmp: Path, engine: str = "serial") -> CellResult:
-    """Simulate, sweep cycle by cycle as the scheduler does (its per-host work on
-    ``engine``, as ``unveil schedule --engine`` runs it), score."""
+def run_cell(cell: Cell, cfg: Any, cache: Path | None, tmp: Path, engine: str = "serial",
+             every: timedelta = CYCLE) -> CellResult:
+    """Simulate, sweep cycle by cycle as the scheduler does (a cycle ``every``, its per-host
+    work on ``engine``, as ``unveil schedule --engine`` runs it), score."""
     from ingest import lake
     from jobs.cycle import run_cycle
     from jobs.engine import make_engine
@@ -519,8 +528,8 @@ def run_cell(cell: Cell, cfg: Any, cache: Path | None, tmp: Path, engine: str = 
     end = T0 + timedelta(minutes=cell.minutes)
     horizons: list[datetime] = []
     with make_engine(engine) as eng:
-        for k in range(1, cell.minutes + TAIL_CYCLES + 1):
-            summary = run_cycle(root, cfg, now=T0 + k * CYCLE + cfg.lag, engine=eng)
+        for k, now in enumerate(cycle_times(cell.minutes, cfg.lag, every), 1):
+            summary = run_cycle(root, cfg, now=now, engine=eng)
             if summary is None or summary.horizon is None:
                 raise RuntimeError(f"{cell.name}: cycle {k} did not run (lake lock held?)")
             horizons.append(summary.horizon)
@@ -628,6 +637,17 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def cycle_every(p: argparse.ArgumentParser, path: Path | None) -> timedelta:
+    """The cycles' period: the ``--config`` file's ``[scheduler] every``, else production's
+    default (:data:`CYCLE`)."""
+    from jobs.config import ConfigError, load
+
+    try:
+        return load(path).every if path is not None else CYCLE
+    except ConfigError as exc:
+        p.error(str(exc))
+
+
 def sweep_config(p: argparse.ArgumentParser, path: Path | None) -> SweepConfig:
     """Production's sweep: the default SweepConfig (what `unveil schedule` runs without a
     config file) or the ``--config`` file's, without writing remediation proposals (not
@@ -687,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = sorted(set(types) - set(INEFFICIENCIES))
     if bad:
         p.error(f"--types: unknown type(s) {', '.join(bad)}; known: {', '.join(INEFFICIENCIES)}")
-    cfg = sweep_config(p, args.config)
+    cfg, every = sweep_config(p, args.config), cycle_every(p, args.config)
     if args.lag is not None:
         cfg = replace(cfg, lag=timedelta(seconds=args.lag))
     if args.batch_hosts is not None:
@@ -723,17 +743,17 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out: dict[str, Any] = {"matrix": "quick" if args.quick else "long" if args.long else "full",
                            "lag_s": cfg.lag.total_seconds(),
-                           "cycle_s": CYCLE.total_seconds(), "sets": {}}
+                           "cycle_s": every.total_seconds(), "sets": {}}
     with tempfile.TemporaryDirectory(prefix="id_matrix-") as tmp:
         for name, seeds, cells in plan:
             # cells are independent (own lake, own copy): --jobs N runs N at once; the
             # results are the same in any order
             with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
                 if pool is not None:
-                    futures = [pool.submit(run_cell, cell, cfg, args.cache, Path(tmp), args.engine) for cell in cells]
+                    futures = [pool.submit(run_cell, cell, cfg, args.cache, Path(tmp), args.engine, every) for cell in cells]
                     done: Iterable[CellResult] = (f.result() for f in futures)
                 else:
-                    done = (run_cell(cell, cfg, args.cache, Path(tmp), args.engine) for cell in cells)
+                    done = (run_cell(cell, cfg, args.cache, Path(tmp), args.engine, every) for cell in cells)
                 results = []
                 for i, res in enumerate(done, 1):
                     results.append(res)
@@ -744,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
             out["sets"][name] = s
             print(render(s), flush=True)
     out["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    print(f"\nelapsed {out['elapsed_s']} s; lag {cfg.lag.total_seconds():g} s, one cycle per {CYCLE.total_seconds():g} s")
+    print(f"\nelapsed {out['elapsed_s']} s; lag {cfg.lag.total_seconds():g} s, one cycle per {every.total_seconds():g} s")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, default=str))
     return 0

@@ -143,9 +143,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def schedule_cmd(lake: str | Path, until: datetime, engine: str | None = None, state: Path | None = None
-                 ) -> list[str]:
-    return [sys.executable, "-c", "import sys; from jobs.cli import main; sys.exit(main())", "schedule",
+def schedule_cmd(lake: str | Path, until: datetime, engine: str | None = None, state: Path | None = None,
+                 config: Path | None = None) -> list[str]:
+    return [sys.executable, "-c", "import sys; from jobs.cli import main; sys.exit(main())",
+            *(["--config", str(config)] if config else []), "schedule",
             "--once", "--no-progress", "--lake", str(lake), "--until", until.isoformat(),
             *(["--engine", engine] if engine else []), *(["--state", str(state)] if state else [])]
 
@@ -208,7 +209,7 @@ def stage_split(prof: Path) -> dict[str, float]:
 
 
 def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Path | None,
-            engine: str | None = None, bucket: str | None = None) -> Point:
+            engine: str | None = None, bucket: str | None = None, config: Path | None = None) -> Point:
     """``bucket``: the lake in it (object storage; the sweep's state in the scratch
     directory) instead of a directory."""
     with tempfile.TemporaryDirectory(prefix="sweep-scale-", dir=keep) as d:
@@ -221,7 +222,7 @@ def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Pat
             prof_lake = base / "lake-prof"
             shutil.copytree(lake, prof_lake)
         until = T0 + duration
-        cpu, wall, rss = run_child(schedule_cmd(lake, until, engine, state), base)
+        cpu, wall, rss = run_child(schedule_cmd(lake, until, engine, state, config), base)
         pt = Point(hosts, hosts * duration.total_seconds() / 3600, rows, cpu, wall, rss, sim_s,
                    engine=engine or "default", **verdicts(lake))
         if prof_lake is not None:
@@ -229,7 +230,8 @@ def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Pat
             cmd = [sys.executable, "-c",
                    "import cProfile, time; from jobs.cli import main; "
                    "pr = cProfile.Profile(time.process_time); pr.runcall(main); "
-                   f"pr.dump_stats({str(out)!r})", "schedule", "--once", "--no-progress",
+                   f"pr.dump_stats({str(out)!r})", *(["--config", str(config)] if config else []),
+                   "schedule", "--once", "--no-progress",
                    "--lake", str(prof_lake), "--until", until.isoformat(),
                    *(["--engine", engine] if engine else [])]
             run_child(cmd, base)
@@ -245,12 +247,16 @@ LIVE_CHILD = r"""
 import json, sys, time
 from datetime import datetime, timedelta
 import psutil
-from jobs.config import SweepConfig
+from dataclasses import replace
+from jobs.config import SweepConfig, load
 from jobs.cycle import maintain, run_cycle
 from jobs.engine import make_engine, parse_spec
 lake, start, minutes, every = sys.argv[1], datetime.fromisoformat(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 prof_out = sys.argv[5]  # "": not profiled; else the live cycles' cProfile dump (this process only)
-sc = SweepConfig(**({"engine": parse_spec(sys.argv[6], "--engine")} if len(sys.argv) > 6 else {}))
+# argv[6]: a config file ("": none, the defaults), argv[7]: the engine (absent: the config's)
+sc = load(sys.argv[6]).sweep if sys.argv[6] else SweepConfig()
+if len(sys.argv) > 7:
+    sc = replace(sc, engine=parse_spec(sys.argv[7], "--engine"))
 me = psutil.Process()
 def cpu():
     t = sum(me.cpu_times()[:4])  # (user, system, and the reaped children's)
@@ -304,10 +310,10 @@ class LivePoint:
 
 
 def _run_live(lake: Path, start: datetime, minutes: int, every: int, engine: str | None, d: Path,
-              prof_out: Path | None = None) -> tuple[dict[str, Any], float]:
+              prof_out: Path | None = None, config: Path | None = None) -> tuple[dict[str, Any], float]:
     """(the live child's figures, its peak RSS in MiB)."""
     cmd = [sys.executable, "-c", LIVE_CHILD, str(lake), start.isoformat(), str(minutes), str(every),
-           str(prof_out or ""), *([engine] if engine else [])]
+           str(prof_out or ""), str(config or ""), *([engine] if engine else [])]
     with open(d / "stderr", "w+b") as err:
         p = subprocess.Popen(cmd, cwd=d, env=_env(), stdout=subprocess.PIPE, stderr=err)
         assert p.stdout is not None
@@ -322,7 +328,7 @@ def _run_live(lake: Path, start: datetime, minutes: int, every: int, engine: str
 
 def measure_live(hosts: int, duration: timedelta, minutes: int, seed: int, keep: Path | None,
                  engine: str | None = None, every: int = 1, facts_before: timedelta | None = None,
-                 profile: bool = False) -> LivePoint:
+                 profile: bool = False, config: Path | None = None) -> LivePoint:
     """The steady state of ``unveil schedule``: the last ``minutes`` of the data swept one
     cycle per minute after a catch-up over the rest (so each step reads its full history);
     ``facts_before``: :func:`prepend_facts` first (a lake that old). ``profile``: a second
@@ -338,12 +344,12 @@ def measure_live(hosts: int, duration: timedelta, minutes: int, seed: int, keep:
             prof_lake = Path(d) / "lake-prof"
             shutil.copytree(lake, prof_lake)
         start = T0 + duration - timedelta(minutes=minutes)
-        got, rss = _run_live(lake, start, minutes, every, engine, Path(d))
+        got, rss = _run_live(lake, start, minutes, every, engine, Path(d), config=config)
         lp = LivePoint(hosts, minutes, duration.total_seconds() / 60 - minutes, got["catchup_cpu_s"],
                        got["live_cpu_s"], got["walls"], rss, **verdicts(lake), every=every)
         if prof_lake is not None:
             out = Path(d) / "live.prof"
-            _run_live(prof_lake, start, minutes, every, engine, Path(d), out)
+            _run_live(prof_lake, start, minutes, every, engine, Path(d), out, config)
             lp.stages = stage_split(out)
         return lp
 
@@ -400,15 +406,27 @@ def main(argv: list[str] | None = None) -> int:
                     help="the lake on object storage: a bucket of moto's S3 server started on loopback (an "
                     "in-memory Python server: its times are not a real object store's), the sweep's state "
                     "in a scratch directory (unveil schedule --state); not with --live or --profile")
+    ap.add_argument("--config", type=Path, default=None, metavar="FILE",
+                    help="sweep with this config file (unveil --config FILE schedule), e.g. another "
+                    "[scheduler] analysis_step; default: none, the defaults")
     a = ap.parse_args(argv)
     from ingest.simulator.scenario import parse_duration_s
+
+    if a.config:
+        from jobs.config import ConfigError, load
+
+        try:
+            load(a.config)
+        except (ConfigError, OSError) as exc:
+            ap.error(f"--config {a.config}: {exc}")
 
     duration = timedelta(seconds=parse_duration_s(a.duration, "--duration"))
     if a.engine:
         from jobs.engine import parse_spec
 
         a.engine = parse_spec(a.engine, "--engine")
-    print(f"sweep scale: unveil schedule --once, default config, {a.duration} of healthy mixed-workload "
+    conf = f"config {a.config}" if a.config else "default config"
+    print(f"sweep scale: unveil schedule --once, {conf}, {a.duration} of healthy mixed-workload "
           f"8-GPU hosts per fleet, seed {a.seed}, engine {a.engine or 'default'}; load {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs")
     if a.live:
@@ -424,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; {a.facts_age} of host_facts snapshots before the telemetry" if facts_age else ""))
         lives = []
         for n in sorted(a.hosts):
-            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine, a.every, facts_age, a.profile)
+            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine, a.every, facts_age, a.profile, a.config)
             w = sorted(lp.cycle_wall_s)
             print(f"  {n} hosts: {lp.live_cpu_s:.1f} CPU-s in {len(w)} cycles ({lp.cpu_per_host_hour:.2f} per "
                   f"host-hour; catch-up {lp.catchup_cpu_s:.1f} CPU-s), cycle wall median {w[len(w) // 2]:.1f} s, "
@@ -448,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         print("lake: s3://sweep-scale/... on moto (loopback)")
     try:
         for n in sorted(a.hosts):
-            points.append(measure(n, duration, a.seed, a.profile, a.tmp, a.engine, "sweep-scale" if a.s3 else None))
+            points.append(measure(n, duration, a.seed, a.profile, a.tmp, a.engine, "sweep-scale" if a.s3 else None,
+                                  a.config))
             p = points[-1]
             print(f"  {n} hosts: {p.cpu_s:.1f} CPU-s ({p.cpu_per_host_hour:.2f} per host-hour), {p.wall_s:.1f} s "
                   f"wall, peak RSS {p.peak_rss_mb:.0f} MiB (simulated in {p.simulate_s:.0f} s)", flush=True)

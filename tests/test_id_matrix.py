@@ -15,6 +15,7 @@ from benchmarks.id_matrix import (
     Cell,
     check_targets,
     cost_band,
+    cycle_times,
     false_incidents,
     final_incidents,
     group,
@@ -271,3 +272,15 @@ def test_severity_sets_the_long_cells_only(capsys: pytest.CaptureFixture[str]) -
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2 and "--severity" in capsys.readouterr().err
+
+
+def test_cycles_follow_the_configured_cadence() -> None:
+    # the scheduler's `every`: a cycle a minute by default, one every 5 min when configured,
+    # each seen `lag` after its horizon, and TAIL_CYCLES more after the data ends
+    lag = SweepConfig().lag
+    one = cycle_times(12, lag)
+    assert len(one) == 12 + TAIL_CYCLES and one[0] == T0 + timedelta(minutes=1) + lag
+    assert {b - a for a, b in zip(one, one[1:], strict=False)} == {timedelta(minutes=1)}
+    five = cycle_times(12, timedelta(seconds=30), timedelta(minutes=5))
+    assert len(five) == 3 + TAIL_CYCLES and five[0] == T0 + timedelta(minutes=5, seconds=30)
+    assert {b - a for a, b in zip(five, five[1:], strict=False)} == {timedelta(minutes=5)}

@@ -6,7 +6,18 @@ import pstats
 from datetime import timedelta
 from pathlib import Path
 
-from benchmarks.sweep_scale import T0, TOP_LEVEL, _run_live, measure, simulate_fleet, stage_split
+import pytest
+
+from benchmarks.sweep_scale import (
+    T0,
+    TOP_LEVEL,
+    _run_live,
+    main,
+    measure,
+    schedule_cmd,
+    simulate_fleet,
+    stage_split,
+)
 
 
 def test_profile_splits_a_real_sweep_into_its_stages(tmp_path: Path) -> None:
@@ -34,3 +45,21 @@ def test_live_profile_splits_the_timed_cycles(tmp_path: Path) -> None:
     st = stage_split(out)
     ran = [s for s in TOP_LEVEL if s != "remediation proposals + queue export"]
     assert [s for s in ran if st[s] <= 0] == []
+
+
+
+def test_config_reaches_the_catch_up_and_the_live_cycles(tmp_path: Path) -> None:
+    # --config FILE is what both children sweep with: one they cannot load fails them (it is
+    # not silently replaced by the defaults), and the command refuses it before simulating
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[scheduler]\nanalysis_step = "2.5s"\n')  # not a multiple of the 1-s stride
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", str(bad), "--hosts", "1", "--duration", "2m"])
+    assert exc.value.code == 2
+    assert schedule_cmd(tmp_path, T0, config=bad)[3:6] == ["--config", str(bad), "schedule"]  # (a global option)
+    with pytest.raises(RuntimeError, match="analysis_step"):
+        measure(1, timedelta(minutes=2), 3, False, tmp_path, "serial", config=bad)
+    lake = tmp_path / "lake"
+    simulate_fleet(lake, 1, timedelta(minutes=3), 3)
+    with pytest.raises(RuntimeError, match="analysis_step"):
+        _run_live(lake, T0 + timedelta(minutes=2), 1, 1, "serial", tmp_path, config=bad)
