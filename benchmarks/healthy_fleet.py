@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from benchmarks.id_matrix import (  # noqa: E402
     CYCLE,
     cached_lake,
-    cycle_every,
     cycle_times,
     final_incidents,
     sweep_config,
@@ -151,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if set(args.seeds) & set(args.held_out):
         p.error("a seed is in both the tuning and the held-out set")
-    cfg, every = sweep_config(p, args.config), cycle_every(p, args.config)
+    cfg, every = sweep_config(p, args.config)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="healthy_fleet-") as tmp:
         for name, seeds in (("tuning", args.seeds), ("held-out", args.held_out)):

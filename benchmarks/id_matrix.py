@@ -637,28 +637,19 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def cycle_every(p: argparse.ArgumentParser, path: Path | None) -> timedelta:
-    """The cycles' period: the ``--config`` file's ``[scheduler] every``, else production's
-    default (:data:`CYCLE`)."""
-    from jobs.config import ConfigError, load
-
-    try:
-        return load(path).every if path is not None else CYCLE
-    except ConfigError as exc:
-        p.error(str(exc))
-
-
-def sweep_config(p: argparse.ArgumentParser, path: Path | None) -> SweepConfig:
-    """Production's sweep: the default SweepConfig (what `unveil schedule` runs without a
-    config file) or the ``--config`` file's, without writing remediation proposals (not
-    scored here) or compacting; a bad file is a usage error of ``p``."""
+def sweep_config(p: argparse.ArgumentParser, path: Path | None) -> tuple[SweepConfig, timedelta]:
+    """Production's sweep and the period of its cycles: the default SweepConfig (what `unveil
+    schedule` runs without a config file) and a cycle a minute, or the ``--config`` file's
+    (its ``[scheduler] every``), without writing remediation proposals (not scored here) or
+    compacting; a bad file is a usage error of ``p``."""
     from jobs.config import ConfigError, SweepConfig, load
 
     try:
-        base = load(path).sweep if path is not None else SweepConfig()
+        conf = load(path) if path is not None else None
     except ConfigError as exc:
         p.error(str(exc))
-    return replace(base, queue_remediations=False, compact_every=None)
+    base, every = (conf.sweep, conf.every) if conf is not None else (SweepConfig(), CYCLE)
+    return replace(base, queue_remediations=False, compact_every=None), every
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -707,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = sorted(set(types) - set(INEFFICIENCIES))
     if bad:
         p.error(f"--types: unknown type(s) {', '.join(bad)}; known: {', '.join(INEFFICIENCIES)}")
-    cfg, every = sweep_config(p, args.config), cycle_every(p, args.config)
+    cfg, every = sweep_config(p, args.config)
     if args.lag is not None:
         cfg = replace(cfg, lag=timedelta(seconds=args.lag))
     if args.batch_hosts is not None:

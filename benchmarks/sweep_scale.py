@@ -144,9 +144,11 @@ def _env() -> dict[str, str]:
 
 
 def schedule_cmd(lake: str | Path, until: datetime, engine: str | None = None, state: Path | None = None,
-                 config: Path | None = None) -> list[str]:
-    return [sys.executable, "-c", "import sys; from jobs.cli import main; sys.exit(main())",
-            *(["--config", str(config)] if config else []), "schedule",
+                 config: Path | None = None, script: str = "import sys; from jobs.cli import main; sys.exit(main())"
+                 ) -> list[str]:
+    """``unveil [--config FILE] schedule --once ...`` as a child process; ``script``: the
+    Python that runs the CLI (e.g. under cProfile)."""
+    return [sys.executable, "-c", script, *(["--config", str(config)] if config else []), "schedule",
             "--once", "--no-progress", "--lake", str(lake), "--until", until.isoformat(),
             *(["--engine", engine] if engine else []), *(["--state", str(state)] if state else [])]
 
@@ -227,14 +229,10 @@ def measure(hosts: int, duration: timedelta, seed: int, profile: bool, keep: Pat
                    engine=engine or "default", **verdicts(lake))
         if prof_lake is not None:
             out = base / "sweep.prof"
-            cmd = [sys.executable, "-c",
-                   "import cProfile, time; from jobs.cli import main; "
-                   "pr = cProfile.Profile(time.process_time); pr.runcall(main); "
-                   f"pr.dump_stats({str(out)!r})", *(["--config", str(config)] if config else []),
-                   "schedule", "--once", "--no-progress",
-                   "--lake", str(prof_lake), "--until", until.isoformat(),
-                   *(["--engine", engine] if engine else [])]
-            run_child(cmd, base)
+            run_child(schedule_cmd(prof_lake, until, engine, config=config,
+                                   script="import cProfile, time; from jobs.cli import main; "
+                                   "pr = cProfile.Profile(time.process_time); pr.runcall(main); "
+                                   f"pr.dump_stats({str(out)!r})"), base)
             pt.stages = stage_split(out)
         return pt
 
@@ -408,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                     "in a scratch directory (unveil schedule --state); not with --live or --profile")
     ap.add_argument("--config", type=Path, default=None, metavar="FILE",
                     help="sweep with this config file (unveil --config FILE schedule), e.g. another "
-                    "[scheduler] analysis_step; default: none, the defaults")
+                    "[scheduler] analysis_step (with --live, --every sets the cadence); default: none, the defaults")
     a = ap.parse_args(argv)
     from ingest.simulator.scenario import parse_duration_s
 
