@@ -410,13 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from ingest.simulator.scenario import parse_duration_s
 
-    if a.config:
-        from jobs.config import ConfigError, load
+    if a.config:  # (a file the children cannot load is a usage error here, before any simulation)
+        from benchmarks.id_matrix import sweep_config
 
-        try:
-            load(a.config)
-        except (ConfigError, OSError) as exc:
-            ap.error(f"--config {a.config}: {exc}")
+        sweep_config(ap, a.config)
 
     duration = timedelta(seconds=parse_duration_s(a.duration, "--duration"))
     if a.engine:
