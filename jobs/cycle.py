@@ -441,10 +441,13 @@ def run_cycle(lake: str | os.PathLike[str], cfg: SweepConfig | None = None, *, n
             horizon = floor_grid(live, stride)
             if cfg.analysis_step is not None:
                 # whole analysis steps only, so each step is judged once on all its data (as a
-                # backfill judges it); but data that does not yet complete a step past every
-                # host's watermark (a host's first seconds) is not held back
+                # backfill judges it). Except where every host started inside the current step
+                # (a new fleet's first seconds, inside its warm-up): its data so far is processed.
+                # Not wherever no host is behind the step's start: with steps longer than the
+                # cadence, every cycle would then judge the step a cycle's piece at a time
                 whole = floor_grid(live, cfg.analysis_step.total_seconds())
-                if any(m.watermark < whole for m in marks.values()):
+                firsts = first_times(lake_p, list(marks), known_first) if marks else {}
+                if any(m.watermark < whole or firsts.get(h, m.watermark) < whole for h, m in marks.items()):
                     horizon = whole
             if until is not None:
                 horizon = min(horizon, utc(until))
