@@ -460,6 +460,10 @@ def _fill(placeholder: str, device: str, facts: HostFacts, extra: Mapping[str, A
         return ",".join(dict.fromkeys(p for p in pcis if p is not None))
     if placeholder == "netdev":
         return device
+    if placeholder == "netdevs":
+        # the first device and every other device of the incident the facts know as a NIC
+        nics = [d for d in (devices or [device]) if d == device or (facts.fact_device(d) or ("",))[0] == "nic"]
+        return ",".join(dict.fromkeys(nics))
     raise FactError(f"unknown placeholder {{{placeholder}}}")
 
 
@@ -471,7 +475,7 @@ def fill_params(params: Mapping[str, Any], device: str, facts: HostFacts,
     first) and the host's facts. A value that is exactly one placeholder keeps the fact's type
     (int node, float power limit); otherwise placeholders are substituted as text.
     ``fault_values``: per parameter, values a ``{fact_before:...}`` lookup passes over.
-    ``devices``: every device of the incident (``{device_indices}``, ``{device_pcis}``;
+    ``devices``: every device of the incident (``{device_indices}``, ``{device_pcis}``, ``{netdevs}``;
     default: ``device``).
     Raises FactError."""
     extra = extra or {}

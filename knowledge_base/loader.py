@@ -85,7 +85,7 @@ DERIVED: dict[str, str] = {
     "power.slow_governor": "a cpufreq policy whose governor holds the clocks low (see HostFacts.derived)",
 }
 
-TEMPLATE_RE = re.compile(r"\{(device|device_index|device_indices|device_node|device_node_cpus|device_pci|device_pcis|netdev|cgroup"
+TEMPLATE_RE = re.compile(r"\{(device|device_index|device_indices|device_node|device_node_cpus|device_pci|device_pcis|netdev|netdevs|cgroup"
                          r"|pid|fact:[a-z_]+\.[a-z0-9_]+|fact_before:[a-z_]+\.[a-z0-9_]+(?:\|[A-Za-z0-9_.-]+)?)\}")
 
 
@@ -478,7 +478,7 @@ def _remediation(ctx: _Ctx, d: Any) -> Remediation:
             rest = TEMPLATE_RE.sub("", value)
             if "{" in rest or "}" in rest:
                 raise ctx.err(pw, f"bad template {value!r}; placeholders: {{device}}, {{device_index}}, {{device_indices}}, "
-                              "{device_node}, {device_node_cpus}, {device_pci}, {device_pcis}, {netdev}, {cgroup}, {pid}, "
+                              "{device_node}, {device_node_cpus}, {device_pci}, {device_pcis}, {netdev}, {netdevs}, {cgroup}, {pid}, "
                               "{fact:<category>.<key>}, {fact_before:<category>.<key>[|fallback]}")
             for m in TEMPLATE_RE.finditer(value):
                 # a fact_before fallback is a literal value: it must suit the parameter

@@ -255,9 +255,10 @@ SCRIPTS: dict[str, ScriptSpec] = {
         ),
         ScriptSpec(
             id="nic_ring",
-            summary="resize a NIC's RX/TX rings (ethtool -G)",
+            summary="resize the RX/TX rings of one or more NICs (ethtool -G)",
             params=(
-                Param("iface", "str", "network interface", required=True, pattern=IFACE_RE),
+                Param("iface", "str", "network interface, or several (comma-separated)", required=True,
+                      pattern=rf"{IFACE_RE}(,{IFACE_RE}){{0,63}}", max_len=64 * 16),
                 Param("rx", "int", "RX ring size", min=1, max=1 << 16),
                 Param("tx", "int", "TX ring size", min=1, max=1 << 16),
             ),

@@ -170,6 +170,13 @@ def test_remediation_params_filled_from_facts(rec: dict[str, pl.DataFrame]) -> N
     every = fill_params(irq.params, "ens1np0", facts, devices=["ens1np0", "ens2np0", "node0"])
     assert every["pci"].split(",")[0] == "0000:1a:00.0" and len(every["pci"].split(",")) == 2
     registry.validate_params(irq.script, every)
+    # rings overflowing on two NICs: one action grows both (the NUMA node left out)
+    ring = kb.get("nic_drops").remediation
+    assert ring is not None and ring.script is not None
+    assert fill_params(ring.params, "ens1np0", facts) == {"iface": "ens1np0", "rx": 8192}
+    every = fill_params(ring.params, "ens2np0", facts, devices=["ens2np0", "node0", "ens1np0", "ens2np0"])
+    assert every == {"iface": "ens2np0,ens1np0", "rx": 8192}
+    registry.validate_params(ring.script, every)
     numa = kb.get("gpu_nic_numa_misplacement").remediation
     assert numa is not None
     with pytest.raises(FactError, match="process id"):

@@ -266,6 +266,81 @@ def test_nic_ring_live_unsupported_or_over_max_is_clear() -> None:
     assert rc == 3 and "no interface" in out["error"]
 
 
+_ETHTOOL = """#!{python}
+# ethtool -g/-G over the NICs of rings.json, printing the recorded mlx5 output's layout
+import json, pathlib, sys
+path = pathlib.Path(__file__).with_name("rings.json")
+nics = json.loads(path.read_text())
+verb, iface, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+nic = nics.get(iface)
+if nic is None:
+    sys.exit(print(f"netlink error: no device matches name ({iface}): No such device", file=sys.stderr) or 1)
+if verb == "-g":
+    m, c = nic["max"], nic["current"]
+    print(f"Ring parameters for {iface}:\\nPre-set maximums:\\nRX:\\t\\t{m['rx']}\\nRX Mini:\\tn/a\\n"
+          f"TX:\\t\\t{m['tx']}\\nCurrent hardware settings:\\nRX:\\t\\t{c['rx']}\\nRX Mini:\\tn/a\\nTX:\\t\\t{c['tx']}")
+    sys.exit(0)
+if nic.get("busy"):
+    sys.exit(print("netlink error: Device or resource busy", file=sys.stderr) or 1)
+changes = dict(zip(rest[::2], map(int, rest[1::2])))
+if all(nic["current"][k] == v for k, v in changes.items()):
+    sys.exit(print("rx unmodified, ignoring", file=sys.stderr) or 80)
+nic["current"].update(changes)
+path.write_text(json.dumps(nics))
+"""
+
+
+def _fake_ethtool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nics: dict[str, Any]) -> Path:
+    """An ``ethtool`` first on PATH that keeps ring sizes in a file (no NIC here can resize its
+    rings: virtio's eth0 is at its maximum, veth and lo have no ring control)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "ethtool"
+    exe.write_text(_ETHTOOL.replace("{python}", sys.executable))
+    exe.chmod(0o755)
+    rings = bin_dir / "rings.json"
+    rings.write_text(json.dumps(nics))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return rings
+
+
+def _nic(rx: int, rx_max: int = 8192, **kw: Any) -> dict[str, Any]:
+    return {"max": {"rx": rx_max, "tx": 8192}, "current": {"rx": rx, "tx": 1024}, **kw}
+
+
+def test_nic_ring_resizes_every_nic_named_and_rolls_them_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rings = _fake_ethtool(tmp_path, monkeypatch, {"ens1f0": _nic(1024), "ens2f0": _nic(512), "ens3f0": _nic(8192)})
+    state = tmp_path / "state.json"
+    rc, out = run("nic_ring", "apply", "/", "--iface=ens1f0,ens2f0,ens3f0", "--rx=8192", state=state)
+    assert rc == 0, out
+    assert out["changes"] == {"rx@ens1f0": [1024, 8192], "rx@ens2f0": [512, 8192]}
+    now = json.loads(rings.read_text())
+    assert [now[n]["current"]["rx"] for n in ("ens1f0", "ens2f0", "ens3f0")] == [8192, 8192, 8192]
+    assert all(now[n]["current"]["tx"] == 1024 for n in now)
+    rc, out = run("nic_ring", "rollback", "/", state=state)
+    assert rc == 0, out
+    now = json.loads(rings.read_text())
+    assert [now[n]["current"]["rx"] for n in ("ens1f0", "ens2f0", "ens3f0")] == [1024, 512, 8192]
+    # one interface keeps the single-key state of earlier records
+    rc, out = run("nic_ring", "check", "/", "--iface=ens1f0", "--rx=2048")
+    assert rc == 0 and out["planned"] == {"rx": 2048}, out
+
+
+def test_nic_ring_over_one_nics_maximum_or_refused_changes_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rings = _fake_ethtool(tmp_path, monkeypatch, {"ens1f0": _nic(1024), "ens2f0": _nic(512, rx_max=2048),
+                                                  "ens3f0": _nic(512, busy=True)})
+    before = json.loads(rings.read_text())
+    rc, out = run("nic_ring", "apply", "/", "--iface=ens1f0,ens2f0", "--rx=4096", state=tmp_path / "a.json")
+    assert rc == 1 and "ens2f0: rx 4096 exceeds the NIC maximum 2048" in out["error"], out
+    assert json.loads(rings.read_text()) == before
+    # ens1f0 is resized, then ens3f0 refuses: ens1f0 goes back
+    rc, out = run("nic_ring", "apply", "/", "--iface=ens1f0,ens3f0", "--rx=4096", state=tmp_path / "b.json")
+    assert rc == 1 and "busy" in out["error"] and out["restored"] is True, out
+    assert json.loads(rings.read_text()) == before
+    rc, out = run("nic_ring", "check", "/", "--iface=ens1f0,nonexistent0", "--rx=64")
+    assert rc == 3 and "no interface 'nonexistent0'" in out["error"], out
+
+
 def test_nic_ring_refuses_fake_root(root: Path) -> None:
     rc, out = run("nic_ring", "check", root, "--iface=eth0", "--rx=64")
     assert rc == 3 and "--root must be /" in out["error"]
