@@ -237,6 +237,18 @@ def _sweep_three_ways(template: Path, tmp: Path, first_cycle: int = 1,
     return out
 
 
+def _assert_same_verdicts(ways: dict[str, tuple[pl.DataFrame, pl.DataFrame]]) -> None:
+    """Live and 2-minute chunks gave the backfill's findings (scores to 1e-9) and incidents."""
+    f0, i0 = ways["backfill"]
+    for way in ("live", "2m"):
+        f, inc = ways[way]
+        assert f.select("host", "window_start", "reference", "entry_id").equals(
+            f0.select("host", "window_start", "reference", "entry_id")), way
+        assert ((f["score"] - f0["score"]).abs().max() or 0.0) < 1e-9, way  # type: ignore[operator]
+        cols = ["incident_id", "host", "start", "end", "n_windows", "status", "entry_id", "state"]
+        assert inc.select(cols).equals(i0.select(cols)), way
+
+
 def test_verdict_does_not_depend_on_chunking(throttle_template: Path, tmp_path: Path) -> None:
     """The same lake swept live every minute, in 2-minute chunks and in one backfill gives the
     same findings (windows, scores, matches) and the same incidents."""
@@ -246,13 +258,7 @@ def test_verdict_does_not_depend_on_chunking(throttle_template: Path, tmp_path: 
     # matched from its onset for at least half the 4-minute history (then its past is mostly the fault)
     assert throttle["host"] == "sim-01" and throttle["n_windows"] >= 100
     assert abs((throttle["start"] - datetime(2026, 1, 5, 8, 3, tzinfo=UTC)).total_seconds()) <= 5
-    for way in ("live", "2m"):
-        f, inc = ways[way]
-        assert f.select("host", "window_start", "reference", "entry_id").equals(
-            f0.select("host", "window_start", "reference", "entry_id")), way
-        assert ((f["score"] - f0["score"]).abs().max() or 0.0) < 1e-9, way  # type: ignore[operator]
-        cols = ["incident_id", "host", "start", "end", "n_windows", "status", "entry_id", "state"]
-        assert inc.select(cols).equals(i0.select(cols)), way
+    _assert_same_verdicts(ways)
 
 
 def test_steps_longer_than_the_cadence_are_judged_whole(throttle_template: Path, tmp_path: Path) -> None:
@@ -261,16 +267,20 @@ def test_steps_longer_than_the_cadence_are_judged_whole(throttle_template: Path,
     so live, 2-minute chunks and a backfill give the same verdicts. (From minute 2: a lake
     whose every host started inside the current step has its data so far processed, the
     first seconds of a new fleet, inside its warm-up.)"""
-    ways = _sweep_three_ways(throttle_template, tmp_path, first_cycle=2, analysis_step=timedelta(minutes=2))
-    f0, i0 = ways["backfill"]
-    assert f0.filter(pl.col("entry_id") == "gpu_power_throttle").height >= 100
-    for way in ("live", "2m"):
-        f, inc = ways[way]
-        assert f.select("host", "window_start", "reference", "entry_id").equals(
-            f0.select("host", "window_start", "reference", "entry_id")), way
-        assert ((f["score"] - f0["score"]).abs().max() or 0.0) < 1e-9, way  # type: ignore[operator]
-        cols = ["incident_id", "host", "start", "end", "n_windows", "status", "entry_id", "state"]
-        assert inc.select(cols).equals(i0.select(cols)), way
+    step = timedelta(minutes=2)
+    ways = _sweep_three_ways(throttle_template, tmp_path, first_cycle=2, analysis_step=step)
+    assert ways["backfill"][0].filter(pl.col("entry_id") == "gpu_power_throttle").height >= 100
+    _assert_same_verdicts(ways)
+    # a new fleet's first step is not held back, twice in the step; the next waits for its end
+    root = tmp_path / "fresh"
+    shutil.copytree(throttle_template, root)
+    t0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+    horizons = []
+    for at in (timedelta(minutes=1, seconds=23), timedelta(minutes=1, seconds=50), timedelta(minutes=2, seconds=23)):
+        s = run_cycle(root, _fast_cfg(analysis_step=step), now=t0 + at)
+        assert s is not None and s.chunks
+        horizons.append(s.horizon - t0)
+    assert horizons == [timedelta(minutes=1, seconds=23), timedelta(minutes=1, seconds=50), step]
 
 
 def test_analysis_step_config() -> None:
@@ -356,15 +366,9 @@ def test_refit_epochs_verdict_does_not_depend_on_chunking(throttle_template: Pat
     # (live: once more where a cycle's load has other feature columns, here a rare softirq
     # type; the per-step protocol would fit 8 times)
     assert fits["backfill"] == fits["2m"] == 5 and fits["live"] <= 6, fits
-    f0, i0 = out["backfill"]
+    i0 = out["backfill"][1]
     assert i0.filter((pl.col("entry_id") == "gpu_power_throttle") & (pl.col("host") == "sim-01")).height >= 1
-    for way in ("live", "2m"):
-        f, inc = out[way]
-        assert f.select("host", "window_start", "reference", "entry_id").equals(
-            f0.select("host", "window_start", "reference", "entry_id")), way
-        assert ((f["score"] - f0["score"]).abs().max() or 0.0) < 1e-9, way  # type: ignore[operator]
-        cols = ["incident_id", "host", "start", "end", "n_windows", "status", "entry_id", "state"]
-        assert inc.select(cols).equals(i0.select(cols)), way
+    _assert_same_verdicts(out)
 
 
 def test_score_against_a_fit_on_the_same_windows_is_analyze(throttle_template: Path) -> None:
