@@ -70,7 +70,7 @@ _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Ca
                               (lambda c: timedelta(seconds=c.detection.warmup_s), _td)],
     ("scheduler", "every"): [(lambda c: c.every, _td)],
     **{("scheduler", k): [(lambda c, k=k: getattr(c.sweep, k), _td)] for k in (
-        "chunk", "lag", "max_incident", "compact_every")},
+        "chunk", "lag", "max_incident", "compact_every", "analysis_step")},
     **{("scheduler", k): [(lambda c, k=k: getattr(c.sweep, k), _SAME)] for k in (
         "incident_gap_s", "queue_remediations", "kb_path", "engine", "min_incident_s", "min_unmatched_s",
         "batch_hosts")},
