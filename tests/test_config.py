@@ -63,7 +63,8 @@ _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Ca
     ("analytics", "detectors"): [(lambda c: c.analytics.detectors, tuple)],
     **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _SAME)] for k in (
         "combine", "vote_k", "reference", "top_k", "threshold_k", "min_windows", "min_cohort", "cohort_sample", "cohort_by",
-        "cohort_tolerance", "one_sided", "activity_weight", "min_run", "threshold_rule")},
+        "cohort_tolerance", "one_sided", "activity_weight", "min_run", "threshold_rule", "max_reference_rows",
+        "random_state")},
     **{("analytics", k): [(lambda c, k=k: getattr(c.analytics, k), _td)] for k in ("history", "smooth", "refit")},
     # one warm-up: the analytics' and the knowledge-base detector's
     ("analytics", "warmup"): [(lambda c: c.analytics.warmup, _td),
@@ -73,9 +74,10 @@ _ARRIVES: dict[tuple[str, str], list[tuple[Callable[[config.Config], object], Ca
         "chunk", "lag", "max_incident", "compact_every", "analysis_step")},
     **{("scheduler", k): [(lambda c, k=k: getattr(c.sweep, k), _SAME)] for k in (
         "incident_gap_s", "queue_remediations", "kb_path", "engine", "min_incident_s", "min_unmatched_s",
-        "batch_hosts")},
+        "batch_hosts", "max_chunks")},
     ("scheduler", "retention"): [(lambda c: dict(c.sweep.retention), lambda v: {t: _td(d) for t, d in v.items()})],
     ("scheduler", "signature_detector"): [(lambda c: c.detection.signature, _SAME)],
+    ("scheduler", "peer_only_findings"): [(lambda c: c.detection.peer_only, _SAME)],
     ("scheduler", "signature_min_confidence"): [(lambda c: c.detection.min_confidence, _SAME)],
     ("scheduler", "restart_gap"): [(lambda c: timedelta(seconds=c.detection.restart_gap_s), _td)],
     ("remediation", "queue"): [(lambda c: c.remediation.queue, _SAME)],
@@ -100,6 +102,10 @@ def test_sample_with_every_commented_key_enabled_arrives_in_the_tree(
     assert isinstance(cfg.agent, AgentConfig) and isinstance(cfg.influx, InfluxConfig)
     keys = {(t, k) for t, table in raw.items() for k in table}
     assert keys == set(_ARRIVES), "a key of the sample has no check here (or a check no key)"
+    # every key the two big tables accept is documented (the scheduler's history and warmup are
+    # the old spellings of the analytics' ones)
+    accepted = {("scheduler", k) for k in config.SCHEDULER_KEYS} | {("analytics", k) for k in config.ANALYTICS_KEYS}
+    assert accepted - {("scheduler", "history"), ("scheduler", "warmup")} <= keys, "a key the sample lacks"
     for (t, k), checks in _ARRIVES.items():
         for get, want in checks:
             assert get(cfg) == want(raw[t][k]), f"[{t}] {k} = {raw[t][k]!r} did not arrive"
