@@ -208,32 +208,20 @@ class CohortPeers:
     cohort_rows: dict[str, np.ndarray]  # host -> the rows of its cohort's sampled hosts, ascending
     sampled: set[str]  # the hosts of the cohorts' samples (the others share their cohort's reference)
     fitted: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    _X: np.ndarray | None = field(default=None, repr=False)
-
-    @property
-    def X(self) -> np.ndarray:
-        """``values`` row-major, built at the first reference of rows of several hosts (a
-        cohort's): it gathers rows, and a column-major gather of 20 000 rows from a fleet's
-        frame cost ~5x (a cache line per value). The frame is let go then (the sample's
-        sorted copy: the matrix alone is kept, as before)."""
-        if self._X is None:
-            self._X = _row_major(self.values)
-            self.values = self.values.clear()
-        return self._X
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """The rows ``rows`` (ascending) of ``values``, row-major: one run of rows (a host's own
-        past) is copied from the frame alone, so a batch whose cohort references come from
-        the step's sample (:func:`cohort_peers`) never builds its matrix (~210 MB at 32
-        hosts with an hour of history); the same values either way."""
-        if self._X is None and rows.size and int(rows[-1]) - int(rows[0]) + 1 == rows.size:
+        """The rows ``rows`` (ascending) of ``values``, row-major: a run of rows (a host's own
+        past) is sliced, other rows gathered. No row-major matrix of the whole frame is built: the
+        references read at most :data:`~analytics.detectors.STATS_MAX_ROWS` rows
+        (:func:`_thin`), and building one for a step's sample (~16 hosts' hour) cost ~4 %
+        of a live cycle to gather those few."""
+        if rows.size and int(rows[-1]) - int(rows[0]) + 1 == rows.size:
             return _row_major(self.values.slice(int(rows[0]), rows.size))
-        return self.X[rows]
+        return self.gather(rows)
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
-        """The rows ``rows`` (any order) of ``values``, row-major: a few rows (the windows
-        matched) from the frame while the matrix is not built."""
-        return self._X[rows] if self._X is not None else _row_major(self.values[rows])
+        """The rows ``rows`` (any order) of ``values``, row-major."""
+        return _row_major(self.values[rows])
 
     def ref(self, key: tuple[Any, ...], rows: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Center and scale of ``rows`` (at most ``limit`` of them), remembered under ``key``

@@ -240,11 +240,10 @@ def test_the_matchers_cohort_references_read_once_for_a_step_match_as_the_batch_
         match_findings(findings, alone, facts, kb, replace(cfg, peers=narrow))
 
 
-def test_own_references_are_copied_from_the_frame_and_a_batch_with_the_steps_peers_builds_no_matrix() -> None:
-    """A host's own past is one run of the frame's rows: copied from the frame alone, the
-    same values as the rows of the frame's row-major matrix, which is built only when a
-    reference gathers rows of several hosts (a cohort's); a batch matched against the
-    step's peers never builds it."""
+def test_references_read_their_rows_from_the_frame_row_major() -> None:
+    """A host's own past (one run of the frame's rows) and rows of several hosts, in any
+    order (a cohort's, the windows matched), are read from the frame: the frame's values in
+    row-major layout, infinities as NaN."""
     sample = cohort_sample(HOSTS, 3)
     frames, facts = fleet(HOSTS, sample[0])
     feats = analyze(frames, AnalyticsConfig(warmup=timedelta(0), cohort_by="hardware"), host_facts=facts).features
@@ -258,17 +257,11 @@ def test_own_references_are_copied_from_the_frame_and_a_batch_with_the_steps_pee
     rows = peers.rows_of[sample[0]]
     run, scattered = rows[5:60], np.array([rows[40], rows[3], peers.rows_of[sample[1]][7]])
     own, picked = peers.take(run), peers.gather(scattered)
-    assert peers._X is None
-    X = peers.X
-    assert peers.values.height == 0  # (the frame is let go once the matrix is built)
+    X = sel.select(cols).to_numpy()
+    X[~np.isfinite(X)] = np.nan
     np.testing.assert_array_equal(own, X[run])
     np.testing.assert_array_equal(picked, X[scattered])
-    assert own.flags.c_contiguous and np.isnan(own[10, 0]) and np.isfinite(own).sum() > own.size // 2
-
-    step_peers = cohort_peers(feats.filter(pl.col("host").is_in(sample)).select("host", "window_start", "window_end",
-                                                                                *cols), hardware_cohorts(feats, facts), kb)
-    batch = feats.filter(pl.col("host").is_in(sample[:2]))
-    cfg = MatchConfig(cohort_sample=3, sampled=frozenset(sample), peers=step_peers)
-    match_findings(batch.select("host", "window_start", "window_end"), batch, facts, kb, cfg)
-    assert matcher._LAST_FRAME and matcher._LAST_FRAME[0].rows._X is None
-    assert step_peers._X is not None  # (the cohort references gathered the sample's rows)
+    cohort = np.sort(np.concatenate([rows[::7], peers.rows_of[sample[1]][::5]]))
+    np.testing.assert_array_equal(peers.take(cohort), X[cohort])
+    assert own.flags.c_contiguous and picked.flags.c_contiguous
+    assert np.isnan(own[10, 0]) and np.isfinite(own).sum() > own.size // 2

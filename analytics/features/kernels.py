@@ -10,6 +10,7 @@ from typing import Literal
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 Agg = Literal["sum", "count", "mean", "max", "min"]
 T = "_t"  # sample time, µs
@@ -33,8 +34,10 @@ def values(s: pl.Series, agg: Agg) -> tuple[np.ndarray, np.ndarray | None]:
         s = s.cast(pl.Float64 if s.dtype.is_float() else pl.Int64)
     if not s.null_count():
         return s.to_numpy(), None
-    v = s.fill_null(identity(s.dtype == pl.Float64, agg)).to_numpy()
-    return v, s.is_not_null().to_numpy()
+    # Arrow's kernels: Polars' fill_null/is_not_null on a small column cost ~6x in planning
+    a = s.to_arrow()
+    v = pc.fill_null(a, pa.scalar(identity(s.dtype == pl.Float64, agg), a.type)).to_numpy()
+    return v, pc.is_valid(a).to_numpy(zero_copy_only=False)
 
 
 def masked(name: str, v: np.ndarray, valid: np.ndarray | None) -> pl.Series:
