@@ -137,6 +137,33 @@ def prepend_facts(lake: Path, before: timedelta) -> int:
     return added
 
 
+def split_commits(lake: Path, since: datetime) -> int:
+    """The telemetry from ``since`` on as the agent leaves it: a file per table, host and
+    minute (it commits every ``commit_interval_s``, 60 s), where the simulator wrote one file
+    per table, host and hour. The live cycles' maintenance compacts them every
+    ``compact_every``, as on a real lake. Files written."""
+    import polars as pl
+
+    from ingest import lake as lake_mod
+    from jobs.telemetry import telemetry_tables
+
+    written = 0
+    for t in telemetry_tables(lake):
+        for path in lake_mod.files(lake, t, start=since):
+            df = lake_mod.scan_file(lake, path).collect()
+            late = df.filter(pl.col("time") >= since)
+            if not late.height:
+                continue
+            host = path.parent.parent.parent.name.removeprefix("host=")
+            early = df.filter(pl.col("time") < since)
+            minutes = late.with_columns(pl.col("time").dt.truncate("1m").alias("_m"))
+            for part in [early, *minutes.partition_by("_m", include_key=False, maintain_order=True)]:
+                if part.height:
+                    written += len(lake_mod.write_table(lake, t, part.with_columns(pl.lit(host).alias("host"))))
+            path.unlink()
+    return written
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNVEIL_")}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -326,10 +353,11 @@ def _run_live(lake: Path, start: datetime, minutes: int, every: int, engine: str
 
 def measure_live(hosts: int, duration: timedelta, minutes: int, seed: int, keep: Path | None,
                  engine: str | None = None, every: int = 1, facts_before: timedelta | None = None,
-                 profile: bool = False, config: Path | None = None) -> LivePoint:
+                 profile: bool = False, config: Path | None = None, agent_commits: bool = False) -> LivePoint:
     """The steady state of ``unveil schedule``: the last ``minutes`` of the data swept one
     cycle per minute after a catch-up over the rest (so each step reads its full history);
-    ``facts_before``: :func:`prepend_facts` first (a lake that old). ``profile``: a second
+    ``facts_before``: :func:`prepend_facts` first (a lake that old); ``agent_commits``:
+    :func:`split_commits` of the timed minutes first. ``profile``: a second
     run on a copy of the lake splits the timed cycles' CPU into stages (cProfile of the
     scheduler's process: with a pool, the workers' share is not in it)."""
     with tempfile.TemporaryDirectory(prefix="sweep-live-", dir=keep) as d:
@@ -337,11 +365,13 @@ def measure_live(hosts: int, duration: timedelta, minutes: int, seed: int, keep:
         simulate_fleet(lake, hosts, duration, seed)
         if facts_before:
             prepend_facts(lake, facts_before)
+        start = T0 + duration - timedelta(minutes=minutes)
+        if agent_commits:
+            split_commits(lake, start)
         prof_lake = None
         if profile:
             prof_lake = Path(d) / "lake-prof"
             shutil.copytree(lake, prof_lake)
-        start = T0 + duration - timedelta(minutes=minutes)
         got, rss = _run_live(lake, start, minutes, every, engine, Path(d), config=config)
         lp = LivePoint(hosts, minutes, duration.total_seconds() / 60 - minutes, got["catchup_cpu_s"],
                        got["live_cpu_s"], got["walls"], rss, **verdicts(lake), every=every)
@@ -400,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --live: first give each host this much of earlier host_facts snapshots, one a "
                     "minute, as an agent that ran that long wrote them (e.g. 24h; the telemetry of that time "
                     "is not simulated)")
+    ap.add_argument("--agent-commits", action="store_true",
+                    help="with --live: the live minutes' telemetry as the agent leaves it, a file per table, host "
+                    "and minute (its commit every 60 s; the cycles' maintenance compacts them every compact_every), "
+                    "where the simulator writes a file per table, host and hour")
     ap.add_argument("--s3", action="store_true",
                     help="the lake on object storage: a bucket of moto's S3 server started on loopback (an "
                     "in-memory Python server: its times are not a real object store's), the sweep's state "
@@ -434,10 +468,12 @@ def main(argv: list[str] | None = None) -> int:
         facts_age = timedelta(seconds=parse_duration_s(a.facts_age, "--facts-age")) if a.facts_age else None
         print(f"live: the last {a.live} min swept one cycle every {a.every} min, after a catch-up over the first "
               f"{duration.total_seconds() / 60 - a.live:.0f} min"
-              + (f"; {a.facts_age} of host_facts snapshots before the telemetry" if facts_age else ""))
+              + (f"; {a.facts_age} of host_facts snapshots before the telemetry" if facts_age else "")
+              + ("; its telemetry in a file per table, host and minute (the agent's commits)" if a.agent_commits else ""))
         lives = []
         for n in sorted(a.hosts):
-            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine, a.every, facts_age, a.profile, a.config)
+            lp = measure_live(n, duration, a.live, a.seed, a.tmp, a.engine, a.every, facts_age, a.profile, a.config,
+                              a.agent_commits)
             w = sorted(lp.cycle_wall_s)
             print(f"  {n} hosts: {lp.live_cpu_s:.1f} CPU-s in {len(w)} cycles ({lp.cpu_per_host_hour:.2f} per "
                   f"host-hour; catch-up {lp.catchup_cpu_s:.1f} CPU-s), cycle wall median {w[len(w) // 2]:.1f} s, "

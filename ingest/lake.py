@@ -23,6 +23,7 @@ import fcntl
 import functools
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -972,8 +973,47 @@ def _select_files(table_dir: Path, start: datetime | None, end: datetime | None,
             if report is not None:  # reported once, by the public reader (scan/read)
                 report.append(err)
             continue
+        if start is not None or end is not None:
+            span = _time_span(md)
+            if span is not None and ((start is not None and span[1] < _epoch_us(start))
+                                     or (end is not None and span[0] >= _epoch_us(end))):
+                continue  # none of its rows is in range: Polars would open it again for nothing
         out.append((path, md))
     return out
+
+
+_US_PER = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 0.001}
+
+
+def _epoch_us(t: datetime) -> int:
+    return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def _time_span(md: pq.FileMetaData) -> tuple[float, float] | None:
+    """The first and last ``time`` of a file (µs since the epoch) from its row groups'
+    statistics; None when it has no such column or a row group with rows lacks them. A live
+    cycle reads the last minute of each table, and the agent commits a file a minute: the
+    current hour's other files (up to ``compact_every``'s worth) are skipped on this."""
+    names = md.schema.names
+    if schema.TIME not in names:
+        return None
+    i = names.index(schema.TIME)
+    import pyarrow as pa
+
+    t = md.schema.to_arrow_schema().field(schema.TIME).type
+    if not isinstance(t, pa.TimestampType):
+        return None
+    per = _US_PER[t.unit]
+    lo, hi = math.inf, -math.inf
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        if not rg.num_rows:
+            continue
+        st = rg.column(i).statistics
+        if st is None or not st.has_min_max:
+            return None
+        lo, hi = min(lo, st.min_raw * per), max(hi, st.max_raw * per)
+    return (lo, hi) if lo <= hi else None
 
 
 def scan(root: str | os.PathLike[str], table: str, *, start: datetime | None = None,

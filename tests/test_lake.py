@@ -243,6 +243,26 @@ def test_time_filter_is_pushed_down_and_bounds_are_half_open(tmp_path: Path) -> 
     assert lake.scan(tmp_path, "cpu", start=end, end=start).collect().height == 0
 
 
+def test_files_whose_statistics_put_them_out_of_range_are_not_opened(tmp_path: Path) -> None:
+    # the agent commits a file a minute: a read of the last minutes passes Polars only the
+    # files whose time statistics overlap the range, plus any without statistics
+    rows = cpu_rows(1, per_hour=60)  # a row a minute
+    paths = [lake.write_table(tmp_path, "cpu", rows.slice(m, 10))[0] for m in (0, 10, 20)]
+    bare = paths[0].with_name("part-20240101T004000-0badc0de.parquet")
+    schema.conform("cpu", rows.slice(40, 10)).drop("host").write_parquet(bare, statistics=False)
+    assert not pq.read_metadata(bare).row_group(0).column(0).statistics
+
+    def opened(start: datetime, end: datetime) -> list[Path]:
+        return lake._scan(tmp_path, "cpu", start, end, None, "raise", None, frozenset())[1]
+
+    at = T0 + timedelta(minutes=12)
+    assert sorted(opened(at, at + timedelta(minutes=5))) == sorted([paths[1], bare])
+    assert sorted(opened(T0 + timedelta(minutes=9), T0 + timedelta(minutes=11))) == sorted([*paths[:2], bare])
+    assert sorted(opened(T0 + timedelta(minutes=30), T0 + timedelta(minutes=40))) == [bare]  # (end is open)
+    got = lake.read(tmp_path, "cpu", start=T0 + timedelta(minutes=5), end=T0 + timedelta(minutes=45)).sort("time")
+    assert got["time"].to_list() == [T0 + timedelta(minutes=m) for m in (*range(5, 30), *range(40, 45))]
+
+
 def test_corrupt_and_truncated_files(tmp_path: Path) -> None:
     paths = lake.write_table(tmp_path, "cpu", cpu_rows(4))
     garbage, truncated = paths[1], paths[2]

@@ -16,6 +16,7 @@ from benchmarks.sweep_scale import (
     measure,
     schedule_cmd,
     simulate_fleet,
+    split_commits,
     stage_split,
 )
 
@@ -63,3 +64,26 @@ def test_config_reaches_the_catch_up_and_the_live_cycles(tmp_path: Path) -> None
     simulate_fleet(lake, 1, timedelta(minutes=3), 3)
     with pytest.raises(RuntimeError, match="analysis_step"):
         _run_live(lake, T0 + timedelta(minutes=2), 1, 1, "serial", tmp_path, config=bad)
+
+
+def test_agent_commits_leave_a_file_per_minute_and_the_same_rows(tmp_path: Path) -> None:
+    # --agent-commits: the timed minutes' telemetry as the agent commits it (a file per table,
+    # host and minute); every row is kept, and the minutes before stay in their file
+    import polars as pl
+
+    from ingest import lake as lake_mod
+    from jobs.telemetry import telemetry_tables
+
+    lake = tmp_path / "lake"
+    simulate_fleet(lake, 1, timedelta(minutes=5), 3)
+    since = T0 + timedelta(minutes=2)
+    before = {t: lake_mod.read(lake, t).sort(pl.all()) for t in telemetry_tables(lake)}
+    assert split_commits(lake, since) > 0
+    for t, rows in before.items():
+        assert lake_mod.read(lake, t).sort(pl.all()).equals(rows), t
+        late = lake_mod.files(lake, t, start=since)
+        spans = [lake_mod.scan_file(lake, p).select(pl.col("time").min().alias("a"), pl.col("time").max().alias("b"))
+                 .collect().row(0) for p in lake_mod.files(lake, t)]
+        in_minutes = [(a, b) for a, b in spans if a >= since]
+        assert in_minutes and all(b - a < timedelta(minutes=1) for a, b in in_minutes), t
+        assert len(late) >= 3, t  # (the minutes 2, 3 and 4 at least)
