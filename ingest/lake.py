@@ -982,7 +982,7 @@ def _select_files(table_dir: Path, start: datetime | None, end: datetime | None,
     return out
 
 
-_US_PER = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 0.001}
+_US_PER = {"seconds": 1_000_000, "milliseconds": 1_000, "microseconds": 1, "nanoseconds": 0.001}
 
 
 def _epoch_us(t: datetime) -> int:
@@ -994,16 +994,15 @@ def _time_span(md: pq.FileMetaData) -> tuple[float, float] | None:
     statistics; None when it has no such column or a row group with rows lacks them. A live
     cycle reads the last minute of each table, and the agent commits a file a minute: the
     current hour's other files (up to ``compact_every``'s worth) are skipped on this."""
-    names = md.schema.names
-    if schema.TIME not in names:
+    sch = md.schema
+    i = 0 if sch.column(0).path == schema.TIME else next(  # (the lake writes it first)
+        (k for k in range(len(sch)) if sch.column(k).path == schema.TIME), None)
+    if i is None:
         return None
-    i = names.index(schema.TIME)
-    import pyarrow as pa
-
-    t = md.schema.to_arrow_schema().field(schema.TIME).type
-    if not isinstance(t, pa.TimestampType):
+    unit = json.loads(sch.column(i).logical_type.to_json())
+    per = _US_PER.get(unit.get("timeUnit", "")) if unit.get("Type") == "Timestamp" else None
+    if per is None:
         return None
-    per = _US_PER[t.unit]
     lo, hi = math.inf, -math.inf
     for g in range(md.num_row_groups):
         rg = md.row_group(g)

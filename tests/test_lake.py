@@ -251,6 +251,9 @@ def test_files_whose_statistics_put_them_out_of_range_are_not_opened(tmp_path: P
     bare = paths[0].with_name("part-20240101T004000-0badc0de.parquet")
     schema.conform("cpu", rows.slice(40, 10)).drop("host").write_parquet(bare, statistics=False)
     assert not pq.read_metadata(bare).row_group(0).column(0).statistics
+    nanos = paths[0].with_name("part-20240101T005000-0feedbee.parquet")  # another writer's unit
+    schema.conform("cpu", rows.slice(50, 5)).drop("host").with_columns(
+        pl.col("time").dt.cast_time_unit("ns")).write_parquet(nanos)
 
     def opened(start: datetime, end: datetime) -> list[Path]:
         return lake._scan(tmp_path, "cpu", start, end, None, "raise", None, frozenset())[1]
@@ -259,8 +262,9 @@ def test_files_whose_statistics_put_them_out_of_range_are_not_opened(tmp_path: P
     assert sorted(opened(at, at + timedelta(minutes=5))) == sorted([paths[1], bare])
     assert sorted(opened(T0 + timedelta(minutes=9), T0 + timedelta(minutes=11))) == sorted([*paths[:2], bare])
     assert sorted(opened(T0 + timedelta(minutes=30), T0 + timedelta(minutes=40))) == [bare]  # (end is open)
-    got = lake.read(tmp_path, "cpu", start=T0 + timedelta(minutes=5), end=T0 + timedelta(minutes=45)).sort("time")
-    assert got["time"].to_list() == [T0 + timedelta(minutes=m) for m in (*range(5, 30), *range(40, 45))]
+    assert sorted(opened(T0 + timedelta(minutes=54), T0 + timedelta(minutes=55))) == sorted([bare, nanos])
+    got = lake.read(tmp_path, "cpu", start=T0 + timedelta(minutes=5), end=T0 + timedelta(minutes=52)).sort("time")
+    assert got["time"].to_list() == [T0 + timedelta(minutes=m) for m in (*range(5, 30), *range(40, 52))]
 
 
 def test_corrupt_and_truncated_files(tmp_path: Path) -> None:
