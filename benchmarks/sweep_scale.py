@@ -154,7 +154,7 @@ def split_commits(lake: Path, since: datetime) -> int:
             late = df.filter(pl.col("time") >= since)
             if not late.height:
                 continue
-            host = path.parent.parent.parent.name.removeprefix("host=")
+            host = next(d.name for d in path.parents if d.name.startswith("host=")).removeprefix("host=")
             early = df.filter(pl.col("time") < since)
             minutes = late.with_columns(pl.col("time").dt.truncate("1m").alias("_m"))
             for part in [early, *minutes.partition_by("_m", include_key=False, maintain_order=True)]:
@@ -458,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sweep scale: unveil schedule --once, {conf}, {a.duration} of healthy mixed-workload "
           f"8-GPU hosts per fleet, seed {a.seed}, engine {a.engine or 'default'}; load {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs")
+    if a.agent_commits and not a.live:
+        ap.error("--agent-commits takes --live (the layout of the timed minutes)")
     if a.live:
         if a.s3:
             ap.error("--s3 does not take --live")

@@ -87,3 +87,6 @@ def test_agent_commits_leave_a_file_per_minute_and_the_same_rows(tmp_path: Path)
         in_minutes = [(a, b) for a, b in spans if a >= since]
         assert in_minutes and all(b - a < timedelta(minutes=1) for a, b in in_minutes), t
         assert len(late) >= 3, t  # (the minutes 2, 3 and 4 at least)
+    with pytest.raises(SystemExit) as exc:
+        main(["--agent-commits", "--hosts", "1", "--duration", "2m"])
+    assert exc.value.code == 2
