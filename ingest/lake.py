@@ -961,6 +961,8 @@ def _select_files(table_dir: Path, start: datetime | None, end: datetime | None,
     import pyarrow as pa
 
     out: list[tuple[Path, pq.FileMetaData]] = []
+    lo_us = -math.inf if start is None else _epoch_us(start)
+    hi_us = math.inf if end is None else _epoch_us(end)
     for path in _listing(table_dir, start, end, hosts_, on_corrupt, report, fs):
         try:
             md = fs.read_metadata(path)  # footer check: cheap, and only on pruned files
@@ -973,11 +975,9 @@ def _select_files(table_dir: Path, start: datetime | None, end: datetime | None,
             if report is not None:  # reported once, by the public reader (scan/read)
                 report.append(err)
             continue
-        if start is not None or end is not None:
-            span = _time_span(md)
-            if span is not None and ((start is not None and span[1] < _epoch_us(start))
-                                     or (end is not None and span[0] >= _epoch_us(end))):
-                continue  # none of its rows is in range: Polars would open it again for nothing
+        span = None if start is None and end is None else _time_span(md)
+        if span is not None and (span[1] < lo_us or span[0] >= hi_us):
+            continue  # none of its rows is in range: Polars would open it again for nothing
         out.append((path, md))
     return out
 
