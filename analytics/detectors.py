@@ -348,12 +348,18 @@ def _robust_stats(X: RepeatedRows, finite: NDArray[np.bool_]) -> tuple[Array, Ar
         # float32 columns as rows, selected in place: the median reorders each row, which
         # leaves the multiset of |x - median| (the MAD's input) as it was
         rows = np.array(U.T, dtype=np.float32, order="C")
-        if w is not None:
-            rows = rows.take(T.index, axis=1)
-        m = _median_rows(rows)
-        med[full] = m
-        np.subtract(rows, m.astype(np.float32)[:, None], out=rows)
-        mad[full] = _median_rows(np.abs(rows, out=rows))
+        # a column that never changes (a power limit, a link width: about a third of a
+        # host's) has its value as median and a MAD of 0: only the others are selected
+        const = rows.min(axis=1) == rows.max(axis=1)
+        m, d = rows[:, 0].astype(np.float64), np.zeros(rows.shape[0])
+        if not const.all():
+            moving = rows if not const.any() else rows[~const]
+            if w is not None:
+                moving = moving.take(T.index, axis=1)
+            m[~const] = mv = _median_rows(moving)
+            np.subtract(moving, mv.astype(np.float32)[:, None], out=moving)
+            d[~const] = _median_rows(np.abs(moving, out=moving))
+        med[full], mad[full] = m, d
         # (one pass when each row counts once: the same values as the weighted form)
         std[full] = U.std(axis=0) if w is None else _weighted_std(U, counts)
     if (~full).any():
