@@ -352,15 +352,15 @@ def _robust_stats(X: RepeatedRows, finite: NDArray[np.bool_]) -> tuple[Array, Ar
         # a column that never changes (a power limit, a link width: half of a live
         # cycle's references) has its value as median and a MAD of 0: only the others are sorted
         const = rows.min(axis=1) == rows.max(axis=1)
-        m, d = rows[:, 0].astype(np.float64), np.zeros(rows.shape[0])
+        meds, mads = rows[:, 0].astype(np.float64), np.zeros(rows.shape[0])
         if not const.all():
             moving = rows if not const.any() else rows[~const]
             if w is not None:
                 moving = moving.take(T.index, axis=1)
-            m[~const] = mv = _median_rows(moving)
-            np.subtract(moving, mv.astype(np.float32)[:, None], out=moving)
-            d[~const] = _median_rows(np.abs(moving, out=moving))
-        med[full], mad[full] = m, d
+            meds[~const] = m = _median_rows(moving)
+            np.subtract(moving, m.astype(np.float32)[:, None], out=moving)
+            mads[~const] = _median_rows(np.abs(moving, out=moving))
+        med[full], mad[full] = meds, mads
         # (one pass when each row counts once: the same values as the weighted form)
         std[full] = U.std(axis=0) if w is None else _weighted_std(U, counts)
     if (~full).any():

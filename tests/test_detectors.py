@@ -408,18 +408,17 @@ def test_shrunk_precision_is_the_inverse_of_the_floored_ledoit_wolf_covariance(w
 
 @pytest.mark.parametrize("repeated", [False, True])
 def test_robust_stats_of_constant_columns_are_numpys(repeated: bool) -> None:
-    """Columns that never change skip the selections: their median, MAD and std are still
-    numpy's over the float32 values the selections use (a column constant only in float32
-    as well), beside moving columns, for a dense matrix and for repeated rows."""
-    from analytics.detectors import RepeatedRows, _robust_stats
+    """Columns that never change are not sorted: their median, MAD and std are still
+    numpy's over the float32 values the others' sorts use (a column constant only in
+    float32 as well), beside moving columns, for a dense matrix and for repeated rows."""
+    from analytics.detectors import RepeatedRows, _robust_stats, _thin
 
     rng = np.random.default_rng(3)
     rows = rng.normal(size=(300, 5)) * 10.0
     rows[:, 1] = 0.1  # not a float32 value
     rows[:, 3] = 1.0 + rng.integers(0, 2, 300) * 1e-12  # constant once in float32
     X = RepeatedRows(rows, rng.integers(0, 300, 2000)) if repeated else RepeatedRows(rows)
-    dense = X.dense()
-    thinned = dense[np.linspace(0, dense.shape[0] - 1, 1024).astype(np.int64)] if dense.shape[0] > 1024 else dense
+    thinned = _thin(X).dense()  # (the rows the statistics are taken on)
     med, mad, std = _robust_stats(X, np.isfinite(X.rows))
     f32 = thinned.astype(np.float32)  # (the middle pair of an even count is averaged in float64)
     want = np.median(f32.astype(np.float64), axis=0)
