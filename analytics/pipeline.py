@@ -415,7 +415,7 @@ class _Fit:
         return _evidence(self.scaler.transform(X), self.sign, self.weight)
 
     def evidence_rows(self, X: RepeatedRows) -> RepeatedRows:
-        return X.with_rows(self.evidence(X.rows))
+        return X.with_rows(_evidence(self.scaler.transform_rows(X).rows, self.sign, self.weight))
 
 
 def _evidence(z: np.ndarray, sign: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -461,7 +461,7 @@ def _fit(config: AnalyticsConfig, ref: RepeatedRows, floors: np.ndarray, sign: n
     # config's: sklearn's per-call finiteness scans and parameter checks only cost time
     with config_context(assume_finite=True, skip_parameter_validation=True):
         scaler = RobustStandardizer(floors=floors).fit(ref)
-        z = ref.with_rows(_evidence(scaler.transform(ref.rows), sign, weight))
+        z = ref.with_rows(_evidence(scaler.transform_rows(ref).rows, sign, weight))
         models = {d: config.make_detector(d, capped=capped).fit(z) for d in config.detectors}
     return _Fit(scaler, models, sign, weight), z
 

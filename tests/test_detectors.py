@@ -3,6 +3,8 @@ thresholds, and defined behaviour on bad input (constant, NaN, single sample).""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.base import clone
@@ -427,3 +429,51 @@ def test_robust_stats_of_constant_columns_are_numpys(repeated: bool) -> None:
     np.testing.assert_array_equal(mad, np.median(dev, axis=0))
     assert mad[1] == 0.0 and mad[3] == 0.0 and med[1] == np.float64(np.float32(0.1))
     np.testing.assert_allclose(std, thinned.std(axis=0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rows", [5, 64, 599, 600, 1000])
+def test_robust_stats_of_columns_with_gaps_are_nanmedians(rows: int) -> None:
+    """Columns with missing values take numpy's ``nanmedian`` of the values they have,
+    bit for bit (even and odd counts, ties, an empty column, both of numpy's own paths:
+    it masks below 600 rows and goes column by column above)."""
+    from analytics.detectors import RepeatedRows, _robust_stats, _thin
+
+    rng = np.random.default_rng(rows)
+    dense = rng.normal(size=(rows, 6)) * 1e3
+    dense[:, 1] = np.round(dense[:, 1] / 500.0)  # a few levels: ties
+    dense[:, 2] = 7.0
+    for j, share in enumerate((0.01, 0.5, 0.0, 0.9, 1.0, 0.3)):
+        dense[rng.random(rows) < share, j] = np.nan
+    dense[0, 0] = np.nan  # (every column has a gap)
+    X = RepeatedRows(dense)
+    med, mad, _ = _robust_stats(X, np.isfinite(X.rows))
+    thinned = _thin(X).dense()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the empty column)
+        want = np.nanmedian(thinned, axis=0)
+        np.testing.assert_array_equal(med, want)
+        np.testing.assert_array_equal(mad, np.nanmedian(np.abs(thinned - want), axis=0))
+    assert np.isnan(med[4]) and np.isnan(mad[4])
+
+
+def test_the_pipelines_matrices_skip_validation_with_the_same_outcome() -> None:
+    """A matrix of repeated rows (the pipeline's own) is not passed through scikit-learn's
+    validation when it would pass unchanged; what a fit records is the same, and a matrix
+    it would refuse (an infinite value) is still refused."""
+    from analytics.detectors import RepeatedRows
+
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(40, 3))
+    rows[3, 1] = np.nan
+    fast = RobustStandardizer().fit(RepeatedRows(rows, rng.integers(0, 40, 100)))
+    slow = RobustStandardizer().fit(rows[rng.integers(0, 40, 100)].tolist())  # (a list: validated)
+    assert fast.n_features_in_ == slow.n_features_in_ == 3
+    np.testing.assert_array_equal(fast.transform_rows(RepeatedRows(rows)).rows, fast.transform(rows))
+    bad = rows.copy()
+    bad[0, 0] = np.inf
+    with pytest.raises(ValueError, match="infinity"):
+        RobustStandardizer().fit(RepeatedRows(bad))
+    with pytest.raises(ValueError, match="infinity"):
+        fast.transform_rows(RepeatedRows(bad))
+    with pytest.raises(ValueError, match="features"):
+        fast.transform_rows(RepeatedRows(rows[:, :2]))
