@@ -49,7 +49,7 @@ import polars as pl
 
 from analytics.attribution import SHARE_COLUMNS
 from analytics.catalog import lookup, split_feature
-from analytics.detectors import STATS_MAX_ROWS, RobustStandardizer
+from analytics.detectors import STATS_MAX_ROWS, RepeatedRows, RobustStandardizer
 from analytics.pipeline import cohort_members, cohort_sample, rows_by_host
 from knowledge_base.facts import FactsIndex, HostFacts, _compare
 from knowledge_base.loader import Entry, KnowledgeBase, Signal, load_kb
@@ -143,8 +143,9 @@ class _Refs:
 
 
 def _fit_ref(X: np.ndarray, floors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Center and scale (NaN where the reference has no data)."""
-    st = RobustStandardizer(floors=floors).fit(X)
+    """Center and scale (NaN where the reference has no data). ``X`` is :func:`_matrix`'s
+    (float64, no infinite value): it goes in as the pipeline's own matrices do."""
+    st = RobustStandardizer(floors=floors).fit(RepeatedRows(X))
     c = np.where(st.in_use_, st.center_, np.nan)
     s = np.where(st.in_use_, st.scale_, np.nan)
     return c, s
