@@ -366,8 +366,8 @@ def _weighted_std(U: NDArray[np.floating[Any]], counts: NDArray[np.int64]) -> Ar
 
 def _robust_stats(X: RepeatedRows, finite: NDArray[np.bool_]) -> tuple[Array, Array, Array]:
     """Per-column median, MAD and std over the finite values (``finite``: of ``X.rows``)
-    of at most ``STATS_MAX_ROWS`` evenly spaced rows of ``X`` (complete columns by one
-    in-place sort each: np.nanmedian is several times slower). The distinct rows
+    of at most ``STATS_MAX_ROWS`` evenly spaced rows of ``X`` (each column by one in-place
+    sort, complete columns in float32: np.nanmedian is several times slower). The distinct rows
     are transposed, then repeated (a transposed copy of the tall matrix costs several
     times more); the std weighs the distinct rows by their counts."""
     p = X.rows.shape[1]

@@ -412,7 +412,7 @@ class _Fit:
     def evidence(self, X: np.ndarray) -> np.ndarray:
         """Standardised deviations as the detectors see them: one-sided for features
         with a direction of trouble, down-weighted for workload-activity features."""
-        return _evidence(self.scaler.transform(X), self.sign, self.weight)
+        return self.evidence_rows(RepeatedRows(X)).rows
 
     def evidence_rows(self, X: RepeatedRows) -> RepeatedRows:
         return X.with_rows(_evidence(self.scaler.transform_rows(X).rows, self.sign, self.weight))
