@@ -348,7 +348,7 @@ def _nan_median_rows(A: NDArray[np.float64]) -> Array:
     A.sort(axis=1)
     count = A.shape[1] - np.isnan(A).sum(axis=1)
     lo = np.take_along_axis(A, np.maximum(count - 1, 0)[:, None] // 2, axis=1)[:, 0]
-    hi = np.take_along_axis(A, np.minimum(count // 2, A.shape[1] - 1)[:, None], axis=1)[:, 0]
+    hi = np.take_along_axis(A, (count // 2)[:, None], axis=1)[:, 0]  # (count // 2 < columns)
     with np.errstate(over="ignore"):
         return np.asarray(np.where(count == 0, np.nan, np.where(count % 2 == 1, lo, (lo + hi) / 2.0)))
 
